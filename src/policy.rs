@@ -1,0 +1,454 @@
+//! Eviction policies: when an idle block must go back.
+//!
+//! A [`DecayingPool`](crate::DecayingPool) is generic over a [`Policy`]. Two
+//! kinds exist:
+//!
+//! - timed policies, any type implementing [`EvictionPolicy`] ([`FixedTime`],
+//!   [`Exponential`], or your own). They run on the timed store: cached
+//!   blocks in release order, and at every collection the policy decides
+//!   whether the oldest must go;
+//! - [`FixedCapacity`], which runs on a fixed table of slots with no clock.
+
+use core::time::Duration;
+
+use crate::store::{fixed::FixedStore, timed::TimedStore, Store};
+
+/// Which cached block of a size class a hit hands out.
+///
+/// # Examples
+///
+/// ```
+/// use decaying_pool::Reuse;
+/// assert_eq!(Reuse::default(), Reuse::Lifo);
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Reuse {
+    /// The most recently released block (the default): surplus blocks of a
+    /// class sit untouched at the old end of the queue, so they age and decay.
+    #[default]
+    Lifo,
+    /// The oldest block of the class. Under steady demand this keeps every
+    /// surplus block young, so none is ever freed.
+    Fifo,
+}
+
+/// The oldest cached block, as a timed policy sees it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Oldest {
+    /// When it was released into the cache.
+    pub released_at: Duration,
+    /// Its class size in bytes.
+    pub size: usize,
+}
+
+impl Oldest {
+    /// How long it has been idle at `now` (zero if `now` is earlier).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use core::time::Duration;
+    /// use decaying_pool::policy::Oldest;
+    /// let o = Oldest { released_at: Duration::from_secs(1), size: 8 };
+    /// assert_eq!(o.idle(Duration::from_secs(3)), Duration::from_secs(2));
+    /// assert_eq!(o.idle(Duration::ZERO), Duration::ZERO);
+    /// ```
+    #[inline]
+    pub fn idle(&self, now: Duration) -> Duration {
+        now.saturating_sub(self.released_at)
+    }
+}
+
+/// Why a cached block left the cache other than by a hit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum FreeReason {
+    /// The policy's own [`EvictionPolicy::must_evict`] chose it.
+    Expired,
+    /// `trim`, the byte limit or the out-of-memory retry freed it.
+    Trimmed,
+}
+
+/// A timed eviction policy: told of releases, hits and frees, it decides at
+/// each collection whether the oldest cached block must go.
+///
+/// The pool calls [`must_evict`](Self::must_evict) with the oldest block
+/// again and again, freeing it each time the answer is `true`, until the
+/// answer is `false` or the cache is empty. That happens before every
+/// `allocate`, `release` and `collect`, so keep `must_evict` cheap: it runs
+/// on every hit.
+///
+/// # Examples
+///
+/// A policy that keeps at most `max` idle bytes:
+///
+/// ```
+/// use core::time::Duration;
+/// use decaying_pool::policy::{EvictionPolicy, Oldest};
+/// use decaying_pool::testing::CheckingAllocator;
+/// use decaying_pool::{DecayingPool, ManualClock};
+///
+/// struct MaxIdle { max: usize }
+///
+/// impl EvictionPolicy for MaxIdle {
+///     fn must_evict(&mut self, _now: Duration, _oldest: Oldest, bytes_cached: usize) -> bool {
+///         bytes_cached > self.max
+///     }
+/// }
+///
+/// let mut pool = DecayingPool::builder(CheckingAllocator::new())
+///     .policy(MaxIdle { max: 250 })
+///     .clock(ManualClock::new())
+///     .build();
+/// let blocks: Vec<_> = (0..3).map(|_| pool.allocate(100).unwrap()).collect();
+/// for b in blocks {
+///     unsafe { pool.release(b, 100) };
+/// }
+/// pool.collect();
+/// assert_eq!(pool.stats().bytes_cached, 200);
+/// ```
+pub trait EvictionPolicy {
+    /// A block of `size` bytes entered the cache at `now`;
+    /// `bytes_cached` includes it.
+    #[inline]
+    fn on_release(&mut self, now: Duration, size: usize, bytes_cached: usize) {
+        let _ = (now, size, bytes_cached);
+    }
+
+    /// A hit at `now` took a block of `size` bytes out of the cache, whose
+    /// idle bytes went from `bytes_cached_before` to `bytes_cached_after`.
+    #[inline]
+    fn on_hit(
+        &mut self,
+        now: Duration,
+        size: usize,
+        bytes_cached_before: usize,
+        bytes_cached_after: usize,
+    ) {
+        let _ = (now, size, bytes_cached_before, bytes_cached_after);
+    }
+
+    /// A cached block of `size` bytes was freed at (or, for `trim`, no
+    /// earlier than) `now`, leaving `bytes_cached_after` idle bytes.
+    #[inline]
+    fn on_free(
+        &mut self,
+        now: Duration,
+        size: usize,
+        bytes_cached_after: usize,
+        reason: FreeReason,
+    ) {
+        let _ = (now, size, bytes_cached_after, reason);
+    }
+
+    /// Whether the `oldest` cached block must be freed at `now`, with
+    /// `bytes_cached` idle bytes in the cache.
+    fn must_evict(&mut self, now: Duration, oldest: Oldest, bytes_cached: usize) -> bool;
+}
+
+/// Frees a block once it has been idle for the time-to-live or longer
+/// (`now - released >= ttl`).
+///
+/// # Examples
+///
+/// ```
+/// use core::time::Duration;
+/// use decaying_pool::testing::CheckingAllocator;
+/// use decaying_pool::{DecayingPool, FixedTime, ManualClock};
+///
+/// let clock = ManualClock::new();
+/// let mut pool = DecayingPool::builder(CheckingAllocator::new())
+///     .policy(FixedTime::new(Duration::from_secs(2)))
+///     .clock(clock.clone())
+///     .build();
+/// let b = pool.allocate(4096).unwrap();
+/// unsafe { pool.release(b, 4096) };
+/// clock.advance(Duration::from_millis(1999));
+/// assert_eq!(pool.collect(), 0);
+/// clock.advance(Duration::from_millis(1));
+/// assert_eq!(pool.collect(), 1);
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct FixedTime {
+    ttl: Duration,
+}
+
+impl FixedTime {
+    /// Frees blocks idle for `ttl` or longer.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use core::time::Duration;
+    /// let p = decaying_pool::FixedTime::new(Duration::from_secs(1));
+    /// assert_eq!(p.ttl(), Duration::from_secs(1));
+    /// ```
+    pub const fn new(ttl: Duration) -> Self {
+        FixedTime { ttl }
+    }
+
+    /// The time-to-live.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use core::time::Duration;
+    /// assert_eq!(decaying_pool::FixedTime::default().ttl(), Duration::from_secs(1));
+    /// ```
+    pub const fn ttl(&self) -> Duration {
+        self.ttl
+    }
+}
+
+impl Default for FixedTime {
+    /// One second.
+    fn default() -> Self {
+        FixedTime::new(Duration::from_secs(1))
+    }
+}
+
+impl EvictionPolicy for FixedTime {
+    #[inline]
+    fn must_evict(&mut self, now: Duration, oldest: Oldest, _bytes_cached: usize) -> bool {
+        oldest.idle(now) >= self.ttl
+    }
+}
+
+/// Decays the idle stock like a radioactive sample: deterministically,
+/// oldest first, half of it per half-life.
+///
+/// The policy keeps an allowance `L` of idle bytes that decays
+/// continuously, `L(t) = L(t0) * 2^(-(t - t0) / half_life)`. A release adds
+/// the block's size to `L`; a hit scales `L` by `bytes_cached_after /
+/// bytes_cached_before`, so the stock keeps its decayed fraction; after
+/// `trim`, the limit or the out-of-memory retry free blocks, `L` is clamped
+/// to `bytes_cached`. A collection frees the oldest block while
+/// `bytes_cached - L >= size_of_oldest / 2`.
+///
+/// A lone block therefore lives one half-life, and of `N` equal blocks
+/// released together `round_half_down(N * 2^(-t / half_life))` remain at
+/// time `t`, however often the pool collects in between:
+///
+/// | N \ t | 0.5 h | 1 h | 2 h | 3 h | 4 h |
+/// |------:|------:|----:|----:|----:|----:|
+/// |     1 |     1 |   0 |   0 |   0 |   0 |
+/// |     2 |     1 |   1 |   0 |   0 |   0 |
+/// |     4 |     3 |   2 |   1 |   0 |   0 |
+/// |     8 |     6 |   4 |   2 |   1 |   0 |
+/// |    16 |    11 |   8 |   4 |   2 |   1 |
+///
+/// At an exact halfway point the block goes: a lone block is freed at
+/// exactly one half-life, since `round_half_down(0.5) = 0` (floating-point
+/// rounding decides such exact instants).
+///
+/// Blocks freed by the policy's own decay do not clamp `L`: the allowance
+/// then keeps following `N * 2^(-t / half_life)` and the table holds
+/// whatever the collection frequency.
+///
+/// # Examples
+///
+/// ```
+/// use core::time::Duration;
+/// use decaying_pool::testing::CheckingAllocator;
+/// use decaying_pool::{DecayingPool, Exponential, ManualClock};
+///
+/// let clock = ManualClock::new();
+/// let mut pool = DecayingPool::builder(CheckingAllocator::new())
+///     .policy(Exponential::half_life(Duration::from_secs(1)))
+///     .clock(clock.clone())
+///     .build();
+/// let blocks: Vec<_> = (0..8).map(|_| pool.allocate(1024).unwrap()).collect();
+/// for b in blocks {
+///     unsafe { pool.release(b, 1024) };
+/// }
+/// clock.advance(Duration::from_secs(1));
+/// pool.collect();
+/// assert_eq!(pool.stats().blocks_cached, 4);
+/// clock.advance(Duration::from_secs(1));
+/// pool.collect();
+/// assert_eq!(pool.stats().blocks_cached, 2);
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Exponential {
+    half_life: Duration,
+    /// `1 / half_life` in seconds (infinite for a zero half-life).
+    rate: f64,
+    allowance: f64,
+    at: Duration,
+}
+
+impl Exponential {
+    /// Decays the idle stock by half every `h`.
+    ///
+    /// A zero half-life frees every block at the first collection after
+    /// its release.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use core::time::Duration;
+    /// let p = decaying_pool::Exponential::half_life(Duration::from_millis(500));
+    /// assert_eq!(p.get_half_life(), Duration::from_millis(500));
+    /// ```
+    pub fn half_life(h: Duration) -> Self {
+        Exponential {
+            half_life: h,
+            rate: 1.0 / h.as_secs_f64(),
+            allowance: 0.0,
+            at: Duration::ZERO,
+        }
+    }
+
+    /// The half-life.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use core::time::Duration;
+    /// let p = decaying_pool::Exponential::half_life(Duration::from_secs(3));
+    /// assert_eq!(p.get_half_life(), Duration::from_secs(3));
+    /// ```
+    pub fn get_half_life(&self) -> Duration {
+        self.half_life
+    }
+
+    /// The allowance `L` at `now`.
+    #[inline]
+    fn allowance_at(&self, now: Duration) -> f64 {
+        if now <= self.at || self.allowance == 0.0 {
+            return self.allowance;
+        }
+        let halvings = (now - self.at).as_secs_f64() * self.rate;
+        self.allowance * (-halvings).exp2()
+    }
+
+    #[inline]
+    fn rebase(&mut self, now: Duration) {
+        self.allowance = self.allowance_at(now);
+        self.at = self.at.max(now);
+    }
+}
+
+impl EvictionPolicy for Exponential {
+    #[inline]
+    fn on_release(&mut self, now: Duration, size: usize, _bytes_cached: usize) {
+        self.rebase(now);
+        self.allowance += size as f64;
+    }
+
+    #[inline]
+    fn on_hit(&mut self, now: Duration, _size: usize, before: usize, after: usize) {
+        self.rebase(now);
+        if before > 0 {
+            self.allowance *= after as f64 / before as f64;
+        }
+    }
+
+    #[inline]
+    fn on_free(&mut self, now: Duration, _size: usize, after: usize, reason: FreeReason) {
+        if reason == FreeReason::Trimmed {
+            self.rebase(now);
+            self.allowance = self.allowance.min(after as f64);
+        }
+    }
+
+    #[inline]
+    fn must_evict(&mut self, now: Duration, oldest: Oldest, bytes_cached: usize) -> bool {
+        bytes_cached as f64 - self.allowance_at(now) >= oldest.size as f64 / 2.0
+    }
+}
+
+/// A fixed table of `slots` cached blocks that never grows and needs no
+/// clock: once full, every release evicts the oldest block of its probe
+/// window.
+///
+/// The table is one open-addressing array of `slots` entries, allocated
+/// when the pool is built. A class hashes to a home slot; its blocks live
+/// in the window of up to [`FixedCapacity::WINDOW`] slots from there.
+/// Lookups always scan the whole window, so a hit simply empties its entry
+/// (no tombstones, no backward shift), and every operation is O(1) in the
+/// worst case. `collect` is a no-op; `trim` empties the table;
+/// `FixedCapacity::new(0)` caches nothing.
+///
+/// # Examples
+///
+/// ```
+/// use decaying_pool::testing::CheckingAllocator;
+/// use decaying_pool::{DecayingPool, FixedCapacity};
+///
+/// let mut pool = DecayingPool::new(CheckingAllocator::new(), FixedCapacity::new(2));
+/// let blocks: Vec<_> = (0..3).map(|_| pool.allocate(64).unwrap()).collect();
+/// for b in blocks {
+///     unsafe { pool.release(b, 64) };
+/// }
+/// let s = pool.stats();
+/// assert_eq!((s.blocks_cached, s.evictions), (2, 1));
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct FixedCapacity {
+    slots: usize,
+}
+
+impl FixedCapacity {
+    /// The longest probe window: a class's blocks live within this many
+    /// slots of its home slot.
+    pub const WINDOW: usize = 8;
+
+    /// A table of `slots` entries.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// assert_eq!(decaying_pool::FixedCapacity::new(64).slots(), 64);
+    /// ```
+    pub const fn new(slots: usize) -> Self {
+        FixedCapacity { slots }
+    }
+
+    /// The number of entries in the table.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// assert_eq!(decaying_pool::FixedCapacity::new(0).slots(), 0);
+    /// ```
+    pub const fn slots(&self) -> usize {
+        self.slots
+    }
+}
+
+mod sealed {
+    pub trait Sealed {}
+}
+
+/// What a [`DecayingPool`](crate::DecayingPool) can run: every
+/// [`EvictionPolicy`] (on the timed store) and [`FixedCapacity`] (on its
+/// fixed table). Sealed: implement [`EvictionPolicy`] for a policy of your own.
+pub trait Policy: sealed::Sealed {
+    /// The cache store this policy runs on.
+    #[doc(hidden)]
+    type Store<B>: Store<B>;
+
+    /// Builds the store.
+    #[doc(hidden)]
+    fn into_store<B>(self, reuse: Reuse) -> Self::Store<B>;
+}
+
+impl<P: EvictionPolicy> sealed::Sealed for P {}
+
+impl<P: EvictionPolicy> Policy for P {
+    type Store<B> = TimedStore<B, P>;
+
+    fn into_store<B>(self, reuse: Reuse) -> Self::Store<B> {
+        TimedStore::new(self, reuse)
+    }
+}
+
+impl sealed::Sealed for FixedCapacity {}
+
+impl Policy for FixedCapacity {
+    type Store<B> = FixedStore<B>;
+
+    fn into_store<B>(self, reuse: Reuse) -> Self::Store<B> {
+        FixedStore::new(self.slots, reuse)
+    }
+}

@@ -1,0 +1,48 @@
+//! Cache stores: where idle blocks wait, and in what order they leave.
+//!
+//! Implementation detail of [`Policy`](crate::policy::Policy); public only
+//! because the policy trait names it.
+
+use core::time::Duration;
+
+pub mod fixed;
+pub mod timed;
+
+/// A cache of idle blocks keyed by class size.
+///
+/// Not meant to be implemented outside this crate.
+pub trait Store<B> {
+    /// Whether the store needs the clock; a pool over an untimed store
+    /// never reads it.
+    const TIMED: bool;
+
+    /// Takes a cached block of `class` bytes (a hit), choosing by the
+    /// store's reuse order.
+    fn take(&mut self, class: usize, now: Duration) -> Option<B>;
+
+    /// Caches `block` of `class` bytes, released at `now`. Returns a block
+    /// the store displaced to make room (possibly `block` itself), which the
+    /// caller must free: that is an eviction.
+    fn put(&mut self, block: B, class: usize, now: Duration) -> Option<(B, usize)>;
+
+    /// Removes the oldest block if the policy says it must go at `now`.
+    fn evict_due(&mut self, now: Duration) -> Option<(B, usize)>;
+
+    /// Removes the oldest block whatever the policy says (trim, limit, retry).
+    fn pop_oldest(&mut self, now: Duration) -> Option<(B, usize)>;
+
+    /// Cached blocks.
+    fn len(&self) -> usize;
+
+    /// Whether the store holds no block.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Cached bytes.
+    fn bytes(&self) -> usize;
+
+    /// Checks every internal invariant; panics with a description of the
+    /// first one broken.
+    fn check(&self);
+}

@@ -1,0 +1,507 @@
+//! Test doubles that check the pool (feature `testing`).
+//!
+//! - [`CheckingAllocator`] hands out numbered blocks, records every call,
+//!   and panics on a double free, a foreign block or a wrong size;
+//! - [`FailingAllocator`] wraps another allocator and fails on demand or
+//!   past a byte capacity, so the out-of-memory retry can be exercised.
+//!
+//! Both are shared handles: clones see the same state, so a test keeps a
+//! clone and gives the pool another, and can still look after the pool is
+//! dropped.
+
+use core::convert::Infallible;
+use core::fmt;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use crate::raw::RawAllocator;
+
+/// One call a [`CheckingAllocator`] received.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Call {
+    /// `allocate(size)` returned `block`.
+    Allocate {
+        /// The block handed out.
+        block: u64,
+        /// The size asked for.
+        size: usize,
+    },
+    /// `deallocate(block, size)`.
+    Deallocate {
+        /// The block given back.
+        block: u64,
+        /// The size given with it.
+        size: usize,
+    },
+}
+
+#[derive(Debug, Default)]
+struct CheckState {
+    next: u64,
+    live: HashMap<u64, usize>,
+    live_bytes: usize,
+    peak_live_bytes: usize,
+    allocs: u64,
+    deallocs: u64,
+    calls: Vec<Call>,
+}
+
+/// An allocator that hands out numbered blocks (`1, 2, 3, …`; never 0),
+/// records every call, and panics on misuse: a zero-size request, a double
+/// free, a block it never handed out, or a size that differs from the
+/// allocation's.
+///
+/// # Examples
+///
+/// ```
+/// use decaying_pool::testing::{Call, CheckingAllocator};
+/// use decaying_pool::{DecayingPool, FixedTime};
+///
+/// let alloc = CheckingAllocator::new();
+/// let mut pool = DecayingPool::new(alloc.clone(), FixedTime::default());
+/// let b = pool.allocate(64).unwrap();
+/// unsafe { pool.release(b, 64) };
+/// drop(pool);
+/// assert_eq!(alloc.calls(), vec![
+///     Call::Allocate { block: 1, size: 64 },
+///     Call::Deallocate { block: 1, size: 64 },
+/// ]);
+/// alloc.assert_all_freed();
+/// ```
+#[derive(Clone, Debug, Default)]
+pub struct CheckingAllocator {
+    state: Arc<Mutex<CheckState>>,
+}
+
+impl CheckingAllocator {
+    /// A new allocator with nothing handed out.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// assert_eq!(decaying_pool::testing::CheckingAllocator::new().live(), 0);
+    /// ```
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn state(&self) -> MutexGuard<'_, CheckState> {
+        // A panic inside a check poisons the lock; the state is still whole.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Successful `allocate` calls so far.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use decaying_pool::{testing::CheckingAllocator, RawAllocator};
+    /// let mut a = CheckingAllocator::new();
+    /// a.allocate(8).unwrap();
+    /// assert_eq!(a.allocs(), 1);
+    /// ```
+    pub fn allocs(&self) -> u64 {
+        self.state().allocs
+    }
+
+    /// `deallocate` calls so far.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use decaying_pool::{testing::CheckingAllocator, RawAllocator};
+    /// let mut a = CheckingAllocator::new();
+    /// let b = a.allocate(8).unwrap();
+    /// unsafe { a.deallocate(b, 8) };
+    /// assert_eq!(a.deallocs(), 1);
+    /// ```
+    pub fn deallocs(&self) -> u64 {
+        self.state().deallocs
+    }
+
+    /// Blocks handed out and not yet given back.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use decaying_pool::{testing::CheckingAllocator, RawAllocator};
+    /// let mut a = CheckingAllocator::new();
+    /// a.allocate(8).unwrap();
+    /// assert_eq!(a.live(), 1);
+    /// ```
+    pub fn live(&self) -> usize {
+        self.state().live.len()
+    }
+
+    /// Bytes handed out and not yet given back.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use decaying_pool::{testing::CheckingAllocator, RawAllocator};
+    /// let mut a = CheckingAllocator::new();
+    /// a.allocate(8).unwrap();
+    /// assert_eq!(a.live_bytes(), 8);
+    /// ```
+    pub fn live_bytes(&self) -> usize {
+        self.state().live_bytes
+    }
+
+    /// The most bytes ever live at once.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use decaying_pool::{testing::CheckingAllocator, RawAllocator};
+    /// let mut a = CheckingAllocator::new();
+    /// let b = a.allocate(8).unwrap();
+    /// unsafe { a.deallocate(b, 8) };
+    /// assert_eq!(a.peak_live_bytes(), 8);
+    /// ```
+    pub fn peak_live_bytes(&self) -> usize {
+        self.state().peak_live_bytes
+    }
+
+    /// Every call so far, in order.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use decaying_pool::{testing::{Call, CheckingAllocator}, RawAllocator};
+    /// let mut a = CheckingAllocator::new();
+    /// a.allocate(8).unwrap();
+    /// assert_eq!(a.calls(), vec![Call::Allocate { block: 1, size: 8 }]);
+    /// ```
+    pub fn calls(&self) -> Vec<Call> {
+        self.state().calls.clone()
+    }
+
+    /// The size `block` was allocated with, if it is live.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use decaying_pool::{testing::CheckingAllocator, RawAllocator};
+    /// let mut a = CheckingAllocator::new();
+    /// let b = a.allocate(8).unwrap();
+    /// assert_eq!(a.size_of(b), Some(8));
+    /// assert_eq!(a.size_of(999), None);
+    /// ```
+    pub fn size_of(&self, block: u64) -> Option<usize> {
+        self.state().live.get(&block).copied()
+    }
+
+    /// Asserts that every block handed out was given back.
+    ///
+    /// # Panics
+    ///
+    /// When some block is still live.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// decaying_pool::testing::CheckingAllocator::new().assert_all_freed();
+    /// ```
+    #[track_caller]
+    pub fn assert_all_freed(&self) {
+        let s = self.state();
+        assert!(
+            s.live.is_empty(),
+            "{} blocks ({} bytes) were never deallocated",
+            s.live.len(),
+            s.live_bytes
+        );
+    }
+}
+
+impl RawAllocator for CheckingAllocator {
+    type Block = u64;
+    type Error = Infallible;
+
+    /// # Panics
+    ///
+    /// On a zero size: a pool never asks for zero bytes.
+    #[track_caller]
+    fn allocate(&mut self, size: usize) -> Result<u64, Infallible> {
+        assert!(size > 0, "CheckingAllocator: allocate(0)");
+        let mut s = self.state();
+        s.next += 1;
+        let block = s.next;
+        s.live.insert(block, size);
+        s.allocs += 1;
+        s.live_bytes = s.live_bytes.saturating_add(size);
+        s.peak_live_bytes = s.peak_live_bytes.max(s.live_bytes);
+        s.calls.push(Call::Allocate { block, size });
+        Ok(block)
+    }
+
+    /// # Panics
+    ///
+    /// On a double free, a foreign block, or a size other than the
+    /// allocation's.
+    #[track_caller]
+    unsafe fn deallocate(&mut self, block: u64, size: usize) {
+        let mut s = self.state();
+        match s.live.remove(&block) {
+            Some(had) => {
+                if had != size {
+                    s.live.insert(block, had);
+                    drop(s);
+                    panic!("CheckingAllocator: block {block} of {had} bytes freed as {size} bytes");
+                }
+            }
+            None => {
+                let issued = block != 0 && block <= s.next;
+                drop(s);
+                if issued {
+                    panic!("CheckingAllocator: double free of block {block}");
+                }
+                panic!("CheckingAllocator: block {block} was never handed out");
+            }
+        }
+        s.deallocs += 1;
+        s.live_bytes -= size;
+        s.calls.push(Call::Deallocate { block, size });
+    }
+}
+
+/// Why a [`FailingAllocator`] refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TestError {
+    /// The request would take the bytes outstanding past the capacity.
+    OutOfMemory {
+        /// The size asked for.
+        requested: usize,
+        /// Bytes outstanding at the time.
+        used: usize,
+        /// The capacity.
+        capacity: usize,
+    },
+    /// A failure injected with [`FailingAllocator::fail_next`].
+    Injected,
+}
+
+impl fmt::Display for TestError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            TestError::OutOfMemory {
+                requested,
+                used,
+                capacity,
+            } => write!(
+                f,
+                "out of memory: {requested} bytes requested, {used} of {capacity} in use"
+            ),
+            TestError::Injected => f.write_str("injected failure"),
+        }
+    }
+}
+
+impl std::error::Error for TestError {}
+
+#[derive(Debug)]
+struct Control {
+    capacity: AtomicUsize,
+    used: AtomicUsize,
+    fail_next: AtomicU32,
+    failures: AtomicU64,
+}
+
+/// Wraps an allocator and fails on demand or past a byte capacity, like a
+/// device whose memory runs out.
+///
+/// Clones share the controls and counters (and the inner allocator's state
+/// when it is itself a shared handle, as [`CheckingAllocator`] is).
+///
+/// # Examples
+///
+/// ```
+/// use decaying_pool::testing::{FailingAllocator, TestError};
+/// use decaying_pool::{DecayingPool, FixedTime, PoolError};
+///
+/// let alloc = FailingAllocator::with_capacity(1000);
+/// let mut pool = DecayingPool::new(alloc.clone(), FixedTime::default());
+/// let a = pool.allocate(600).unwrap();
+/// assert!(matches!(pool.allocate(600), Err(PoolError::Backing(TestError::OutOfMemory { .. }))));
+/// unsafe { pool.release(a, 600) };
+/// // The cached block is freed and the request retried.
+/// let b = pool.allocate(700).unwrap();
+/// assert_eq!(pool.stats().trimmed, 1);
+/// unsafe { pool.release(b, 700) };
+/// ```
+#[derive(Clone, Debug)]
+pub struct FailingAllocator<A = CheckingAllocator> {
+    inner: A,
+    ctl: Arc<Control>,
+}
+
+impl FailingAllocator<CheckingAllocator> {
+    /// A [`CheckingAllocator`] that fails past `capacity` bytes outstanding.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use decaying_pool::{testing::FailingAllocator, RawAllocator};
+    /// let mut a = FailingAllocator::with_capacity(10);
+    /// assert!(a.allocate(11).is_err());
+    /// ```
+    pub fn with_capacity(capacity: usize) -> Self {
+        let a = FailingAllocator::new(CheckingAllocator::new());
+        a.set_capacity(Some(capacity));
+        a
+    }
+}
+
+impl<A> FailingAllocator<A> {
+    /// Wraps `inner`, with no capacity and no failure scheduled.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use decaying_pool::testing::{CheckingAllocator, FailingAllocator};
+    /// let a = FailingAllocator::new(CheckingAllocator::new());
+    /// assert_eq!(a.capacity(), None);
+    /// ```
+    pub fn new(inner: A) -> Self {
+        FailingAllocator {
+            inner,
+            ctl: Arc::new(Control {
+                capacity: AtomicUsize::new(usize::MAX),
+                used: AtomicUsize::new(0),
+                fail_next: AtomicU32::new(0),
+                failures: AtomicU64::new(0),
+            }),
+        }
+    }
+
+    /// The wrapped allocator.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use decaying_pool::testing::FailingAllocator;
+    /// assert_eq!(FailingAllocator::with_capacity(1).inner().live(), 0);
+    /// ```
+    pub fn inner(&self) -> &A {
+        &self.inner
+    }
+
+    /// Sets the byte capacity (`None`: unlimited).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use decaying_pool::testing::FailingAllocator;
+    /// let a = FailingAllocator::with_capacity(1);
+    /// a.set_capacity(None);
+    /// assert_eq!(a.capacity(), None);
+    /// ```
+    pub fn set_capacity(&self, capacity: Option<usize>) {
+        self.ctl
+            .capacity
+            .store(capacity.unwrap_or(usize::MAX), Ordering::Relaxed);
+    }
+
+    /// The byte capacity, if any.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use decaying_pool::testing::FailingAllocator;
+    /// assert_eq!(FailingAllocator::with_capacity(5).capacity(), Some(5));
+    /// ```
+    pub fn capacity(&self) -> Option<usize> {
+        match self.ctl.capacity.load(Ordering::Relaxed) {
+            usize::MAX => None,
+            c => Some(c),
+        }
+    }
+
+    /// Makes the next `n` allocations fail with [`TestError::Injected`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use decaying_pool::{testing::FailingAllocator, RawAllocator};
+    /// let mut a = FailingAllocator::with_capacity(100);
+    /// a.fail_next(1);
+    /// assert!(a.allocate(1).is_err());
+    /// assert!(a.allocate(1).is_ok());
+    /// ```
+    pub fn fail_next(&self, n: u32) {
+        self.ctl.fail_next.store(n, Ordering::Relaxed);
+    }
+
+    /// Allocations refused so far.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use decaying_pool::{testing::FailingAllocator, RawAllocator};
+    /// let mut a = FailingAllocator::with_capacity(0);
+    /// let _ = a.allocate(1);
+    /// assert_eq!(a.failures(), 1);
+    /// ```
+    pub fn failures(&self) -> u64 {
+        self.ctl.failures.load(Ordering::Relaxed)
+    }
+
+    /// Bytes outstanding.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use decaying_pool::{testing::FailingAllocator, RawAllocator};
+    /// let mut a = FailingAllocator::with_capacity(100);
+    /// a.allocate(30).unwrap();
+    /// assert_eq!(a.used(), 30);
+    /// ```
+    pub fn used(&self) -> usize {
+        self.ctl.used.load(Ordering::Relaxed)
+    }
+}
+
+impl<A: RawAllocator> RawAllocator for FailingAllocator<A> {
+    type Block = A::Block;
+    type Error = TestError;
+
+    fn allocate(&mut self, size: usize) -> Result<A::Block, TestError> {
+        let injected = self
+            .ctl
+            .fail_next
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
+            .is_ok();
+        let used = self.used();
+        let capacity = self.ctl.capacity.load(Ordering::Relaxed);
+        let error = if injected {
+            Some(TestError::Injected)
+        } else if used.checked_add(size).is_none_or(|u| u > capacity) {
+            Some(TestError::OutOfMemory {
+                requested: size,
+                used,
+                capacity,
+            })
+        } else {
+            None
+        };
+        if let Some(e) = error {
+            self.ctl.failures.fetch_add(1, Ordering::Relaxed);
+            return Err(e);
+        }
+        match self.inner.allocate(size) {
+            Ok(block) => {
+                self.ctl.used.fetch_add(size, Ordering::Relaxed);
+                Ok(block)
+            }
+            Err(e) => panic!("FailingAllocator: the inner allocator failed: {e}"),
+        }
+    }
+
+    unsafe fn deallocate(&mut self, block: A::Block, size: usize) {
+        self.ctl.used.fetch_sub(size, Ordering::Relaxed);
+        // SAFETY: the caller upholds the contract for the same block and size,
+        // which this wrapper passed through unchanged from the inner allocator.
+        unsafe { self.inner.deallocate(block, size) }
+    }
+}

@@ -1,0 +1,9 @@
+//! The crate's integration tests: one binary, a module per area.
+
+mod backends;
+mod exponential;
+mod fixed_capacity;
+mod limit_retry;
+mod model;
+mod semantics;
+mod size_class;
