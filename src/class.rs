@@ -75,8 +75,9 @@ fn divisions(size: usize, k: u32) -> Option<usize> {
     }
     let floor = 1usize << (usize::BITS - 1 - size.leading_zeros());
     let (p, k, over) = (floor as u128, u128::from(k), (size - floor) as u128);
-    // The smallest step i with p + ceil(i * p / k) >= size.
-    let i = (over * k).div_ceil(p);
+    // The smallest step i with ceil(i * p / k) >= over, i.e. i * p > (over - 1) * k
+    // (`over >= 1`: a power of two returned above).
+    let i = (over - 1) * k / p + 1;
     let class = p + (i * p).div_ceil(k);
     usize::try_from(class).ok()
 }
@@ -109,6 +110,11 @@ mod tests {
             for size in 1..3000usize {
                 let c = SizeClass::PowerOfTwoDivisions(k).round(size).unwrap();
                 assert!(c >= size && c >= last, "size {size} k {k} class {c}");
+                assert_eq!(
+                    SizeClass::PowerOfTwoDivisions(k).round(c),
+                    Some(c),
+                    "stable"
+                );
                 assert!(c <= size.next_power_of_two());
                 last = c;
             }

@@ -67,7 +67,7 @@ pub use backend::SystemAllocator;
 pub use class::SizeClass;
 pub use clock::{Clock, ManualClock, MonotonicClock, PreciseClock};
 pub use error::PoolError;
-pub use policy::{Exponential, FixedCapacity, FixedTime, Reuse};
+pub use policy::{EvictionPolicy, Exponential, FixedCapacity, FixedTime, Policy, Reuse};
 pub use pool::{Builder, DecayingPool};
 pub use raw::RawAllocator;
 pub use stats::Stats;

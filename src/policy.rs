@@ -240,9 +240,16 @@ impl EvictionPolicy for FixedTime {
 /// exactly one half-life, since `round_half_down(0.5) = 0` (floating-point
 /// rounding decides such exact instants).
 ///
-/// Blocks freed by the policy's own decay do not clamp `L`: the allowance
-/// then keeps following `N * 2^(-t / half_life)` and the table holds
-/// whatever the collection frequency.
+/// **Blocks the decay itself frees.** Stopping at `bytes_cached - L <
+/// size_of_oldest / 2` leaves `L` up to half a block above `bytes_cached`:
+/// that rounding residue is what makes the table hold whatever the
+/// collection frequency, so the decay does not clamp `L` to
+/// `bytes_cached`. Instead, every collection first clamps `L` to
+/// `bytes_cached + size_of_oldest / 2`, and an emptied cache resets `L` to
+/// zero. For equal blocks that bound never binds (the table is exact); for
+/// mixed sizes it stops the allowance of a large decayed block from keeping
+/// small younger ones alive: they then live at most `log2(3) ≈ 1.58`
+/// half-lives after it.
 ///
 /// # Examples
 ///
@@ -279,8 +286,8 @@ pub struct Exponential {
 impl Exponential {
     /// Decays the idle stock by half every `h`.
     ///
-    /// A zero half-life frees every block at the first collection after
-    /// its release.
+    /// A zero half-life keeps no allowance: every block is freed at the
+    /// next collection, as with `FixedTime::new(Duration::ZERO)`.
     ///
     /// # Examples
     ///
@@ -332,7 +339,9 @@ impl EvictionPolicy for Exponential {
     #[inline]
     fn on_release(&mut self, now: Duration, size: usize, _bytes_cached: usize) {
         self.rebase(now);
-        self.allowance += size as f64;
+        if self.rate.is_finite() {
+            self.allowance += size as f64;
+        }
     }
 
     #[inline]
@@ -345,7 +354,7 @@ impl EvictionPolicy for Exponential {
 
     #[inline]
     fn on_free(&mut self, now: Duration, _size: usize, after: usize, reason: FreeReason) {
-        if reason == FreeReason::Trimmed {
+        if reason == FreeReason::Trimmed || after == 0 {
             self.rebase(now);
             self.allowance = self.allowance.min(after as f64);
         }
@@ -353,7 +362,15 @@ impl EvictionPolicy for Exponential {
 
     #[inline]
     fn must_evict(&mut self, now: Duration, oldest: Oldest, bytes_cached: usize) -> bool {
-        bytes_cached as f64 - self.allowance_at(now) >= oldest.size as f64 / 2.0
+        let half = oldest.size as f64 / 2.0;
+        let mut allowance = self.allowance_at(now);
+        let bound = bytes_cached as f64 + half;
+        if allowance > bound {
+            allowance = bound;
+            self.allowance = bound;
+            self.at = self.at.max(now);
+        }
+        bytes_cached as f64 - allowance >= half
     }
 }
 

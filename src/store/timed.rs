@@ -365,7 +365,10 @@ impl<B, P: EvictionPolicy> Store<B> for TimedStore<B, P> {
                 prev_id = id;
                 id = *next;
             }
-            assert_eq!(ends.tail, prev_id, "class {class} tail is not its last slot");
+            assert_eq!(
+                ends.tail, prev_id,
+                "class {class} tail is not its last slot"
+            );
         }
         assert_eq!(len, self.len, "cached block count");
         assert_eq!(bytes, self.bytes, "cached byte count");
@@ -383,15 +386,23 @@ impl<B, P: EvictionPolicy> Store<B> for TimedStore<B, P> {
                     "reused slot {i} still holds a block"
                 );
             } else {
-                assert!(in_class.contains(i), "live deque entry for uncached slot {i}");
+                assert!(
+                    in_class.contains(i),
+                    "live deque entry for uncached slot {i}"
+                );
                 live_order.push(e.slot);
             }
         }
         assert_eq!(stale, self.stale, "stale entry count");
-        assert_eq!(live_order.len(), self.len, "every cached block has an entry");
+        assert_eq!(
+            live_order.len(),
+            self.len,
+            "every cached block has an entry"
+        );
         for i in 0..n {
-            let accounted =
-                in_free.contains(i) || in_class.contains(i) || (self.reused.contains(i) && queued.contains(i));
+            let accounted = in_free.contains(i)
+                || in_class.contains(i)
+                || (self.reused.contains(i) && queued.contains(i));
             assert!(accounted, "slot {i} is lost");
         }
         // Within a class, queue order is release order.

@@ -1,0 +1,203 @@
+//! Hit round trip (allocate + release of a cached class) of the pool
+//! against a hand-written `hashbrown` map-of-vectors cache, at several
+//! scales, in one run.
+//!
+//! ```text
+//! cargo bench --bench hit_path
+//! ```
+
+use std::hint::black_box;
+use std::time::Duration;
+
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
+use decaying_pool::{
+    Clock, DecayingPool, Exponential, FixedCapacity, FixedTime, ManualClock, MonotonicClock,
+    Policy, RawAllocator,
+};
+
+/// A backing allocator that does nothing: hands out numbers.
+#[derive(Default)]
+struct Null(usize);
+
+impl RawAllocator for Null {
+    type Block = usize;
+    type Error = core::convert::Infallible;
+    fn allocate(&mut self, _size: usize) -> Result<usize, Self::Error> {
+        self.0 += 1;
+        Ok(self.0)
+    }
+    unsafe fn deallocate(&mut self, _block: usize, _size: usize) {}
+}
+
+/// What most projects write: an exact-size cache that never evicts.
+#[derive(Default)]
+struct HandWritten {
+    map: hashbrown::HashMap<usize, Vec<usize>>,
+    backing: Null,
+}
+
+impl HandWritten {
+    #[inline]
+    fn allocate(&mut self, size: usize) -> usize {
+        match self.map.get_mut(&size).and_then(Vec::pop) {
+            Some(b) => b,
+            None => self.backing.allocate(size).unwrap(),
+        }
+    }
+    #[inline]
+    fn release(&mut self, block: usize, size: usize) {
+        self.map.entry(size).or_default().push(block);
+    }
+}
+
+/// `n` pseudo-random sizes (a fixed LCG, so every run draws the same).
+fn sizes(n: usize) -> Vec<usize> {
+    let mut x: u64 = 0x2545_F491_4F6C_DD1D;
+    let mut out: Vec<usize> = Vec::with_capacity(n);
+    while out.len() < n {
+        x = x
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        let s = 256 + ((x >> 33) as usize % (1 << 24));
+        if !out.contains(&s) || n > 4096 {
+            out.push(s);
+        }
+    }
+    out.sort_unstable();
+    out.dedup();
+    out
+}
+
+/// The order requests come in: a random walk over the classes.
+fn order(classes: usize, len: usize) -> Vec<usize> {
+    let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+    (0..len)
+        .map(|_| {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (x >> 33) as usize % classes
+        })
+        .collect()
+}
+
+fn fill<P: Policy, C: Clock>(pool: &mut DecayingPool<Null, P, C>, sizes: &[usize], per: usize) {
+    let mut held = Vec::new();
+    for &s in sizes {
+        for _ in 0..per {
+            held.push((pool.allocate(s).unwrap(), s));
+        }
+    }
+    for (b, s) in held {
+        // SAFETY: each block came from this pool with this size.
+        unsafe { pool.release(b, s) };
+    }
+}
+
+fn bench_pool<P: Policy, C: Clock>(
+    c: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
+    name: &str,
+    scale: &str,
+    mut pool: DecayingPool<Null, P, C>,
+    sizes: &[usize],
+    per: usize,
+    walk: &[usize],
+) {
+    fill(&mut pool, sizes, per);
+    let filled = pool.stats().misses;
+    let mut i = 0;
+    c.bench_function(BenchmarkId::new(name, scale), |b| {
+        b.iter(|| {
+            let s = sizes[walk[i]];
+            i = (i + 1) % walk.len();
+            let block = pool.allocate(black_box(s)).unwrap();
+            // SAFETY: `block` came from this pool with size `s`.
+            unsafe { pool.release(black_box(block), s) };
+        })
+    });
+    // Every measured round trip was a hit (the fixed table may displace a
+    // few blocks whose windows collided while filling).
+    let s = pool.stats();
+    assert!(
+        s.misses - filled <= filled / 100,
+        "{name} {scale}: {} misses while measuring",
+        s.misses - filled
+    );
+}
+
+fn hit_round_trip(c: &mut Criterion) {
+    let mut g = c.benchmark_group("hit_round_trip");
+    g.warm_up_time(Duration::from_millis(500));
+    g.measurement_time(Duration::from_secs(2));
+    let ttl = Duration::from_secs(3600);
+    for (classes, per) in [(64usize, 1usize), (4096, 4), (100_000, 2)] {
+        let scale = format!("{classes}x{per}");
+        let sizes = sizes(classes);
+        let walk = order(sizes.len(), 1 << 16);
+
+        let mut hand = HandWritten::default();
+        for &s in &sizes {
+            let held: Vec<_> = (0..per).map(|_| hand.allocate(s)).collect();
+            for b in held {
+                hand.release(b, s);
+            }
+        }
+        let mut i = 0;
+        g.bench_function(BenchmarkId::new("hashbrown_map_of_vecs", &scale), |b| {
+            b.iter(|| {
+                let s = sizes[walk[i]];
+                i = (i + 1) % walk.len();
+                let block = hand.allocate(black_box(s));
+                hand.release(black_box(block), s);
+            })
+        });
+
+        let manual = ManualClock::new();
+        let build = |p| DecayingPool::builder(Null::default()).policy(p);
+        bench_pool(
+            &mut g,
+            "fixed_time_manual",
+            &scale,
+            build(FixedTime::new(ttl)).clock(manual.clone()).build(),
+            &sizes,
+            per,
+            &walk,
+        );
+        bench_pool(
+            &mut g,
+            "fixed_time_monotonic",
+            &scale,
+            build(FixedTime::new(ttl)).clock(MonotonicClock).build(),
+            &sizes,
+            per,
+            &walk,
+        );
+        bench_pool(
+            &mut g,
+            "exponential_manual",
+            &scale,
+            DecayingPool::builder(Null::default())
+                .policy(Exponential::half_life(ttl))
+                .clock(manual.clone())
+                .build(),
+            &sizes,
+            per,
+            &walk,
+        );
+        bench_pool(
+            &mut g,
+            "fixed_capacity",
+            &scale,
+            DecayingPool::builder(Null::default())
+                .policy(FixedCapacity::new(sizes.len() * per * 4))
+                .build(),
+            &sizes,
+            per,
+            &walk,
+        );
+    }
+    g.finish();
+}
+
+criterion_group!(benches, hit_round_trip);
+criterion_main!(benches);
