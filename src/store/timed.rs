@@ -151,11 +151,11 @@ impl<B, P: EvictionPolicy> TimedStore<B, P> {
         }
     }
 
-    /// Unlinks cached slot `id` from its class queue and leaves it vacant
-    /// (not in the free list). Returns the block and its class. Removes the
-    /// class's map entry when the queue empties and `forget_empty` is set.
+    /// Unlinks the oldest cached slot `id` from its class queue and leaves
+    /// it vacant (not in the free list). Returns the block and its class.
+    /// Removes the class's map entry when the queue empties.
     #[inline]
-    fn unlink(&mut self, id: u32, forget_empty: bool) -> (B, usize) {
+    fn unlink(&mut self, id: u32) -> (B, usize) {
         let old = core::mem::replace(&mut self.slots[id as usize], Slot::Vacant { next: NIL });
         let Slot::Cached {
             block,
@@ -172,7 +172,7 @@ impl<B, P: EvictionPolicy> TimedStore<B, P> {
         if next != NIL {
             self.set_prev(next, prev);
         }
-        if prev == NIL && next == NIL && forget_empty {
+        if prev == NIL && next == NIL {
             self.classes.remove(&class);
         } else if let Some(ends) = self.classes.get_mut(&class) {
             if prev == NIL {
@@ -207,7 +207,7 @@ impl<B, P: EvictionPolicy> TimedStore<B, P> {
     #[inline]
     fn remove_front(&mut self, entry: Entry, now: Duration, reason: FreeReason) -> (B, usize) {
         self.queue.pop_front();
-        let (block, class) = self.unlink(entry.slot, true);
+        let (block, class) = self.unlink(entry.slot);
         self.free_slot(entry.slot);
         self.policy.on_free(now, class, self.bytes, reason);
         (block, class)
@@ -243,7 +243,8 @@ impl<B, P: EvictionPolicy> Store<B> for TimedStore<B, P> {
 
     #[inline]
     fn take(&mut self, class: usize, now: Duration) -> Option<B> {
-        let ends = self.classes.get(&class)?;
+        // One map lookup: the class's ends are fixed up in place.
+        let ends = self.classes.get_mut(&class)?;
         let id = match self.reuse {
             Reuse::Lifo => ends.tail,
             Reuse::Fifo => ends.head,
@@ -251,8 +252,26 @@ impl<B, P: EvictionPolicy> Store<B> for TimedStore<B, P> {
         if id == NIL {
             return None;
         }
+        let old = core::mem::replace(&mut self.slots[id as usize], Slot::Vacant { next: NIL });
+        let Slot::Cached {
+            block, prev, next, ..
+        } = old
+        else {
+            unreachable!("class queue reaches a vacant slot")
+        };
+        if prev == NIL {
+            ends.head = next;
+        } else if let Slot::Cached { next: n, .. } = &mut self.slots[prev as usize] {
+            *n = next;
+        }
+        if next == NIL {
+            ends.tail = prev;
+        } else if let Slot::Cached { prev: p, .. } = &mut self.slots[next as usize] {
+            *p = prev;
+        }
         let before = self.bytes;
-        let (block, _) = self.unlink(id, false);
+        self.len -= 1;
+        self.bytes -= class;
         self.reused.insert(id as usize);
         self.stale += 1;
         self.policy.on_hit(now, class, before, self.bytes);
