@@ -10,7 +10,7 @@
 //! repeated sizes from its cache and hands blocks that stay idle back to the
 //! backing allocator, as an eviction policy decides: [`FixedTime`],
 //! [`Exponential`], [`FixedCapacity`] or your own
-//! [`EvictionPolicy`](policy::EvictionPolicy). It never splits a block, so
+//! [`EvictionPolicy`]. It never splits a block, so
 //! it never fragments the backing allocator.
 //!
 //! # Examples
@@ -55,6 +55,7 @@ mod error;
 pub mod policy;
 mod pool;
 mod raw;
+mod shared;
 mod stats;
 #[doc(hidden)]
 pub mod store;
@@ -70,4 +71,5 @@ pub use error::PoolError;
 pub use policy::{EvictionPolicy, Exponential, FixedCapacity, FixedTime, Policy, Reuse};
 pub use pool::{Builder, DecayingPool};
 pub use raw::RawAllocator;
+pub use shared::{Pooled, Reaper, SharedPool};
 pub use stats::Stats;

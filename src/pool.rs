@@ -338,18 +338,8 @@ impl<A: RawAllocator, P: Policy, C: Clock> DecayingPool<A, P, C> {
     pub unsafe fn release(&mut self, block: A::Block, size: usize) {
         let now = self.now();
         self.run_policy(now);
-        let class = self.size_class.round(size);
-        let s = &mut self.stats;
-        let class = match class {
-            Some(class) if s.blocks_in_use > 0 && s.bytes_in_use >= class => class,
-            _ => release_mismatch(size),
-        };
-        s.blocks_in_use -= 1;
-        s.bytes_in_use -= class;
-        if let Some((block, class)) = self.store.put(block, class, now) {
-            self.stats.evictions += 1;
-            self.free_backing(block, class);
-        }
+        // SAFETY: the caller upholds this function's contract.
+        unsafe { self.cache_released(block, size, now) }
     }
 
     /// Runs the policy now: frees every cached block it says must go.
@@ -620,14 +610,14 @@ impl<A: RawAllocator, P: Policy, C: Clock> DecayingPool<A, P, C> {
                 self.trim_one(block, c);
             }
         }
-        let err = match self.alloc.allocate(class) {
-            Ok(block) => return Ok(self.record_miss(block, class)),
+        let err = match self.try_backing(class) {
+            Ok(block) => return Ok(block),
             Err(e) => e,
         };
-        self.stats.backing_failures += 1;
         if self.store.is_empty() {
             return Err(PoolError::Backing(err));
         }
+        // Retry 1: free the oldest blocks until the class size is freed.
         let mut freed = 0usize;
         while freed < class {
             let Some((block, c)) = self.store.pop_oldest(now) else {
@@ -636,22 +626,27 @@ impl<A: RawAllocator, P: Policy, C: Clock> DecayingPool<A, P, C> {
             freed += c;
             self.trim_one(block, c);
         }
-        let err = match self.alloc.allocate(class) {
-            Ok(block) => return Ok(self.record_miss(block, class)),
+        let err = match self.try_backing(class) {
+            Ok(block) => return Ok(block),
             Err(e) => e,
         };
-        self.stats.backing_failures += 1;
         if self.store.is_empty() {
             return Err(PoolError::Backing(err));
         }
+        // Retry 2: free everything.
         while let Some((block, c)) = self.store.pop_oldest(now) {
             self.trim_one(block, c);
         }
+        self.try_backing(class).map_err(PoolError::Backing)
+    }
+
+    /// One backing allocation, counted as a miss or a failure.
+    fn try_backing(&mut self, class: usize) -> Result<A::Block, A::Error> {
         match self.alloc.allocate(class) {
             Ok(block) => Ok(self.record_miss(block, class)),
             Err(e) => {
                 self.stats.backing_failures += 1;
-                Err(PoolError::Backing(e))
+                Err(e)
             }
         }
     }
@@ -718,5 +713,59 @@ where
             .field("limit", &self.limit)
             .field("stats", &self.stats())
             .finish_non_exhaustive()
+    }
+}
+
+/// Helpers for [`SharedPool`](crate::SharedPool): steps of the public
+/// operations arranged so that a panic cannot lose a block.
+impl<A: RawAllocator, P: Policy, C: Clock> DecayingPool<A, P, C> {
+    /// [`release`](Self::release), except that when bringing the policy up
+    /// to date panics (a panicking backing `deallocate` or user policy), the
+    /// block is still counted out of use and cached before the panic goes
+    /// on, instead of being dropped with the unwinding stack.
+    ///
+    /// Without a panic this is exactly `release`.
+    ///
+    /// # Safety
+    ///
+    /// As [`release`](Self::release).
+    ///
+    /// # Panics
+    ///
+    /// As [`release`](Self::release), and with the panic of a backing
+    /// `deallocate` or policy call, after the block is cached.
+    pub(crate) unsafe fn release_unwind_safe(&mut self, block: A::Block, size: usize) {
+        let now = self.now();
+        // The store and counters are consistent across a panic in the
+        // policy run: every block leaves the store and is counted before
+        // `deallocate` is called, and `must_evict` runs before any change.
+        let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.run_policy(now)));
+        // SAFETY: the caller upholds `release`'s contract for `block`/`size`.
+        unsafe { self.cache_released(block, size, now) };
+        if let Err(payload) = ran {
+            std::panic::resume_unwind(payload);
+        }
+    }
+
+    /// The part of `release` after the policy run: counts the block out of
+    /// use and caches it (freeing whatever the store displaces).
+    ///
+    /// # Safety
+    ///
+    /// As [`release`](Self::release).
+    #[inline]
+    unsafe fn cache_released(&mut self, block: A::Block, size: usize, now: Duration) {
+        let class = self.size_class.round(size);
+        let s = &mut self.stats;
+        let class = match class {
+            Some(class) if s.blocks_in_use > 0 && s.bytes_in_use >= class => class,
+            _ => release_mismatch(size),
+        };
+        s.blocks_in_use -= 1;
+        s.bytes_in_use -= class;
+        if let Some((block, class)) = self.store.put(block, class, now) {
+            self.stats.evictions += 1;
+            self.free_backing(block, class);
+        }
     }
 }

@@ -15,7 +15,7 @@
 //!   queued, so an entry can never be confused with a later occupant.
 //!
 //! Nothing is removed from the middle of the deque. When stale entries
-//! outnumber live ones by more than [`COMPACT_SLACK`] the deque is
+//! outnumber live ones by more than `COMPACT_SLACK` the deque is
 //! rebuilt without them, in order: the rebuild is paid for by the stale
 //! entries it drops, so every operation stays O(1) amortised and the deque
 //! stays within twice the number of cached blocks.

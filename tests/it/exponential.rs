@@ -16,6 +16,7 @@
 //! Hence `round_half_down(N * 2^(-t / h))` of `N` equal blocks released
 //! together remain at time `t`, however often the pool collects.
 
+use crate::support::Lcg;
 use core::time::Duration;
 use std::cell::RefCell;
 use std::collections::VecDeque;
@@ -782,23 +783,6 @@ impl Model {
         }
         self.bytes = 0;
         freed
-    }
-}
-
-/// A small deterministic generator (64-bit LCG, high bits).
-struct Lcg(u64);
-
-impl Lcg {
-    fn next(&mut self) -> u64 {
-        self.0 = self
-            .0
-            .wrapping_mul(6_364_136_223_846_793_005)
-            .wrapping_add(1_442_695_040_888_963_407);
-        self.0 >> 33
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
     }
 }
 

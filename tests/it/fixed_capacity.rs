@@ -8,6 +8,7 @@
 //! the tests below model exactly; larger tables are checked for their
 //! invariants.
 
+use crate::support::Lcg;
 use core::time::Duration;
 use std::collections::{HashMap, VecDeque};
 
@@ -58,23 +59,6 @@ fn last_dealloc(alloc: &CheckingAllocator) -> Option<(u64, usize)> {
         Call::Deallocate { block, size } => Some((block, size)),
         Call::Allocate { .. } => None,
     })
-}
-
-/// A small deterministic generator (64-bit LCG, high bits).
-struct Lcg(u64);
-
-impl Lcg {
-    fn next(&mut self) -> u64 {
-        self.0 = self
-            .0
-            .wrapping_mul(6_364_136_223_846_793_005)
-            .wrapping_add(1_442_695_040_888_963_407);
-        self.0 >> 33
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
 }
 
 /// A clock that must never be read.

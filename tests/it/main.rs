@@ -6,4 +6,6 @@ mod fixed_capacity;
 mod limit_retry;
 mod model;
 mod semantics;
+mod shared;
 mod size_class;
+mod support;

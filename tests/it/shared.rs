@@ -1,0 +1,671 @@
+//! Tests: `SharedPool`, `Pooled` and the reaper.
+//!
+//! Threads against one pool on real host memory (no two live handles alias
+//! a block, every backing allocation freed exactly once), the reaper with a
+//! real clock, prompt joins, recovery from panics inside the lock, and the
+//! promised `Send`/`Sync` bounds.
+
+use core::convert::Infallible;
+use core::ptr::NonNull;
+use core::time::Duration;
+use std::collections::{HashMap, HashSet};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Barrier, Mutex};
+use std::thread;
+use std::time::Instant;
+
+use decaying_pool::policy::{EvictionPolicy, Oldest};
+use decaying_pool::testing::CheckingAllocator;
+use decaying_pool::{
+    DecayingPool, Exponential, FixedCapacity, FixedTime, ManualClock, MonotonicClock, PoolError,
+    Pooled, RawAllocator, Reaper, SharedPool, SystemAllocator,
+};
+
+// ---------------------------------------------------------------------------
+// A counting allocator over real host memory, with `Send` blocks.
+
+/// A host pointer that may cross threads (the memory is plain heap memory).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+struct HostPtr(NonNull<u8>);
+
+// SAFETY: the pointer is to heap memory from the global allocator, which
+// any thread may use and free; ownership is tracked by the pool.
+unsafe impl Send for HostPtr {}
+// SAFETY: sharing the pointer value shares no access by itself.
+unsafe impl Sync for HostPtr {}
+
+#[derive(Default)]
+struct Ledger {
+    live: HashMap<usize, usize>,
+    allocs: u64,
+    deallocs: u64,
+    errors: Vec<String>,
+}
+
+/// `SystemAllocator` that records every block and flags double frees,
+/// foreign blocks and wrong sizes.
+#[derive(Clone, Default)]
+struct CountingSystem {
+    inner: SystemAllocator,
+    ledger: Arc<Mutex<Ledger>>,
+}
+
+impl CountingSystem {
+    fn ledger(&self) -> std::sync::MutexGuard<'_, Ledger> {
+        self.ledger.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl RawAllocator for CountingSystem {
+    type Block = HostPtr;
+    type Error = <SystemAllocator as RawAllocator>::Error;
+
+    fn allocate(&mut self, size: usize) -> Result<HostPtr, Self::Error> {
+        let p = self.inner.allocate(size)?;
+        let mut l = self.ledger();
+        if l.live.insert(p.as_ptr() as usize, size).is_some() {
+            l.errors.push(format!("{p:p} handed out twice"));
+        }
+        l.allocs += 1;
+        Ok(HostPtr(p))
+    }
+
+    unsafe fn deallocate(&mut self, block: HostPtr, size: usize) {
+        {
+            let mut l = self.ledger();
+            match l.live.remove(&(block.0.as_ptr() as usize)) {
+                Some(s) if s == size => {}
+                Some(s) => {
+                    l.errors
+                        .push(format!("{:p}: {s} bytes freed as {size}", block.0));
+                    return; // do not free with a wrong layout
+                }
+                None => {
+                    l.errors
+                        .push(format!("{:p}: double or foreign free", block.0));
+                    return;
+                }
+            }
+            l.deallocs += 1;
+        }
+        // SAFETY: the ledger shows `block` live with this size, from `inner`.
+        unsafe { self.inner.deallocate(block.0, size) }
+    }
+}
+
+/// A tiny deterministic generator (xorshift64*).
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+fn write_tag(p: HostPtr, size: usize, tag: u64) {
+    // SAFETY: the block is `size >= 16` bytes, live and owned by the caller;
+    // unaligned writes need no alignment.
+    unsafe {
+        p.0.as_ptr().cast::<u64>().write_unaligned(tag);
+        p.0.as_ptr()
+            .add(size - 8)
+            .cast::<u64>()
+            .write_unaligned(tag);
+    }
+}
+
+fn read_tags(p: HostPtr, size: usize) -> (u64, u64) {
+    // SAFETY: as in `write_tag`.
+    unsafe {
+        (
+            p.0.as_ptr().cast::<u64>().read_unaligned(),
+            p.0.as_ptr().add(size - 8).cast::<u64>().read_unaligned(),
+        )
+    }
+}
+
+const SIZES: [usize; 6] = [16, 64, 100, 4096, 10_000, 1 << 16];
+
+/// `threads` threads each run `ops` random allocate/drop operations on
+/// `pool`, tagging every block and checking its tag before dropping it;
+/// a shared set checks that no block is held by two handles at once.
+/// Returns the number of successful allocations.
+fn hammer<P>(pool: &SharedPool<CountingSystem, P>, threads: u64, ops: u64) -> u64
+where
+    P: decaying_pool::Policy + 'static,
+    SharedPool<CountingSystem, P>: Send + Sync,
+{
+    let live: Arc<Mutex<HashSet<usize>>> = Arc::default();
+    let start = Arc::new(Barrier::new(threads as usize));
+    let workers: Vec<_> = (0..threads)
+        .map(|t| {
+            let pool = pool.clone();
+            let live = Arc::clone(&live);
+            let start = Arc::clone(&start);
+            thread::spawn(move || {
+                let mut rng =
+                    Rng(0x9E37_79B9_7F4A_7C15 ^ (t + 1).wrapping_mul(0xD6E8_FEB8_6659_FD93));
+                let mut held: Vec<(Pooled<CountingSystem, P>, u64)> = Vec::new();
+                let mut allocated = 0u64;
+                let check_and_drop = |(b, tag): (Pooled<CountingSystem, P>, u64)| {
+                    assert_eq!(
+                        read_tags(*b, b.size()),
+                        (tag, tag),
+                        "block {:?} was overwritten",
+                        *b
+                    );
+                    assert!(live.lock().unwrap().remove(&(b.0.as_ptr() as usize)));
+                    drop(b);
+                };
+                start.wait();
+                for i in 0..ops {
+                    if held.is_empty() || (held.len() < 24 && rng.below(100) < 55) {
+                        let size = SIZES[rng.below(SIZES.len() as u64) as usize];
+                        let b = pool.allocate(size).expect("host allocation");
+                        assert_eq!(b.size(), size);
+                        assert!(
+                            live.lock().unwrap().insert(b.0.as_ptr() as usize),
+                            "block {:?} handed to two live handles",
+                            *b
+                        );
+                        let tag = (t << 40) | i;
+                        write_tag(*b, size, tag);
+                        held.push((b, tag));
+                        allocated += 1;
+                    } else {
+                        let k = rng.below(held.len() as u64) as usize;
+                        check_and_drop(held.swap_remove(k));
+                    }
+                    if i % 64 == 0 {
+                        thread::yield_now();
+                    }
+                }
+                for h in held.drain(..) {
+                    check_and_drop(h);
+                }
+                allocated
+            })
+        })
+        .collect();
+    workers.into_iter().map(|w| w.join().unwrap()).sum()
+}
+
+fn assert_ledger_clean(alloc: &CountingSystem) {
+    let l = alloc.ledger();
+    assert!(l.errors.is_empty(), "allocator misuse: {:?}", l.errors);
+    assert!(l.live.is_empty(), "{} blocks never freed", l.live.len());
+    assert_eq!(l.allocs, l.deallocs, "every allocation freed exactly once");
+}
+
+#[test]
+fn stress_threads_never_alias_and_free_everything_once() {
+    let alloc = CountingSystem::default();
+    // A short time-to-live so evictions race with hits, and a reaper too.
+    let pool = SharedPool::new(DecayingPool::new(
+        alloc.clone(),
+        FixedTime::new(Duration::from_millis(2)),
+    ));
+    let reaper = pool.spawn_reaper(Duration::from_millis(1));
+    let allocated = hammer(&pool, 4, 5_000);
+    drop(reaper);
+
+    pool.with(|p| p.validate());
+    let s = pool.stats();
+    assert_eq!(s.hits + s.misses, allocated);
+    assert_eq!(s.misses, alloc.ledger().allocs);
+    assert_eq!((s.blocks_in_use, s.bytes_in_use), (0, 0));
+    assert!(s.hits > 0, "the cache served nothing: {s:?}");
+    let cached = s.bytes_cached;
+    assert_eq!(pool.trim(), cached);
+    assert_eq!(pool.stats().bytes_reserved, 0);
+    drop(pool);
+    assert_ledger_clean(&alloc);
+}
+
+#[test]
+fn stress_with_a_long_ttl_mostly_hits() {
+    let alloc = CountingSystem::default();
+    let pool = SharedPool::new(DecayingPool::new(
+        alloc.clone(),
+        FixedTime::new(Duration::from_secs(60)),
+    ));
+    let allocated = hammer(&pool, 4, 4_000);
+    let s = pool.stats();
+    assert_eq!(s.hits + s.misses, allocated);
+    // At most 4 threads × 24 held blocks of each size ever exist at once.
+    assert!(s.misses <= 4 * 24 * SIZES.len() as u64, "{s:?}");
+    assert_eq!(s.blocks_in_use, 0);
+    pool.trim();
+    assert_eq!(pool.stats().bytes_reserved, 0);
+    drop(pool);
+    assert_ledger_clean(&alloc);
+}
+
+#[test]
+fn threads_with_the_checking_allocator_account_exactly() {
+    let alloc = CheckingAllocator::new();
+    let clock = ManualClock::new();
+    let pool = SharedPool::new(
+        DecayingPool::builder(alloc.clone())
+            .policy(Exponential::half_life(Duration::from_millis(50)))
+            .clock(clock.clone())
+            .build(),
+    );
+    let workers: Vec<_> = (0..4u64)
+        .map(|t| {
+            let pool = pool.clone();
+            let clock = clock.clone();
+            thread::spawn(move || {
+                let mut rng = Rng(t * 7919 + 1);
+                let mut held = Vec::new();
+                for _ in 0..3_000 {
+                    if held.len() < 8 && rng.below(2) == 0 {
+                        held.push(pool.allocate(1 + rng.below(5) as usize * 512).unwrap());
+                    } else if !held.is_empty() {
+                        let k = rng.below(held.len() as u64) as usize;
+                        held.swap_remove(k);
+                    }
+                    if rng.below(16) == 0 {
+                        clock.advance(Duration::from_millis(1));
+                    }
+                }
+            })
+        })
+        .collect();
+    for w in workers {
+        w.join().unwrap();
+    }
+    pool.with(|p| p.validate());
+    let s = pool.stats();
+    assert_eq!(s.blocks_in_use, 0);
+    assert_eq!(s.backing_allocs, alloc.allocs());
+    assert_eq!(s.backing_deallocs, alloc.deallocs());
+    assert_eq!(s.bytes_cached, alloc.live_bytes());
+    drop(pool);
+    alloc.assert_all_freed();
+}
+
+// ---------------------------------------------------------------------------
+// Pooled
+
+#[test]
+fn a_pooled_block_releases_on_drop_and_keeps_its_pool_alive() {
+    let alloc = CheckingAllocator::new();
+    let pool = SharedPool::new(DecayingPool::new(alloc.clone(), FixedTime::default()));
+    let a = pool.allocate(100).unwrap();
+    let b = pool.allocate(200).unwrap();
+    assert_eq!((a.size(), b.size()), (100, 200));
+    assert_ne!(*a, *b);
+    let a_id = *a;
+    drop(a);
+    assert_eq!(pool.stats().blocks_cached, 1);
+    let again = pool.allocate(100).unwrap();
+    assert_eq!(*again, a_id, "a hit hands the released block back");
+    drop(again);
+    // The last handle goes first: `b` keeps the pool alive.
+    drop(pool);
+    assert_eq!(alloc.live(), 2);
+    drop(b);
+    alloc.assert_all_freed();
+}
+
+#[test]
+fn into_raw_and_from_raw_round_trip() {
+    let alloc = CheckingAllocator::new();
+    let pool = SharedPool::new(DecayingPool::new(alloc.clone(), FixedTime::default()));
+    let (block, size) = pool.allocate(300).unwrap().into_raw();
+    assert_eq!(size, 300);
+    let s = pool.stats();
+    assert_eq!((s.blocks_in_use, s.blocks_cached), (1, 0));
+    // SAFETY: from `into_raw` on this pool, given back once.
+    let back = unsafe { Pooled::from_raw(&pool.clone(), block, size) };
+    assert_eq!((*back, back.size()), (block, 300));
+    drop(back);
+    let s = pool.stats();
+    assert_eq!((s.blocks_in_use, s.blocks_cached), (0, 1));
+    drop(pool);
+    alloc.assert_all_freed();
+}
+
+#[test]
+fn errors_pass_through_and_hand_out_nothing() {
+    let pool = SharedPool::new(
+        DecayingPool::builder(CheckingAllocator::new())
+            .limit(1000)
+            .build(),
+    );
+    assert!(matches!(pool.allocate(0), Err(PoolError::ZeroSize)));
+    assert!(matches!(
+        pool.allocate(1001),
+        Err(PoolError::LimitExceeded { .. })
+    ));
+    let s = pool.stats();
+    assert_eq!((s.hits, s.misses, s.blocks_in_use), (0, 0, 0));
+}
+
+// ---------------------------------------------------------------------------
+// The reaper
+
+fn wait_until(limit: Duration, mut done: impl FnMut() -> bool) -> bool {
+    let start = Instant::now();
+    while start.elapsed() < limit {
+        if done() {
+            return true;
+        }
+        thread::sleep(Duration::from_millis(2));
+    }
+    done()
+}
+
+#[test]
+fn the_reaper_frees_idle_blocks_without_other_calls() {
+    let alloc = CheckingAllocator::new();
+    let pool: SharedPool<_, FixedTime, MonotonicClock> = SharedPool::new(DecayingPool::new(
+        alloc.clone(),
+        FixedTime::new(Duration::from_millis(20)),
+    ));
+    let reaper = pool.spawn_reaper(Duration::from_millis(5));
+    let blocks: Vec<_> = (1..=3).map(|i| pool.allocate(i * 1000).unwrap()).collect();
+    drop(blocks);
+    // Only reads of the counters from here on; `with` is not a pool call.
+    assert!(
+        wait_until(Duration::from_secs(2), || alloc.live() == 0),
+        "the reaper did not free the idle blocks: {:?}",
+        pool.stats()
+    );
+    let s = pool.stats();
+    assert_eq!(
+        (s.evictions, s.backing_deallocs, s.blocks_cached),
+        (3, 3, 0)
+    );
+    assert!(reaper.is_running());
+    drop(reaper);
+}
+
+#[test]
+fn dropping_the_reaper_joins_promptly() {
+    let pool = SharedPool::new(DecayingPool::new(
+        CheckingAllocator::new(),
+        FixedTime::default(),
+    ));
+    let reaper = pool.spawn_reaper(Duration::from_secs(10));
+    thread::sleep(Duration::from_millis(20)); // let it reach its wait
+    let start = Instant::now();
+    drop(reaper);
+    let took = start.elapsed();
+    assert!(took < Duration::from_millis(500), "join took {took:?}");
+}
+
+#[test]
+fn the_reaper_exits_when_every_handle_is_dropped() {
+    let alloc = CheckingAllocator::new();
+    let pool = SharedPool::new(DecayingPool::new(alloc.clone(), FixedTime::default()));
+    drop(pool.allocate(64).unwrap());
+    let reaper = pool.spawn_reaper(Duration::from_millis(5));
+    drop(pool);
+    assert!(
+        wait_until(Duration::from_secs(2), || !reaper.is_running()),
+        "the reaper outlived its pool"
+    );
+    // The pool is gone (it held only a weak reference), cache and all.
+    alloc.assert_all_freed();
+    let start = Instant::now();
+    drop(reaper);
+    assert!(start.elapsed() < Duration::from_millis(500));
+}
+
+#[test]
+#[should_panic(expected = "period must not be zero")]
+fn a_zero_reaper_period_panics() {
+    let pool = SharedPool::new(DecayingPool::new(
+        CheckingAllocator::new(),
+        FixedTime::default(),
+    ));
+    let _reaper = pool.spawn_reaper(Duration::ZERO);
+}
+
+// ---------------------------------------------------------------------------
+// Panics inside the lock
+
+/// `CheckingAllocator` whose next `deallocate` panics after freeing the
+/// block (so the block is not leaked by the allocator itself), or whose
+/// next `allocate` panics before allocating.
+#[derive(Clone, Default)]
+struct Panicky {
+    inner: CheckingAllocator,
+    panic_dealloc: Arc<AtomicBool>,
+    panic_alloc: Arc<AtomicBool>,
+}
+
+impl RawAllocator for Panicky {
+    type Block = u64;
+    type Error = Infallible;
+
+    fn allocate(&mut self, size: usize) -> Result<u64, Infallible> {
+        if self.panic_alloc.swap(false, Ordering::SeqCst) {
+            panic!("injected allocate panic");
+        }
+        self.inner.allocate(size)
+    }
+
+    unsafe fn deallocate(&mut self, block: u64, size: usize) {
+        // SAFETY: passed through unchanged from the pool.
+        unsafe { self.inner.deallocate(block, size) };
+        if self.panic_dealloc.swap(false, Ordering::SeqCst) {
+            panic!("injected deallocate panic");
+        }
+    }
+}
+
+fn quiet<R>(f: impl FnOnce() -> R) -> thread::Result<R> {
+    catch_unwind(AssertUnwindSafe(f))
+}
+
+#[test]
+fn a_panicking_deallocator_poisons_nothing_and_loses_nothing() {
+    let alloc = Panicky::default();
+    let clock = ManualClock::new();
+    let pool = SharedPool::new(
+        DecayingPool::builder(alloc.clone())
+            .policy(FixedTime::new(Duration::from_secs(1)))
+            .clock(clock.clone())
+            .build(),
+    );
+
+    // 1. A panic in `trim`.
+    drop(pool.allocate(10).unwrap());
+    drop(pool.allocate(20).unwrap());
+    alloc.panic_dealloc.store(true, Ordering::SeqCst);
+    assert!(quiet(|| pool.trim()).is_err());
+    pool.with(|p| p.validate());
+    assert_eq!(pool.stats().blocks_cached, 1, "the rest stay cached");
+    assert_eq!(pool.trim(), 20);
+
+    // 2. A panic while a dropped `Pooled` evicts an expired block first:
+    //    the released block must still be cached, not lost.
+    let old = pool.allocate(30).unwrap();
+    let young = pool.allocate(40).unwrap();
+    drop(old);
+    clock.advance(Duration::from_secs(1));
+    alloc.panic_dealloc.store(true, Ordering::SeqCst);
+    assert!(quiet(move || drop(young)).is_err());
+    pool.with(|p| p.validate());
+    let s = pool.stats();
+    assert_eq!(
+        (s.blocks_in_use, s.blocks_cached, s.bytes_cached),
+        (0, 1, 40)
+    );
+
+    // 3. A panic in the reaper's `collect`: the reaper survives.
+    clock.advance(Duration::from_secs(1));
+    alloc.panic_dealloc.store(true, Ordering::SeqCst);
+    let reaper = pool.spawn_reaper(Duration::from_millis(1));
+    assert!(wait_until(Duration::from_secs(2), || pool
+        .stats()
+        .blocks_cached
+        == 0));
+    assert!(reaper.is_running());
+    drop(reaper);
+
+    // 4. A panic in the backing `allocate` hands out and counts nothing.
+    alloc.panic_alloc.store(true, Ordering::SeqCst);
+    assert!(quiet(|| pool.allocate(50).map(drop)).is_err());
+    let s = pool.stats();
+    assert_eq!((s.blocks_in_use, s.backing_allocs), (0, s.backing_deallocs));
+
+    // 5. A panic inside `with`.
+    assert!(quiet(|| pool.with(|_| panic!("user code"))).is_err());
+
+    // The pool still works, and every block is accounted for.
+    let b = pool.allocate(60).unwrap();
+    drop(b);
+    assert_eq!(*pool.allocate(60).unwrap(), alloc.inner.allocs());
+    pool.with(|p| p.validate());
+    drop(pool);
+    alloc.inner.assert_all_freed();
+}
+
+#[test]
+fn a_pooled_dropped_while_unwinding_does_not_abort() {
+    let alloc = Panicky::default();
+    let clock = ManualClock::new();
+    let pool = SharedPool::new(
+        DecayingPool::builder(alloc.clone())
+            .policy(FixedTime::new(Duration::from_secs(1)))
+            .clock(clock.clone())
+            .build(),
+    );
+    drop(pool.allocate(10).unwrap());
+    let held = pool.allocate(20).unwrap();
+    clock.advance(Duration::from_secs(1));
+    alloc.panic_dealloc.store(true, Ordering::SeqCst);
+    // `held` is dropped during unwinding; its release panics again inside
+    // the pool, which must be swallowed rather than abort the process.
+    let r = quiet(move || {
+        let _held = held;
+        panic!("user panic");
+    });
+    assert!(r.is_err());
+    pool.with(|p| p.validate());
+    let s = pool.stats();
+    assert_eq!((s.blocks_in_use, s.blocks_cached), (0, 1));
+    drop(pool);
+    alloc.inner.assert_all_freed();
+}
+
+/// A policy that panics in `must_evict` on demand.
+struct PanicPolicy(Arc<AtomicBool>);
+
+impl EvictionPolicy for PanicPolicy {
+    fn must_evict(&mut self, _now: Duration, _oldest: Oldest, _bytes_cached: usize) -> bool {
+        if self.0.swap(false, Ordering::SeqCst) {
+            panic!("injected policy panic");
+        }
+        false
+    }
+}
+
+#[test]
+fn a_panicking_policy_leaves_the_pool_usable() {
+    let alloc = CheckingAllocator::new();
+    let trigger = Arc::new(AtomicBool::new(false));
+    let pool = SharedPool::new(
+        DecayingPool::builder(alloc.clone())
+            .policy(PanicPolicy(Arc::clone(&trigger)))
+            .clock(ManualClock::new())
+            .build(),
+    );
+    drop(pool.allocate(8).unwrap());
+    let held = pool.allocate(16).unwrap();
+    trigger.store(true, Ordering::SeqCst);
+    assert!(quiet(|| pool.allocate(8).map(drop)).is_err());
+    trigger.store(true, Ordering::SeqCst);
+    assert!(quiet(move || drop(held)).is_err());
+    pool.with(|p| p.validate());
+    let s = pool.stats();
+    assert_eq!((s.blocks_in_use, s.blocks_cached), (0, 2));
+    assert_eq!(pool.collect(), 0);
+    drop(pool);
+    alloc.assert_all_freed();
+}
+
+// ---------------------------------------------------------------------------
+// Send and Sync
+
+fn assert_send_sync<T: Send + Sync>() {}
+fn assert_send<T: Send>() {}
+
+#[test]
+fn shared_pools_and_blocks_are_send_and_sync() {
+    assert_send_sync::<SharedPool<CheckingAllocator>>();
+    assert_send_sync::<SharedPool<CheckingAllocator, Exponential, ManualClock>>();
+    assert_send_sync::<SharedPool<CheckingAllocator, FixedCapacity>>();
+    assert_send_sync::<SharedPool<CountingSystem, FixedTime, MonotonicClock>>();
+    assert_send_sync::<Pooled<CheckingAllocator>>();
+    assert_send_sync::<Pooled<CountingSystem, Exponential>>();
+    assert_send::<Pooled<CheckingAllocator, FixedCapacity, ManualClock>>();
+    assert_send_sync::<Reaper>();
+    // A SharedPool moves into a thread and a Pooled moves back out.
+    let pool = SharedPool::new(DecayingPool::new(
+        CheckingAllocator::new(),
+        FixedTime::default(),
+    ));
+    let p = pool.clone();
+    let block = thread::spawn(move || p.allocate(8).unwrap())
+        .join()
+        .unwrap();
+    assert_eq!(block.size(), 8);
+}
+
+// ---------------------------------------------------------------------------
+// Uncontended and contended round trips (a rough figure, printed with
+// `--nocapture`; asserts nothing about speed).
+
+#[test]
+fn hit_round_trip_figures() {
+    const N: u64 = 200_000;
+    let mut plain = DecayingPool::new(CheckingAllocator::new(), FixedTime::default());
+    let t = Instant::now();
+    for _ in 0..N {
+        let b = plain.allocate(4096).unwrap();
+        // SAFETY: from this pool with this size, released once.
+        unsafe { plain.release(std::hint::black_box(b), 4096) };
+    }
+    let plain_ns = t.elapsed().as_nanos() as f64 / N as f64;
+
+    let shared = SharedPool::new(DecayingPool::new(
+        CheckingAllocator::new(),
+        FixedTime::default(),
+    ));
+    let t = Instant::now();
+    for _ in 0..N {
+        drop(std::hint::black_box(shared.allocate(4096).unwrap()));
+    }
+    let shared_ns = t.elapsed().as_nanos() as f64 / N as f64;
+
+    let ops = AtomicU64::new(0);
+    let t = Instant::now();
+    thread::scope(|s| {
+        for _ in 0..2 {
+            s.spawn(|| {
+                for _ in 0..N / 2 {
+                    drop(std::hint::black_box(shared.allocate(4096).unwrap()));
+                }
+                ops.fetch_add(N / 2, Ordering::Relaxed);
+            });
+        }
+    });
+    let two_ns = t.elapsed().as_nanos() as f64 / ops.load(Ordering::Relaxed) as f64;
+    println!(
+        "hit round trip: plain {plain_ns:.1} ns, shared {shared_ns:.1} ns, \
+         two threads {two_ns:.1} ns per op (wall / total ops)"
+    );
+}
