@@ -33,6 +33,15 @@ pub enum Reuse {
 }
 
 /// The oldest cached block, as a timed policy sees it.
+///
+/// # Examples
+///
+/// ```
+/// use core::time::Duration;
+/// use decaying_pool::policy::Oldest;
+/// let oldest = Oldest { released_at: Duration::from_millis(5), size: 4096 };
+/// assert_eq!(oldest.idle(Duration::from_millis(8)), Duration::from_millis(3));
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Oldest {
     /// When it was released into the cache.
@@ -60,6 +69,15 @@ impl Oldest {
 }
 
 /// Why a cached block left the cache other than by a hit.
+///
+/// # Examples
+///
+/// ```
+/// use decaying_pool::policy::FreeReason;
+/// // A policy that only cares about its own decisions:
+/// fn counts(reason: FreeReason) -> bool { reason == FreeReason::Expired }
+/// assert!(!counts(FreeReason::Trimmed));
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum FreeReason {
     /// The policy's own [`EvictionPolicy::must_evict`] chose it.

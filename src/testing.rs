@@ -18,6 +18,16 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use crate::raw::RawAllocator;
 
 /// One call a [`CheckingAllocator`] received.
+///
+/// # Examples
+///
+/// ```
+/// use decaying_pool::{testing::{Call, CheckingAllocator}, RawAllocator};
+/// let mut a = CheckingAllocator::new();
+/// let b = a.allocate(32).unwrap();
+/// unsafe { a.deallocate(b, 32) };
+/// assert_eq!(a.calls()[1], Call::Deallocate { block: b, size: 32 });
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Call {
     /// `allocate(size)` returned `block`.
@@ -267,6 +277,14 @@ impl RawAllocator for CheckingAllocator {
 }
 
 /// Why a [`FailingAllocator`] refused.
+///
+/// # Examples
+///
+/// ```
+/// use decaying_pool::{testing::{FailingAllocator, TestError}, RawAllocator};
+/// let mut a = FailingAllocator::with_capacity(10);
+/// assert_eq!(a.allocate(11).unwrap_err(), TestError::OutOfMemory { requested: 11, used: 0, capacity: 10 });
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum TestError {
     /// The request would take the bytes outstanding past the capacity.

@@ -28,6 +28,15 @@ use crate::raw::RawAllocator;
 pub struct MmapAllocator;
 
 /// Why [`MmapAllocator::allocate`] failed.
+///
+/// # Examples
+///
+/// ```
+/// use decaying_pool::{MmapAllocator, RawAllocator};
+/// let err = MmapAllocator::new().allocate(0).unwrap_err();
+/// assert_eq!(err.size, 0);
+/// assert!(err.os.is_none());
+/// ```
 #[derive(Debug)]
 pub struct MmapError {
     /// The size asked for.

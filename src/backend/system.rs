@@ -26,6 +26,14 @@ pub struct SystemAllocator {
 }
 
 /// Why [`SystemAllocator::allocate`] failed.
+///
+/// # Examples
+///
+/// ```
+/// use decaying_pool::{backend::AllocError, RawAllocator, SystemAllocator};
+/// let err = SystemAllocator::new().allocate(0).unwrap_err();
+/// assert_eq!(err, AllocError { size: 0, align: 64 });
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct AllocError {
     /// The size asked for.
