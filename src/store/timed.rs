@@ -101,12 +101,6 @@ impl<B, P: EvictionPolicy> TimedStore<B, P> {
         }
     }
 
-    /// The policy (for tests and introspection).
-    #[allow(dead_code)]
-    pub(crate) fn policy(&self) -> &P {
-        &self.policy
-    }
-
     #[inline]
     fn alloc_slot(&mut self, slot: Slot<B>) -> u32 {
         if self.free_head != NIL {
