@@ -6,6 +6,7 @@
 //! zero-size error. The backing calls are checked exactly through
 //! [`CheckingAllocator::calls`].
 
+use crate::support::Rng;
 use core::convert::Infallible;
 use core::time::Duration;
 use std::collections::{HashMap, HashSet};
@@ -989,22 +990,6 @@ fn many_interleaved_classes_are_kept_apart() {
 }
 
 // --------------------------------------------------------- long sequence
-
-/// A small deterministic generator (xorshift64*).
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
 
 #[test]
 fn long_random_sequence_keeps_stats_true_and_ends_with_nothing_live() {

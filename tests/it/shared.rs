@@ -5,6 +5,7 @@
 //! real clock, prompt joins, recovery from panics inside the lock, and the
 //! promised `Send`/`Sync` bounds.
 
+use crate::support::Rng;
 use core::convert::Infallible;
 use core::ptr::NonNull;
 use core::time::Duration;
@@ -91,22 +92,6 @@ impl RawAllocator for CountingSystem {
         }
         // SAFETY: the ledger shows `block` live with this size, from `inner`.
         unsafe { self.inner.deallocate(block.0, size) }
-    }
-}
-
-/// A tiny deterministic generator (xorshift64*).
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
     }
 }
 
