@@ -49,6 +49,7 @@
 #![warn(missing_docs)]
 
 pub mod backend;
+mod cache;
 mod class;
 mod clock;
 mod error;
@@ -70,6 +71,6 @@ pub use clock::{Clock, ManualClock, MonotonicClock, PreciseClock};
 pub use error::PoolError;
 pub use policy::{EvictionPolicy, Exponential, FixedCapacity, FixedTime, Policy, Reuse};
 pub use pool::{Builder, DecayingPool};
-pub use raw::RawAllocator;
+pub use raw::{RawAllocator, SendBlock};
 pub use shared::{Pooled, Reaper, SharedPool};
 pub use stats::Stats;

@@ -3,13 +3,13 @@
 use core::fmt;
 use core::time::Duration;
 
+use crate::cache::{Cache, Retry};
 use crate::class::SizeClass;
 use crate::clock::{Clock, MonotonicClock};
 use crate::error::PoolError;
 use crate::policy::{FixedTime, Policy, Reuse};
 use crate::raw::RawAllocator;
 use crate::stats::Stats;
-use crate::store::Store;
 
 /// A caching allocator in front of a costly [`RawAllocator`], whose idle
 /// blocks decay back to it.
@@ -44,30 +44,7 @@ use crate::store::Store;
 /// ```
 pub struct DecayingPool<A: RawAllocator, P: Policy = FixedTime, C: Clock = MonotonicClock> {
     alloc: A,
-    store: P::Store<A::Block>,
-    clock: C,
-    size_class: SizeClass,
-    reuse: Reuse,
-    limit: Option<usize>,
-    stats: Counters,
-}
-
-/// The counters the pool keeps; cached counts come from the store.
-#[derive(Clone, Copy, Debug, Default)]
-struct Counters {
-    hits: u64,
-    misses: u64,
-    evictions: u64,
-    trimmed: u64,
-    backing_allocs: u64,
-    backing_deallocs: u64,
-    backing_failures: u64,
-    blocks_in_use: u64,
-    bytes_in_use: usize,
-    peak_bytes_reserved: usize,
-    peak_bytes_in_use: usize,
-    bytes_from_pool: usize,
-    bytes_from_backing: usize,
+    cache: Cache<A::Block, P, C>,
 }
 
 /// Configures a [`DecayingPool`]; from [`DecayingPool::builder`].
@@ -199,12 +176,13 @@ impl<A: RawAllocator, P: Policy, C: Clock> Builder<A, P, C> {
     pub fn build(self) -> DecayingPool<A, P, C> {
         DecayingPool {
             alloc: self.alloc,
-            store: self.policy.into_store(self.reuse),
-            clock: self.clock,
-            size_class: self.size_class,
-            reuse: self.reuse,
-            limit: self.limit,
-            stats: Counters::default(),
+            cache: Cache::new(
+                self.policy,
+                self.clock,
+                self.size_class,
+                self.reuse,
+                self.limit,
+            ),
         }
     }
 }
@@ -285,22 +263,16 @@ impl<A: RawAllocator, P: Policy, C: Clock> DecayingPool<A, P, C> {
     /// ```
     #[inline]
     pub fn allocate(&mut self, size: usize) -> Result<A::Block, PoolError<A::Error>> {
-        let now = self.now();
-        self.run_policy(now);
-        let Some(class) = self.size_class.round(size) else {
-            return Err(if size == 0 {
-                PoolError::ZeroSize
-            } else {
-                PoolError::TooLarge { requested: size }
-            });
+        let Self { alloc, cache } = self;
+        let free = &mut |block, class| {
+            // SAFETY: every block the cache lets go came from
+            // `alloc.allocate(class)` and leaves the cache exactly once.
+            unsafe { alloc.deallocate(block, class) }
         };
-        if let Some(block) = self.store.take(class, now) {
-            let s = &mut self.stats;
-            s.hits += 1;
-            s.bytes_from_pool = s.bytes_from_pool.saturating_add(class);
-            s.blocks_in_use += 1;
-            s.bytes_in_use += class;
-            s.peak_bytes_in_use = s.peak_bytes_in_use.max(s.bytes_in_use);
+        let now = cache.now();
+        cache.run_policy(now, free);
+        let class = cache.class_of(size)?;
+        if let Some(block) = cache.take(class, now) {
             return Ok(block);
         }
         self.miss(size, class, now)
@@ -336,10 +308,14 @@ impl<A: RawAllocator, P: Policy, C: Clock> DecayingPool<A, P, C> {
     /// ```
     #[inline]
     pub unsafe fn release(&mut self, block: A::Block, size: usize) {
-        let now = self.now();
-        self.run_policy(now);
-        // SAFETY: the caller upholds this function's contract.
-        unsafe { self.cache_released(block, size, now) }
+        let Self { alloc, cache } = self;
+        let free = &mut |block, class| {
+            // SAFETY: as in `allocate`.
+            unsafe { alloc.deallocate(block, class) }
+        };
+        let now = cache.now();
+        cache.run_policy(now, free);
+        cache.release(block, size, now, free);
     }
 
     /// Runs the policy now: frees every cached block it says must go.
@@ -366,8 +342,12 @@ impl<A: RawAllocator, P: Policy, C: Clock> DecayingPool<A, P, C> {
     /// assert_eq!(pool.stats().backing_deallocs, 1);
     /// ```
     pub fn collect(&mut self) -> usize {
-        let now = self.now();
-        self.run_policy(now)
+        let Self { alloc, cache } = self;
+        let now = cache.now();
+        cache.run_policy(now, &mut |block, class| {
+            // SAFETY: as in `allocate`.
+            unsafe { alloc.deallocate(block, class) }
+        })
     }
 
     /// Frees every cached block, whatever the policy says. Returns the bytes
@@ -384,13 +364,12 @@ impl<A: RawAllocator, P: Policy, C: Clock> DecayingPool<A, P, C> {
     /// assert_eq!(pool.stats().trimmed, 2);
     /// ```
     pub fn trim(&mut self) -> usize {
-        let now = self.now();
-        let mut freed = 0usize;
-        while let Some((block, class)) = self.store.pop_oldest(now) {
-            freed += class;
-            self.trim_one(block, class);
-        }
-        freed
+        let Self { alloc, cache } = self;
+        let now = cache.now();
+        cache.trim_all(now, &mut |block, class| {
+            // SAFETY: as in `allocate`.
+            unsafe { alloc.deallocate(block, class) }
+        })
     }
 
     /// A snapshot of the pool's counters.
@@ -403,26 +382,7 @@ impl<A: RawAllocator, P: Policy, C: Clock> DecayingPool<A, P, C> {
     /// assert_eq!(pool.stats(), decaying_pool::Stats::default());
     /// ```
     pub fn stats(&self) -> Stats {
-        let c = &self.stats;
-        let bytes_cached = self.store.bytes();
-        Stats {
-            hits: c.hits,
-            misses: c.misses,
-            evictions: c.evictions,
-            trimmed: c.trimmed,
-            backing_allocs: c.backing_allocs,
-            backing_deallocs: c.backing_deallocs,
-            backing_failures: c.backing_failures,
-            blocks_in_use: c.blocks_in_use,
-            blocks_cached: self.store.len() as u64,
-            bytes_in_use: c.bytes_in_use,
-            bytes_cached,
-            bytes_reserved: c.bytes_in_use + bytes_cached,
-            peak_bytes_reserved: c.peak_bytes_reserved,
-            peak_bytes_in_use: c.peak_bytes_in_use,
-            bytes_from_pool: c.bytes_from_pool,
-            bytes_from_backing: c.bytes_from_backing,
-        }
+        self.cache.stats()
     }
 
     /// The class size a request of `size` bytes is served with, or `None`
@@ -437,7 +397,7 @@ impl<A: RawAllocator, P: Policy, C: Clock> DecayingPool<A, P, C> {
     /// assert_eq!(pool.class_size(0), None);
     /// ```
     pub fn class_size(&self, size: usize) -> Option<usize> {
-        self.size_class.round(size)
+        self.cache.size_class().round(size)
     }
 
     /// The backing allocator.
@@ -465,7 +425,7 @@ impl<A: RawAllocator, P: Policy, C: Clock> DecayingPool<A, P, C> {
     /// assert_eq!(pool.size_class(), SizeClass::Exact);
     /// ```
     pub fn size_class(&self) -> SizeClass {
-        self.size_class
+        self.cache.size_class()
     }
 
     /// The reuse order.
@@ -478,7 +438,7 @@ impl<A: RawAllocator, P: Policy, C: Clock> DecayingPool<A, P, C> {
     /// assert_eq!(pool.reuse(), Reuse::Lifo);
     /// ```
     pub fn reuse(&self) -> Reuse {
-        self.reuse
+        self.cache.reuse()
     }
 
     /// The byte limit, if any.
@@ -491,7 +451,7 @@ impl<A: RawAllocator, P: Policy, C: Clock> DecayingPool<A, P, C> {
     /// assert_eq!(pool.limit(), None);
     /// ```
     pub fn limit(&self) -> Option<usize> {
-        self.limit
+        self.cache.limit()
     }
 
     /// The clock.
@@ -505,7 +465,7 @@ impl<A: RawAllocator, P: Policy, C: Clock> DecayingPool<A, P, C> {
     /// assert_eq!(pool.clock().now(), clock.now());
     /// ```
     pub fn clock(&self) -> &C {
-        &self.clock
+        self.cache.clock()
     }
 
     /// Checks that the cache store's structures and the counters agree.
@@ -527,64 +487,11 @@ impl<A: RawAllocator, P: Policy, C: Clock> DecayingPool<A, P, C> {
     /// ```
     #[cfg(any(test, feature = "testing"))]
     pub fn validate(&self) {
-        self.store.check();
-        let s = self.stats();
-        assert_eq!(s.misses, s.backing_allocs, "misses == backing_allocs");
-        assert_eq!(
-            s.backing_allocs - s.backing_deallocs,
-            s.blocks_in_use + s.blocks_cached,
-            "every backing block is in use or cached"
-        );
-        assert!(s.peak_bytes_reserved >= s.bytes_reserved, "peak reserved");
-        assert!(s.peak_bytes_in_use >= s.bytes_in_use, "peak in use");
-        if let Some(limit) = self.limit {
-            assert!(s.bytes_reserved <= limit, "reserved over the limit");
-        }
-        assert_eq!(
-            s.blocks_in_use == 0,
-            s.bytes_in_use == 0,
-            "blocks and bytes in use"
-        );
+        self.cache.validate();
     }
 
-    #[inline]
-    fn now(&self) -> Duration {
-        if <P::Store<A::Block> as Store<A::Block>>::TIMED {
-            self.clock.now()
-        } else {
-            Duration::ZERO
-        }
-    }
-
-    #[inline]
-    fn run_policy(&mut self, now: Duration) -> usize {
-        let mut freed = 0;
-        while let Some((block, class)) = self.store.evict_due(now) {
-            self.stats.evictions += 1;
-            self.free_backing(block, class);
-            freed += 1;
-        }
-        freed
-    }
-
-    #[inline]
-    fn free_backing(&mut self, block: A::Block, class: usize) {
-        self.stats.backing_deallocs += 1;
-        // SAFETY: every block in the store came from `self.alloc.allocate(class)`
-        // and left the store exactly once, here.
-        unsafe { self.alloc.deallocate(block, class) };
-    }
-
-    fn trim_one(&mut self, block: A::Block, class: usize) {
-        self.stats.trimmed += 1;
-        self.free_backing(block, class);
-    }
-
-    fn reserved(&self) -> usize {
-        self.stats.bytes_in_use + self.store.bytes()
-    }
-
-    /// Serves a request the cache could not: limit, backing call, retries.
+    /// Serves a request the cache could not: the limit, the backing call
+    /// and the out-of-memory retry ladder.
     #[inline(never)]
     fn miss(
         &mut self,
@@ -592,92 +499,49 @@ impl<A: RawAllocator, P: Policy, C: Clock> DecayingPool<A, P, C> {
         class: usize,
         now: Duration,
     ) -> Result<A::Block, PoolError<A::Error>> {
-        if self.reserved().checked_add(class).is_none() {
-            return Err(PoolError::TooLarge { requested: size });
-        }
-        if let Some(limit) = self.limit {
-            if self.stats.bytes_in_use + class > limit {
-                return Err(PoolError::LimitExceeded {
-                    requested: size,
-                    limit,
-                    reserved: self.reserved(),
-                });
-            }
-            while self.reserved() + class > limit {
-                let Some((block, c)) = self.store.pop_oldest(now) else {
-                    break;
-                };
-                self.trim_one(block, c);
-            }
-        }
-        let err = match self.try_backing(class) {
-            Ok(block) => return Ok(block),
-            Err(e) => e,
-        };
-        if self.store.is_empty() {
-            return Err(PoolError::Backing(err));
-        }
-        // Retry 1: free the oldest blocks until the class size is freed.
-        let mut freed = 0usize;
-        while freed < class {
-            let Some((block, c)) = self.store.pop_oldest(now) else {
-                break;
+        let Self { alloc, cache } = self;
+        cache.make_room(size, class, now, &mut |block, class| {
+            // SAFETY: as in `allocate`.
+            unsafe { alloc.deallocate(block, class) }
+        })?;
+        let mut attempt = 0;
+        loop {
+            let err = match alloc.allocate(class) {
+                Ok(block) => {
+                    cache.miss_done(class);
+                    return Ok(block);
+                }
+                Err(e) => e,
             };
-            freed += c;
-            self.trim_one(block, c);
-        }
-        let err = match self.try_backing(class) {
-            Ok(block) => return Ok(block),
-            Err(e) => e,
-        };
-        if self.store.is_empty() {
-            return Err(PoolError::Backing(err));
-        }
-        // Retry 2: free everything.
-        while let Some((block, c)) = self.store.pop_oldest(now) {
-            self.trim_one(block, c);
-        }
-        self.try_backing(class).map_err(PoolError::Backing)
-    }
-
-    /// One backing allocation, counted as a miss or a failure.
-    fn try_backing(&mut self, class: usize) -> Result<A::Block, A::Error> {
-        match self.alloc.allocate(class) {
-            Ok(block) => Ok(self.record_miss(block, class)),
-            Err(e) => {
-                self.stats.backing_failures += 1;
-                Err(e)
+            attempt += 1;
+            let retry = cache.after_failure(attempt, class, now, &mut |block, class| {
+                // SAFETY: as in `allocate`.
+                unsafe { alloc.deallocate(block, class) }
+            });
+            if retry == Retry::GiveUp {
+                return Err(PoolError::Backing(err));
             }
         }
     }
 
-    fn record_miss(&mut self, block: A::Block, class: usize) -> A::Block {
-        let reserved = self.reserved() + class;
-        let s = &mut self.stats;
-        s.misses += 1;
-        s.backing_allocs += 1;
-        s.bytes_from_backing = s.bytes_from_backing.saturating_add(class);
-        s.blocks_in_use += 1;
-        s.bytes_in_use += class;
-        s.peak_bytes_in_use = s.peak_bytes_in_use.max(s.bytes_in_use);
-        s.peak_bytes_reserved = s.peak_bytes_reserved.max(reserved);
-        block
+    /// Splits the pool into its allocator and its cache, without freeing
+    /// anything.
+    pub(crate) fn into_parts(self) -> (A, Cache<A::Block, P, C>) {
+        let this = core::mem::ManuallyDrop::new(self);
+        // SAFETY: `this` is never used or dropped again, so each field is
+        // moved out exactly once.
+        unsafe { (core::ptr::read(&this.alloc), core::ptr::read(&this.cache)) }
     }
-}
 
-#[cold]
-#[inline(never)]
-#[track_caller]
-fn release_mismatch(size: usize) -> ! {
-    panic!("DecayingPool::release: a block of {size} bytes was never handed out by this pool")
+    /// Puts a pool back together from its parts.
+    pub(crate) fn from_parts(alloc: A, cache: Cache<A::Block, P, C>) -> Self {
+        DecayingPool { alloc, cache }
+    }
 }
 
 impl<A: RawAllocator, P: Policy, C: Clock> Drop for DecayingPool<A, P, C> {
     fn drop(&mut self) {
-        let now = self.now();
-        while let Some((block, class)) = self.store.pop_oldest(now) {
-            self.trim_one(block, class);
-        }
+        self.trim();
     }
 }
 
@@ -707,65 +571,11 @@ where
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("DecayingPool")
             .field("alloc", &self.alloc)
-            .field("clock", &self.clock)
-            .field("size_class", &self.size_class)
-            .field("reuse", &self.reuse)
-            .field("limit", &self.limit)
+            .field("clock", self.cache.clock())
+            .field("size_class", &self.cache.size_class())
+            .field("reuse", &self.cache.reuse())
+            .field("limit", &self.cache.limit())
             .field("stats", &self.stats())
             .finish_non_exhaustive()
-    }
-}
-
-/// Helpers for [`SharedPool`](crate::SharedPool): steps of the public
-/// operations arranged so that a panic cannot lose a block.
-impl<A: RawAllocator, P: Policy, C: Clock> DecayingPool<A, P, C> {
-    /// [`release`](Self::release), except that when bringing the policy up
-    /// to date panics (a panicking backing `deallocate` or user policy), the
-    /// block is still counted out of use and cached before the panic goes
-    /// on, instead of being dropped with the unwinding stack.
-    ///
-    /// Without a panic this is exactly `release`.
-    ///
-    /// # Safety
-    ///
-    /// As [`release`](Self::release).
-    ///
-    /// # Panics
-    ///
-    /// As [`release`](Self::release), and with the panic of a backing
-    /// `deallocate` or policy call, after the block is cached.
-    pub(crate) unsafe fn release_unwind_safe(&mut self, block: A::Block, size: usize) {
-        let now = self.now();
-        // The store and counters are consistent across a panic in the
-        // policy run: every block leaves the store and is counted before
-        // `deallocate` is called, and `must_evict` runs before any change.
-        let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.run_policy(now)));
-        // SAFETY: the caller upholds `release`'s contract for `block`/`size`.
-        unsafe { self.cache_released(block, size, now) };
-        if let Err(payload) = ran {
-            std::panic::resume_unwind(payload);
-        }
-    }
-
-    /// The part of `release` after the policy run: counts the block out of
-    /// use and caches it (freeing whatever the store displaces).
-    ///
-    /// # Safety
-    ///
-    /// As [`release`](Self::release).
-    #[inline]
-    unsafe fn cache_released(&mut self, block: A::Block, size: usize, now: Duration) {
-        let class = self.size_class.round(size);
-        let s = &mut self.stats;
-        let class = match class {
-            Some(class) if s.blocks_in_use > 0 && s.bytes_in_use >= class => class,
-            _ => release_mismatch(size),
-        };
-        s.blocks_in_use -= 1;
-        s.bytes_in_use -= class;
-        if let Some((block, class)) = self.store.put(block, class, now) {
-            self.stats.evictions += 1;
-            self.free_backing(block, class);
-        }
     }
 }

@@ -86,3 +86,56 @@ impl<A: RawAllocator + ?Sized> RawAllocator for Box<A> {
         unsafe { (**self).deallocate(block, size) }
     }
 }
+
+/// A block handle that may be sent to, shared with, and released from any
+/// thread: an address, an offset, a device pointer, an id.
+///
+/// A [`SharedPool`](crate::SharedPool) is `Send + Sync` when its
+/// allocator, policy and clock are `Send` and its blocks are `SendBlock`.
+/// Raw pointers are not `Send` in Rust, yet the pointer an allocator hands
+/// out is only a number until someone dereferences it; this trait says so
+/// for the crate's block types (integers, raw and `NonNull` pointers, and
+/// tuples and arrays of them). Implement it for your own block type when
+/// that holds for it.
+///
+/// # Safety
+///
+/// - moving a block of this type to another thread, and reading it from
+///   several threads at once, must be sound (it has no thread affinity:
+///   no `Rc`, no thread-local state);
+/// - the allocator that hands it out must accept it back in `deallocate`
+///   from any thread that owns the allocator at the time.
+///
+/// # Examples
+///
+/// ```
+/// use decaying_pool::SendBlock;
+///
+/// /// An offset into a device arena.
+/// #[derive(Clone, Copy)]
+/// struct Offset(u64);
+///
+/// // SAFETY: an offset is a plain number with no thread affinity.
+/// unsafe impl SendBlock for Offset {}
+/// ```
+pub unsafe trait SendBlock {}
+
+macro_rules! send_block {
+    ($($t:ty),*) => { $(
+        // SAFETY: integers are plain values with no thread affinity.
+        unsafe impl SendBlock for $t {}
+    )* };
+}
+send_block!(u8, u16, u32, u64, u128, usize, i8, i16, i32, i64, i128, isize);
+
+// SAFETY: a pointer handed out by an allocator is an address; the trait's
+// contract on the allocator covers releasing it from another thread.
+unsafe impl<T: ?Sized> SendBlock for core::ptr::NonNull<T> {}
+// SAFETY: as for `NonNull`.
+unsafe impl<T: ?Sized> SendBlock for *mut T {}
+// SAFETY: as for `NonNull`.
+unsafe impl<T: ?Sized> SendBlock for *const T {}
+// SAFETY: a pair of sendable handles is sendable.
+unsafe impl<T: SendBlock, U: SendBlock> SendBlock for (T, U) {}
+// SAFETY: an array of sendable handles is sendable.
+unsafe impl<T: SendBlock, const N: usize> SendBlock for [T; N] {}

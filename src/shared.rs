@@ -1,122 +1,106 @@
 //! A thread-safe handle around a [`DecayingPool`], self-releasing blocks,
 //! and a background reaper.
 //!
-//! - [`SharedPool`]: a cheap, cloneable handle (an [`Arc`] around a
-//!   [`Mutex`] around the pool) that every thread can allocate from;
+//! - [`SharedPool`]: a cheap, cloneable handle that every thread can
+//!   allocate from;
 //! - [`Pooled`]: a block handed out by a `SharedPool`; it derefs to the
 //!   block, knows its size, and gives itself back to the pool when dropped;
 //! - [`Reaper`]: a background thread from [`SharedPool::spawn_reaper`] that
 //!   calls [`collect`](SharedPool::collect) on a period, so an idle program
 //!   still gives memory back.
 //!
-//! [`SharedPool`]'s documentation describes what runs under its lock and
+//! [`SharedPool`]'s documentation describes what runs under which lock and
 //! how it recovers from a panic inside the pool.
 
 use core::fmt;
 use core::mem::ManuallyDrop;
 use core::ops::Deref;
 use core::time::Duration;
-use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError, Weak};
+use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
+use std::sync::{Arc, Condvar, Mutex, PoisonError, Weak};
 use std::thread::{self, JoinHandle};
 
+use crate::cache::{Cache, Retry};
 use crate::clock::{Clock, MonotonicClock};
 use crate::error::PoolError;
 use crate::policy::{FixedTime, Policy};
 use crate::pool::DecayingPool;
-use crate::raw::RawAllocator;
+use crate::raw::{RawAllocator, SendBlock};
 use crate::stats::Stats;
 
 /// A thread-safe, cheaply cloneable handle to a [`DecayingPool`].
 ///
-/// Clones share one pool behind one lock. `SharedPool` is `Send` and `Sync`
-/// whenever the pool is `Send`, that is whenever the backing allocator, its
-/// blocks, the policy (its cache store) and the clock are `Send`. The pool
-/// is dropped — every cached block going back through the backing
+/// Clones share one pool. `SharedPool` and [`Pooled`] are `Send` and `Sync`
+/// whenever the backing allocator, the policy and the clock are `Send` and
+/// the blocks are [`SendBlock`] (integers and pointers are, so the host
+/// allocators, the test doubles and device-pointer allocators qualify). The
+/// pool is dropped — every cached block going back through the backing
 /// allocator — when the last handle and the last [`Pooled`] block are
 /// dropped.
 ///
-/// The host allocators' blocks ([`SystemAllocator`](crate::SystemAllocator),
-/// `MmapAllocator`) are `NonNull<u8>`, which is not `Send`, so a
-/// `SharedPool` over them is not `Send` either: to share host memory between
-/// threads, wrap the allocator in one whose block type is a `Send` newtype
-/// around the pointer.
+/// # What runs under which lock
 ///
-/// # What runs under the lock
+/// The pool is split in two, each behind its own [`Mutex`]: the *cache*
+/// (the store of idle blocks, the policy, the clock and the counters) and
+/// the *backing allocator*. No thread ever holds both, except inside
+/// [`SharedPool::with`].
 ///
-/// One [`Mutex`] guards the whole [`DecayingPool`], and every operation
-/// (`allocate`, the release in [`Pooled`]'s drop, `collect`, `trim`,
-/// `stats`, `with`) holds it for the duration of the corresponding
-/// `DecayingPool` call. A hit is a store lookup plus the policy check, so
-/// its critical section is short. But the pool *owns* its backing
-/// allocator, so the backing calls run under the lock too:
+/// - A **hit** holds the cache lock for the store lookup and the policy
+///   check, and never touches the allocator.
+/// - A **miss** books its class size against the limit under the cache
+///   lock, releases it, and only then calls the backing allocator under the
+///   allocator lock; it takes the cache lock again to count the new block.
+///   While one thread's miss is inside `cudaMalloc`, other threads' hits go
+///   on. (Misses of different threads still take turns at the backing
+///   allocator, which owns its state through `&mut self`.)
+/// - Blocks the cache lets go — expired by the policy, displaced from a
+///   full [`FixedCapacity`](crate::FixedCapacity) window, freed by the
+///   limit, the out-of-memory retry or `trim` — are taken out and counted
+///   as freed under the cache lock, then handed to the backing
+///   `deallocate` after it is released.
 ///
-/// - a **miss** calls the backing allocator's `allocate` (and, under memory
-///   pressure, its `deallocate` for the blocks the limit or the
-///   out-of-memory retry frees) with the lock held;
-/// - blocks the policy **evicts** on the way into any call are handed to the
-///   backing `deallocate` with the lock held.
+/// So [`stats`](Self::stats) counts a block as freed (and a miss's bytes as
+/// not yet reserved) a moment before the backing allocator sees the call.
+/// The limit counts in-flight misses, so `bytes_reserved` never exceeds it.
 ///
-/// So while one thread's miss is inside `cudaMalloc`, other threads' hits
-/// wait for it. Taking the backing calls out of the lock needs the backing
-/// allocator behind a lock of its own, separate from the cache store and
-/// counters; `DecayingPool` keeps them in one value, so this handle cannot
-/// split them without restructuring the pool. Until then, a program whose
-/// misses are slow and contended can keep the miss rate down (a longer
-/// time-to-live, size classes) or give each thread its own
-/// [`DecayingPool`].
+/// # Panics inside the pool
 ///
-/// # Panics inside the lock
+/// A panic inside the backing allocator, a user
+/// [`EvictionPolicy`](crate::EvictionPolicy) or a closure passed to
+/// [`SharedPool::with`] does not make the pool unusable or lose blocks:
 ///
-/// A panic while the lock is held — inside the backing allocator, inside a
-/// user [`EvictionPolicy`](crate::EvictionPolicy), or inside a closure
-/// passed to [`SharedPool::with`] — poisons the [`Mutex`]. This handle
-/// recovers deliberately ([`PoisonError::into_inner`]) rather than make the
-/// pool unusable, because `DecayingPool` keeps its invariants across such a
-/// panic:
-///
-/// - it removes a block from the cache and counts it as freed *before*
-///   calling the backing `deallocate`, so a `deallocate` that panics leaves
-///   the cache and the counters consistent, and the block counts as given
-///   back (whether the allocator really freed it is up to the allocator);
-///   blocks the policy had not yet reached stay cached and are freed later;
-/// - a backing `allocate` that panics hands out nothing and counts nothing;
+/// - a poisoned lock is recovered ([`PoisonError::into_inner`]): the cache
+///   store tells the policy of a change before making it, so a panicking
+///   policy leaves it as it was;
+/// - blocks taken out of the cache are deallocated even when a policy
+///   panics later in the same call, and every block of a batch is offered
+///   to `deallocate` even when one call panics (the first panic is passed
+///   on afterwards);
+/// - a miss whose backing `allocate` panics drops its booking against the
+///   limit;
 /// - a releasing [`Pooled`] caches its block even when the policy run that
 ///   precedes the release panics (the panic is passed on after the block is
-///   cached), so a panic while evicting does not lose it;
-/// - a panicking `EvictionPolicy::must_evict` runs before the cache is
-///   changed, so nothing is lost.
-///
-/// One case is not covered: the cache store calls a policy's
-/// `on_hit`/`on_free` callbacks *after* taking the block out of its
-/// structures, so a panic in one of those callbacks drops that one block
-/// (it is neither cached nor counted in use, and is never deallocated).
-/// The built-in policies never panic there. Nor is the pool's own drop:
-/// if a backing `deallocate` panics while the last handle drops the pool,
-/// the blocks still cached after it are not freed.
-///
-/// A [`Pooled`] dropped while its thread is already unwinding releases its
-/// block with any panic from the pool caught and discarded, so a second
-/// panic does not abort the process.
+///   cached); when its thread is already unwinding, a panic from the pool
+///   is caught and discarded rather than abort the process.
 ///
 /// # Examples
 ///
 /// ```
 /// use core::time::Duration;
-/// use decaying_pool::testing::CheckingAllocator;
-/// use decaying_pool::{DecayingPool, FixedTime, SharedPool};
+/// use decaying_pool::{DecayingPool, FixedTime, SharedPool, SystemAllocator};
 ///
 /// let pool = SharedPool::new(DecayingPool::new(
-///     CheckingAllocator::new(),
+///     SystemAllocator::new(),
 ///     FixedTime::new(Duration::from_secs(1)),
 /// ));
 /// let workers: Vec<_> = (0..4)
-///     .map(|_| {
+///     .map(|i| {
 ///         let pool = pool.clone();
 ///         std::thread::spawn(move || {
 ///             for _ in 0..100 {
 ///                 let block = pool.allocate(4096).unwrap();
-///                 assert_eq!(block.size(), 4096);
+///                 // SAFETY: the block is 4096 writable bytes, ours alone.
+///                 unsafe { block.as_ptr().write(i) };
 ///             } // each block goes back to the pool here
 ///         })
 ///     })
@@ -129,7 +113,205 @@ use crate::stats::Stats;
 /// assert!(s.misses <= 4);
 /// ```
 pub struct SharedPool<A: RawAllocator, P: Policy = FixedTime, C: Clock = MonotonicClock> {
-    inner: Arc<Mutex<DecayingPool<A, P, C>>>,
+    inner: Arc<Inner<A, P, C>>,
+}
+
+// SAFETY: the handle only reaches the pool through its mutexes, which give
+// one thread at a time access to the allocator, the policy, the clock (all
+// `Send`) and the blocks (`SendBlock`: movable and shareable across threads,
+// releasable from any thread).
+unsafe impl<A, P, C> Send for SharedPool<A, P, C>
+where
+    A: RawAllocator + Send,
+    A::Block: SendBlock,
+    P: Policy + Send,
+    C: Clock + Send,
+{
+}
+
+// SAFETY: as for `Send`: every method takes `&self` and goes through the
+// mutexes.
+unsafe impl<A, P, C> Sync for SharedPool<A, P, C>
+where
+    A: RawAllocator + Send,
+    A::Block: SendBlock,
+    P: Policy + Send,
+    C: Clock + Send,
+{
+}
+
+/// The shared state: the two halves of the pool, each behind its lock.
+/// `None` only while [`SharedPool::with`] has put them back together.
+struct Inner<A: RawAllocator, P: Policy, C: Clock> {
+    cache: Mutex<Option<Cache<A::Block, P, C>>>,
+    alloc: Mutex<Option<A>>,
+}
+
+/// Blocks taken out of the cache, to deallocate once the cache lock is
+/// released. Empty (and allocation-free) on the hit path.
+type Frees<B> = Vec<(B, usize)>;
+
+/// What the cache decided for an `allocate`.
+enum Step<B> {
+    Hit(B),
+    Miss { class: usize, now: Duration },
+}
+
+fn recover<T>(r: Result<T, PoisonError<T>>) -> T {
+    r.unwrap_or_else(PoisonError::into_inner)
+}
+
+impl<A: RawAllocator, P: Policy, C: Clock> Inner<A, P, C> {
+    /// Runs `f` on the cache under its lock.
+    #[inline]
+    fn cache<R>(&self, f: impl FnOnce(&mut Cache<A::Block, P, C>) -> R) -> R {
+        let mut guard = recover(self.cache.lock());
+        f(guard
+            .as_mut()
+            .expect("SharedPool: the pool is taken apart (re-entered from `with`?)"))
+    }
+
+    /// Runs `f` on the backing allocator under its lock.
+    #[inline]
+    fn alloc<R>(&self, f: impl FnOnce(&mut A) -> R) -> R {
+        let mut guard = recover(self.alloc.lock());
+        f(guard
+            .as_mut()
+            .expect("SharedPool: the pool is taken apart (re-entered from `with`?)"))
+    }
+
+    /// Runs `f` on the cache, collecting the blocks it lets go, then
+    /// deallocates them outside the cache lock, even when `f` panicked.
+    #[inline]
+    fn cache_then_free<R>(
+        &self,
+        f: impl FnOnce(&mut Cache<A::Block, P, C>, &mut dyn FnMut(A::Block, usize)) -> R,
+    ) -> R {
+        let mut frees: Frees<A::Block> = Vec::new();
+        let result = catch_unwind(AssertUnwindSafe(|| {
+            self.cache(|cache| f(cache, &mut |block, class| frees.push((block, class))))
+        }));
+        self.deallocate(frees);
+        match result {
+            Ok(r) => r,
+            Err(panic) => resume_unwind(panic),
+        }
+    }
+
+    /// Gives blocks back to the backing allocator. Every block is offered
+    /// even if a `deallocate` panics; the first panic is passed on after.
+    fn deallocate(&self, frees: Frees<A::Block>) {
+        if frees.is_empty() {
+            return;
+        }
+        let mut first_panic = None;
+        self.alloc(|alloc| {
+            for (block, class) in frees {
+                // SAFETY: every block the cache lets go came from this
+                // allocator's `allocate(class)` and leaves the cache once.
+                let r = catch_unwind(AssertUnwindSafe(|| unsafe {
+                    alloc.deallocate(block, class)
+                }));
+                if let Err(panic) = r {
+                    first_panic.get_or_insert(panic);
+                }
+            }
+        });
+        if let Some(panic) = first_panic {
+            resume_unwind(panic);
+        }
+    }
+
+    fn allocate(&self, size: usize) -> Result<A::Block, PoolError<A::Error>> {
+        let step = self.cache_then_free(|cache, free| {
+            let now = cache.now();
+            cache.run_policy(now, free);
+            let class = cache.class_of(size)?;
+            if let Some(block) = cache.take(class, now) {
+                return Ok(Step::Hit(block));
+            }
+            cache.make_room(size, class, now, free)?;
+            Ok(Step::Miss { class, now })
+        })?;
+        match step {
+            Step::Hit(block) => Ok(block),
+            Step::Miss { class, now } => self.miss(class, now),
+        }
+    }
+
+    /// A miss whose class is booked: the backing calls and the retry
+    /// ladder, with the cache lock released around every backing call.
+    #[inline(never)]
+    fn miss(&self, class: usize, now: Duration) -> Result<A::Block, PoolError<A::Error>> {
+        /// Drops the booking if the backing allocator panics.
+        struct Booking<'a, A: RawAllocator, P: Policy, C: Clock> {
+            inner: &'a Inner<A, P, C>,
+            class: usize,
+        }
+        impl<A: RawAllocator, P: Policy, C: Clock> Drop for Booking<'_, A, P, C> {
+            fn drop(&mut self) {
+                self.inner.cache(|cache| cache.abandon(self.class));
+            }
+        }
+        let booking = Booking { inner: self, class };
+        let mut attempt = 0;
+        loop {
+            let err = match self.alloc(|alloc| alloc.allocate(class)) {
+                Ok(block) => {
+                    core::mem::forget(booking);
+                    self.cache(|cache| cache.miss_done(class));
+                    return Ok(block);
+                }
+                Err(e) => e,
+            };
+            attempt += 1;
+            let retry =
+                self.cache_then_free(|cache, free| cache.after_failure(attempt, class, now, free));
+            if retry == Retry::GiveUp {
+                core::mem::forget(booking);
+                return Err(PoolError::Backing(err));
+            }
+        }
+    }
+
+    /// Runs the policy, then caches `block`; the block is cached even when
+    /// the policy run panics (the panic is passed on afterwards).
+    fn release(&self, block: A::Block, size: usize) {
+        let ran = self.cache_then_free(|cache, free| {
+            let now = cache.now();
+            let ran = catch_unwind(AssertUnwindSafe(|| cache.run_policy(now, &mut *free)));
+            cache.release(block, size, now, free);
+            ran
+        });
+        if let Err(panic) = ran {
+            resume_unwind(panic);
+        }
+    }
+
+    fn collect(&self) -> usize {
+        self.cache_then_free(|cache, free| {
+            let now = cache.now();
+            cache.run_policy(now, free)
+        })
+    }
+
+    fn trim(&self) -> usize {
+        self.cache_then_free(|cache, free| {
+            let now = cache.now();
+            cache.trim_all(now, free)
+        })
+    }
+}
+
+impl<A: RawAllocator, P: Policy, C: Clock> Drop for Inner<A, P, C> {
+    fn drop(&mut self) {
+        let cache = recover(self.cache.get_mut()).take();
+        let alloc = recover(self.alloc.get_mut()).take();
+        if let (Some(cache), Some(alloc)) = (cache, alloc) {
+            // Dropping the pool frees every cached block.
+            drop(DecayingPool::from_parts(alloc, cache));
+        }
+    }
 }
 
 impl<A: RawAllocator, P: Policy, C: Clock> SharedPool<A, P, C> {
@@ -143,23 +325,20 @@ impl<A: RawAllocator, P: Policy, C: Clock> SharedPool<A, P, C> {
     /// assert_eq!(pool.stats().bytes_reserved, 0);
     /// ```
     pub fn new(pool: DecayingPool<A, P, C>) -> Self {
+        let (alloc, cache) = pool.into_parts();
         SharedPool {
-            inner: Arc::new(Mutex::new(pool)),
+            inner: Arc::new(Inner {
+                cache: Mutex::new(Some(cache)),
+                alloc: Mutex::new(Some(alloc)),
+            }),
         }
-    }
-
-    /// Locks the pool, recovering it from poisoning: see "Panics inside the
-    /// lock" in the type's documentation for why the pool is consistent.
-    #[inline]
-    fn lock(&self) -> MutexGuard<'_, DecayingPool<A, P, C>> {
-        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Hands out a block of at least `size` bytes, which goes back to the
     /// pool when the returned [`Pooled`] is dropped.
     ///
-    /// This is [`DecayingPool::allocate`] under the lock: a miss calls the
-    /// backing allocator with the lock held.
+    /// Same rules as [`DecayingPool::allocate`]; a miss calls the backing
+    /// allocator without holding the cache lock.
     ///
     /// # Errors
     ///
@@ -181,7 +360,7 @@ impl<A: RawAllocator, P: Policy, C: Clock> SharedPool<A, P, C> {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn allocate(&self, size: usize) -> Result<Pooled<A, P, C>, PoolError<A::Error>> {
-        let block = self.lock().allocate(size)?;
+        let block = self.inner.allocate(size)?;
         Ok(Pooled {
             block: ManuallyDrop::new(block),
             size,
@@ -202,7 +381,7 @@ impl<A: RawAllocator, P: Policy, C: Clock> SharedPool<A, P, C> {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn stats(&self) -> Stats {
-        self.lock().stats()
+        self.inner.cache(|cache| cache.stats())
     }
 
     /// Runs the policy now ([`DecayingPool::collect`]); returns the number
@@ -226,7 +405,7 @@ impl<A: RawAllocator, P: Policy, C: Clock> SharedPool<A, P, C> {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn collect(&self) -> usize {
-        self.lock().collect()
+        self.inner.collect()
     }
 
     /// Frees every cached block ([`DecayingPool::trim`]); returns the bytes
@@ -243,24 +422,22 @@ impl<A: RawAllocator, P: Policy, C: Clock> SharedPool<A, P, C> {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn trim(&self) -> usize {
-        self.lock().trim()
+        self.inner.trim()
     }
 
-    /// Runs `f` on the pool with the lock held, for anything this handle
-    /// does not offer directly (the limit, the size classes, the backing
-    /// allocator, a raw `allocate`/`release`).
+    /// Runs `f` on the whole pool, with both locks held, for anything this
+    /// handle does not offer directly (the limit, the size classes, the
+    /// backing allocator, a raw `allocate`/`release`).
     ///
     /// Every other thread using the pool waits until `f` returns, so keep
     /// it short.
     ///
     /// # Panics
     ///
-    /// When `f` panics (the panic is passed on). The lock is poisoned but
-    /// the pool stays usable: later calls recover it. Any state `f` left
-    /// half-done is the caller's business, as with any `&mut` access.
-    ///
-    /// Calling a method of this `SharedPool` (or dropping a [`Pooled`] from
-    /// it) inside `f` deadlocks, as the lock is already held.
+    /// When `f` panics (the panic is passed on, and the pool put back
+    /// together first, so it stays usable), and when `f` uses this pool
+    /// through a handle or drops a [`Pooled`] of it: the pool is taken apart
+    /// while `f` runs.
     ///
     /// # Examples
     ///
@@ -273,7 +450,21 @@ impl<A: RawAllocator, P: Policy, C: Clock> SharedPool<A, P, C> {
     /// assert_eq!(pool.with(|p| p.allocator().allocs()), 0);
     /// ```
     pub fn with<R>(&self, f: impl FnOnce(&mut DecayingPool<A, P, C>) -> R) -> R {
-        f(&mut self.lock())
+        let mut cache_slot = recover(self.inner.cache.lock());
+        let mut alloc_slot = recover(self.inner.alloc.lock());
+        let (Some(cache), Some(alloc)) = (cache_slot.take(), alloc_slot.take()) else {
+            panic!("SharedPool::with: the pool is taken apart (re-entered from `with`?)");
+        };
+        let mut pool = DecayingPool::from_parts(alloc, cache);
+        let result = catch_unwind(AssertUnwindSafe(|| f(&mut pool)));
+        let (alloc, cache) = pool.into_parts();
+        *cache_slot = Some(cache);
+        *alloc_slot = Some(alloc);
+        drop((cache_slot, alloc_slot));
+        match result {
+            Ok(r) => r,
+            Err(panic) => resume_unwind(panic),
+        }
     }
 
     /// Whether `self` and `other` are handles to the same pool.
@@ -335,13 +526,13 @@ impl<A: RawAllocator, P: Policy, C: Clock> SharedPool<A, P, C> {
     /// ```
     pub fn spawn_reaper(&self, period: Duration) -> Reaper
     where
-        DecayingPool<A, P, C>: Send + 'static,
+        Self: Send + Sync + 'static,
     {
         assert!(
             !period.is_zero(),
             "SharedPool::spawn_reaper: the period must not be zero"
         );
-        let weak = Arc::downgrade(&self.inner);
+        let weak = WeakPool(Arc::downgrade(&self.inner));
         let stop = Arc::new(Stop::default());
         let thread_stop = Arc::clone(&stop);
         let handle = thread::Builder::new()
@@ -373,17 +564,32 @@ where
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         // `try_lock`, so that formatting inside `with` does not deadlock.
         let mut d = f.debug_struct("SharedPool");
-        match self.inner.try_lock() {
-            Ok(pool) => d.field("stats", &pool.stats()),
-            Err(std::sync::TryLockError::Poisoned(e)) => d.field("stats", &e.into_inner().stats()),
-            Err(std::sync::TryLockError::WouldBlock) => d.field("stats", &"<locked>"),
+        let stats = match self.inner.cache.try_lock() {
+            Ok(cache) => cache.as_ref().map(Cache::stats),
+            Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner().as_ref().map(Cache::stats),
+            Err(std::sync::TryLockError::WouldBlock) => None,
+        };
+        match stats {
+            Some(stats) => d.field("stats", &stats),
+            None => d.field("stats", &"<locked>"),
         };
         d.finish_non_exhaustive()
     }
 }
 
+/// A weak reference to a pool, for the reaper thread.
+struct WeakPool<A: RawAllocator, P: Policy, C: Clock>(Weak<Inner<A, P, C>>);
+
+// SAFETY: it is only upgraded into a `SharedPool`, which `spawn_reaper`
+// requires to be `Send + Sync`; the weak reference itself reaches nothing
+// else.
+unsafe impl<A: RawAllocator, P: Policy, C: Clock> Send for WeakPool<A, P, C> where
+    SharedPool<A, P, C>: Send + Sync
+{
+}
+
 /// The reaper thread's body.
-fn reap<A, P, C>(weak: Weak<Mutex<DecayingPool<A, P, C>>>, period: Duration, stop: &Stop)
+fn reap<A, P, C>(weak: WeakPool<A, P, C>, period: Duration, stop: &Stop)
 where
     A: RawAllocator,
     P: Policy,
@@ -393,18 +599,14 @@ where
         if stop.wait(period) {
             return;
         }
-        let Some(pool) = weak.upgrade() else {
+        let Some(inner) = weak.0.upgrade() else {
             return;
         };
         // A panic inside `collect` (backing allocator, user policy) is
-        // reported by the panic hook; the pool recovers from the poisoned
-        // lock on its next use, so the reaper carries on.
-        let _ = catch_unwind(AssertUnwindSafe(|| {
-            pool.lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .collect()
-        }));
-        drop(pool);
+        // reported by the panic hook; the pool stays usable, so the reaper
+        // carries on.
+        let _ = catch_unwind(AssertUnwindSafe(|| inner.collect()));
+        drop(inner);
     }
 }
 
@@ -504,8 +706,8 @@ impl fmt::Debug for Reaper {
 /// A block from a [`SharedPool`]: derefs to the block, knows the size it
 /// was requested with, and gives itself back to the pool when dropped.
 ///
-/// It keeps its pool alive. It is `Send` when the block and the pool are
-/// (see [`SharedPool`]), and `Sync` when, in addition, the block is `Sync`.
+/// It keeps its pool alive. It is `Send` and `Sync` when its
+/// [`SharedPool`] is.
 ///
 /// # Examples
 ///
@@ -523,6 +725,21 @@ pub struct Pooled<A: RawAllocator, P: Policy = FixedTime, C: Clock = MonotonicCl
     block: ManuallyDrop<A::Block>,
     size: usize,
     pool: SharedPool<A, P, C>,
+}
+
+// SAFETY: a `Pooled` is a `SendBlock` (movable and shareable across
+// threads) plus a handle to a `Send + Sync` pool, which it releases the
+// block to through the pool's locks.
+unsafe impl<A: RawAllocator, P: Policy, C: Clock> Send for Pooled<A, P, C> where
+    SharedPool<A, P, C>: Send + Sync
+{
+}
+
+// SAFETY: `&Pooled` gives `&A::Block` (shareable: `SendBlock`) and `&SharedPool`
+// (`Sync`).
+unsafe impl<A: RawAllocator, P: Policy, C: Clock> Sync for Pooled<A, P, C> where
+    SharedPool<A, P, C>: Send + Sync
+{
 }
 
 impl<A: RawAllocator, P: Policy, C: Clock> Pooled<A, P, C> {
@@ -647,12 +864,10 @@ impl<A: RawAllocator, P: Policy, C: Clock> Drop for Pooled<A, P, C> {
         // SAFETY: `drop` runs once and `self.block` is not used afterwards.
         let block = unsafe { ManuallyDrop::take(&mut self.block) };
         let size = self.size;
-        let release = || {
-            // SAFETY: `block` came from this pool's `allocate(size)` (through
-            // `SharedPool::allocate`, or `from_raw`, whose contract says so),
-            // and this handle owned it alone, so it is released once.
-            unsafe { self.pool.lock().release_unwind_safe(block, size) }
-        };
+        // `block` came from this pool's `allocate(size)` (through
+        // `SharedPool::allocate`, or `from_raw`, whose contract says so), and
+        // this handle owned it alone, so it is released once.
+        let release = || self.pool.inner.release(block, size);
         if thread::panicking() {
             let _ = catch_unwind(AssertUnwindSafe(release));
         } else {

@@ -197,14 +197,30 @@ impl<B, P: EvictionPolicy> TimedStore<B, P> {
         }
     }
 
-    /// Removes the oldest block, which `front` returned.
+    /// Removes the oldest block, which `front` returned, whose class is
+    /// `class`. The policy is told first, so a panic in it changes nothing.
     #[inline]
-    fn remove_front(&mut self, entry: Entry, now: Duration, reason: FreeReason) -> (B, usize) {
+    fn remove_front(
+        &mut self,
+        entry: Entry,
+        class: usize,
+        now: Duration,
+        reason: FreeReason,
+    ) -> (B, usize) {
+        self.policy.on_free(now, class, self.bytes - class, reason);
         self.queue.pop_front();
-        let (block, class) = self.unlink(entry.slot);
+        let removed = self.unlink(entry.slot);
         self.free_slot(entry.slot);
-        self.policy.on_free(now, class, self.bytes, reason);
-        (block, class)
+        removed
+    }
+
+    /// The class of the block in cached slot `id`.
+    #[inline]
+    fn class_at(&self, id: u32) -> usize {
+        match &self.slots[id as usize] {
+            Slot::Cached { class, .. } => *class,
+            Slot::Vacant { .. } => unreachable!("live deque entry for a vacant slot"),
+        }
     }
 
     /// Rebuilds the deque without its stale entries, freeing their slots.
@@ -246,6 +262,9 @@ impl<B, P: EvictionPolicy> Store<B> for TimedStore<B, P> {
         if id == NIL {
             return None;
         }
+        // Told first, so a panic in the policy changes nothing.
+        let before = self.bytes;
+        self.policy.on_hit(now, class, before, before - class);
         let old = core::mem::replace(&mut self.slots[id as usize], Slot::Vacant { next: NIL });
         let Slot::Cached {
             block, prev, next, ..
@@ -263,12 +282,10 @@ impl<B, P: EvictionPolicy> Store<B> for TimedStore<B, P> {
         } else if let Slot::Cached { prev: p, .. } = &mut self.slots[next as usize] {
             *p = prev;
         }
-        let before = self.bytes;
         self.len -= 1;
         self.bytes -= class;
         self.reused.insert(id as usize);
         self.stale += 1;
-        self.policy.on_hit(now, class, before, self.bytes);
         Some(block)
     }
 
@@ -309,16 +326,13 @@ impl<B, P: EvictionPolicy> Store<B> for TimedStore<B, P> {
     #[inline]
     fn evict_due(&mut self, now: Duration) -> Option<(B, usize)> {
         let entry = self.front()?;
-        let size = match &self.slots[entry.slot as usize] {
-            Slot::Cached { class, .. } => *class,
-            Slot::Vacant { .. } => unreachable!("live deque entry for a vacant slot"),
-        };
+        let size = self.class_at(entry.slot);
         let oldest = Oldest {
             released_at: entry.released_at(),
             size,
         };
         if self.policy.must_evict(now, oldest, self.bytes) {
-            Some(self.remove_front(entry, now, FreeReason::Expired))
+            Some(self.remove_front(entry, size, now, FreeReason::Expired))
         } else {
             None
         }
@@ -326,7 +340,8 @@ impl<B, P: EvictionPolicy> Store<B> for TimedStore<B, P> {
 
     fn pop_oldest(&mut self, now: Duration) -> Option<(B, usize)> {
         let entry = self.front()?;
-        Some(self.remove_front(entry, now, FreeReason::Trimmed))
+        let class = self.class_at(entry.slot);
+        Some(self.remove_front(entry, class, now, FreeReason::Trimmed))
     }
 
     #[inline]

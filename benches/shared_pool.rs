@@ -1,0 +1,88 @@
+//! Hit round trip through `SharedPool` against the plain pool, uncontended
+//! and with two threads hammering one pool.
+//!
+//! ```text
+//! cargo bench --bench shared_pool
+//! ```
+
+use std::hint::black_box;
+use std::sync::Barrier;
+use std::time::{Duration, Instant};
+
+use criterion::{criterion_group, criterion_main, Criterion};
+use decaying_pool::{DecayingPool, FixedTime, ManualClock, RawAllocator, SharedPool};
+
+/// A backing allocator that does nothing: hands out numbers.
+#[derive(Default)]
+struct Null(usize);
+
+impl RawAllocator for Null {
+    type Block = usize;
+    type Error = core::convert::Infallible;
+    fn allocate(&mut self, _size: usize) -> Result<usize, Self::Error> {
+        self.0 += 1;
+        Ok(self.0)
+    }
+    unsafe fn deallocate(&mut self, _block: usize, _size: usize) {}
+}
+
+fn pool() -> DecayingPool<Null, FixedTime, ManualClock> {
+    DecayingPool::builder(Null::default())
+        .policy(FixedTime::new(Duration::from_secs(3600)))
+        .clock(ManualClock::new())
+        .build()
+}
+
+fn shared_pool(c: &mut Criterion) {
+    let mut g = c.benchmark_group("shared_hit_round_trip");
+    g.warm_up_time(Duration::from_millis(500));
+    g.measurement_time(Duration::from_secs(2));
+
+    let mut plain = pool();
+    g.bench_function("plain_pool", |b| {
+        b.iter(|| {
+            let block = plain.allocate(black_box(4096)).unwrap();
+            // SAFETY: from this pool with this size, released once.
+            unsafe { plain.release(black_box(block), 4096) };
+        })
+    });
+
+    let shared = SharedPool::new(pool());
+    g.bench_function("shared_pool_1_thread", |b| {
+        b.iter(|| drop(black_box(shared.allocate(black_box(4096)).unwrap())))
+    });
+
+    // Two threads, each its own size class, on one pool: time per
+    // operation = wall time / total operations.
+    g.bench_function("shared_pool_2_threads", |b| {
+        b.iter_custom(|iters| {
+            let start = Barrier::new(2);
+            let per_thread = iters.div_ceil(2);
+            let t = std::thread::scope(|s| {
+                let workers: Vec<_> = (0..2)
+                    .map(|i| {
+                        let (shared, start) = (&shared, &start);
+                        s.spawn(move || {
+                            start.wait();
+                            let t = Instant::now();
+                            for _ in 0..per_thread {
+                                drop(black_box(shared.allocate(4096 + i).unwrap()));
+                            }
+                            t.elapsed()
+                        })
+                    })
+                    .collect();
+                workers
+                    .into_iter()
+                    .map(|w| w.join().unwrap())
+                    .max()
+                    .unwrap()
+            });
+            t.mul_f64(iters as f64 / (2 * per_thread) as f64)
+        })
+    });
+    g.finish();
+}
+
+criterion_group!(benches, shared_pool);
+criterion_main!(benches);

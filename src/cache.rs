@@ -1,0 +1,345 @@
+//! The allocator-free half of a pool: the cache store, the clock, the
+//! rules (size classes, limit, retry ladder) and the counters.
+//!
+//! A [`Cache`] never calls the backing allocator. Every block it lets go is
+//! handed to a `free` callback, already counted as deallocated; the caller
+//! deallocates it. [`DecayingPool`](crate::DecayingPool) deallocates at
+//! once; [`SharedPool`](crate::SharedPool) collects the blocks under its
+//! cache lock and deallocates them after releasing it, so a slow backing
+//! call never holds up other threads' hits.
+
+use core::time::Duration;
+
+use crate::class::SizeClass;
+use crate::clock::Clock;
+use crate::error::PoolError;
+use crate::policy::{Policy, Reuse};
+use crate::stats::Stats;
+use crate::store::Store;
+
+/// The counters a pool keeps; cached counts come from the store.
+#[derive(Clone, Copy, Debug, Default)]
+struct Counters {
+    hits: u64,
+    misses: u64,
+    evictions: u64,
+    trimmed: u64,
+    backing_allocs: u64,
+    backing_deallocs: u64,
+    backing_failures: u64,
+    blocks_in_use: u64,
+    bytes_in_use: usize,
+    peak_bytes_reserved: usize,
+    peak_bytes_in_use: usize,
+    bytes_from_pool: usize,
+    bytes_from_backing: usize,
+}
+
+/// What to do after a failed backing allocation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Retry {
+    /// Cached blocks were freed: call the backing allocator again.
+    Again,
+    /// Return the backing allocator's error.
+    GiveUp,
+}
+
+/// See the module documentation.
+pub(crate) struct Cache<B, P: Policy, C> {
+    store: P::Store<B>,
+    clock: C,
+    size_class: SizeClass,
+    reuse: Reuse,
+    limit: Option<usize>,
+    stats: Counters,
+    /// Class bytes of misses between `make_room` and their outcome: counted
+    /// against the limit, not yet in `bytes_reserved`.
+    pending: usize,
+}
+
+impl<B, P: Policy, C: Clock> Cache<B, P, C> {
+    pub(crate) fn new(
+        policy: P,
+        clock: C,
+        size_class: SizeClass,
+        reuse: Reuse,
+        limit: Option<usize>,
+    ) -> Self {
+        Cache {
+            store: policy.into_store(reuse),
+            clock,
+            size_class,
+            reuse,
+            limit,
+            stats: Counters::default(),
+            pending: 0,
+        }
+    }
+
+    /// The time the policy runs at (zero for an untimed store, whose pool
+    /// never reads the clock).
+    #[inline]
+    pub(crate) fn now(&self) -> Duration {
+        if <P::Store<B> as Store<B>>::TIMED {
+            self.clock.now()
+        } else {
+            Duration::ZERO
+        }
+    }
+
+    /// Frees every block the policy says must go at `now`; returns how many.
+    #[inline]
+    pub(crate) fn run_policy(
+        &mut self,
+        now: Duration,
+        free: &mut (impl FnMut(B, usize) + ?Sized),
+    ) -> usize {
+        let mut freed = 0;
+        while let Some((block, class)) = self.store.evict_due(now) {
+            self.stats.evictions += 1;
+            self.stats.backing_deallocs += 1;
+            free(block, class);
+            freed += 1;
+        }
+        freed
+    }
+
+    /// The class of a request, or why it cannot have one.
+    #[inline]
+    pub(crate) fn class_of<E>(&self, size: usize) -> Result<usize, PoolError<E>> {
+        match self.size_class.round(size) {
+            Some(class) => Ok(class),
+            None if size == 0 => Err(PoolError::ZeroSize),
+            None => Err(PoolError::TooLarge { requested: size }),
+        }
+    }
+
+    /// A hit: a cached block of `class`, counted in use.
+    #[inline]
+    pub(crate) fn take(&mut self, class: usize, now: Duration) -> Option<B> {
+        let block = self.store.take(class, now)?;
+        let s = &mut self.stats;
+        s.hits += 1;
+        s.bytes_from_pool = s.bytes_from_pool.saturating_add(class);
+        s.blocks_in_use += 1;
+        s.bytes_in_use += class;
+        s.peak_bytes_in_use = s.peak_bytes_in_use.max(s.bytes_in_use);
+        Some(block)
+    }
+
+    /// Before a miss calls the backing allocator: refuses a request that
+    /// cannot fit the limit even with an empty cache, frees cached blocks
+    /// oldest first until it fits, and books `class` bytes as pending.
+    pub(crate) fn make_room<E>(
+        &mut self,
+        size: usize,
+        class: usize,
+        now: Duration,
+        free: &mut (impl FnMut(B, usize) + ?Sized),
+    ) -> Result<(), PoolError<E>> {
+        let committed = self.stats.bytes_in_use + self.pending;
+        if committed
+            .checked_add(self.store.bytes())
+            .and_then(|r| r.checked_add(class))
+            .is_none()
+        {
+            return Err(PoolError::TooLarge { requested: size });
+        }
+        if let Some(limit) = self.limit {
+            if committed + class > limit {
+                return Err(PoolError::LimitExceeded {
+                    requested: size,
+                    limit,
+                    reserved: self.stats.bytes_in_use + self.store.bytes(),
+                });
+            }
+            while committed + self.store.bytes() + class > limit {
+                if !self.trim_oldest(now, free) {
+                    break;
+                }
+            }
+        }
+        self.pending += class;
+        Ok(())
+    }
+
+    /// The backing allocator served a pending miss.
+    #[inline]
+    pub(crate) fn miss_done(&mut self, class: usize) {
+        self.pending -= class;
+        let s = &mut self.stats;
+        s.misses += 1;
+        s.backing_allocs += 1;
+        s.bytes_from_backing = s.bytes_from_backing.saturating_add(class);
+        s.blocks_in_use += 1;
+        s.bytes_in_use += class;
+        s.peak_bytes_in_use = s.peak_bytes_in_use.max(s.bytes_in_use);
+        let reserved = s.bytes_in_use + self.store.bytes();
+        s.peak_bytes_reserved = s.peak_bytes_reserved.max(reserved);
+    }
+
+    /// The out-of-memory ladder, after the `attempt`-th failed backing call
+    /// for a pending miss of `class` bytes: the first failure frees cached
+    /// blocks oldest first until `class` bytes are freed, the second frees
+    /// every cached block, the third gives up; so does any failure with an
+    /// empty cache. Giving up drops the pending booking.
+    pub(crate) fn after_failure(
+        &mut self,
+        attempt: u32,
+        class: usize,
+        now: Duration,
+        free: &mut (impl FnMut(B, usize) + ?Sized),
+    ) -> Retry {
+        self.stats.backing_failures += 1;
+        if attempt >= 3 || self.store.is_empty() {
+            self.pending -= class;
+            return Retry::GiveUp;
+        }
+        if attempt == 1 {
+            let mut freed = 0usize;
+            while freed < class {
+                let before = self.store.bytes();
+                if !self.trim_oldest(now, free) {
+                    break;
+                }
+                freed += before - self.store.bytes();
+            }
+        } else {
+            self.trim_all(now, free);
+        }
+        Retry::Again
+    }
+
+    /// Drops a pending booking whose miss was abandoned (a panic in the
+    /// backing allocator).
+    pub(crate) fn abandon(&mut self, class: usize) {
+        self.pending -= class;
+    }
+
+    /// Counts a block of `size` requested bytes out of use and caches it;
+    /// frees whatever the store displaces to make room.
+    ///
+    /// # Panics
+    ///
+    /// When `size` could not have been allocated, or more is released than
+    /// is in use.
+    #[inline]
+    #[track_caller]
+    pub(crate) fn release(
+        &mut self,
+        block: B,
+        size: usize,
+        now: Duration,
+        free: &mut (impl FnMut(B, usize) + ?Sized),
+    ) {
+        let class = self.size_class.round(size);
+        let s = &mut self.stats;
+        let class = match class {
+            Some(class) if s.blocks_in_use > 0 && s.bytes_in_use >= class => class,
+            _ => release_mismatch(size),
+        };
+        s.blocks_in_use -= 1;
+        s.bytes_in_use -= class;
+        if let Some((block, class)) = self.store.put(block, class, now) {
+            self.stats.evictions += 1;
+            self.stats.backing_deallocs += 1;
+            free(block, class);
+        }
+    }
+
+    /// Frees the oldest cached block (counted as trimmed); `false` when the
+    /// cache is empty.
+    fn trim_oldest(&mut self, now: Duration, free: &mut (impl FnMut(B, usize) + ?Sized)) -> bool {
+        match self.store.pop_oldest(now) {
+            Some((block, class)) => {
+                self.stats.trimmed += 1;
+                self.stats.backing_deallocs += 1;
+                free(block, class);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Frees every cached block (counted as trimmed); returns the bytes freed.
+    pub(crate) fn trim_all(
+        &mut self,
+        now: Duration,
+        free: &mut (impl FnMut(B, usize) + ?Sized),
+    ) -> usize {
+        let before = self.store.bytes();
+        while self.trim_oldest(now, free) {}
+        before
+    }
+
+    pub(crate) fn stats(&self) -> Stats {
+        let c = &self.stats;
+        let bytes_cached = self.store.bytes();
+        Stats {
+            hits: c.hits,
+            misses: c.misses,
+            evictions: c.evictions,
+            trimmed: c.trimmed,
+            backing_allocs: c.backing_allocs,
+            backing_deallocs: c.backing_deallocs,
+            backing_failures: c.backing_failures,
+            blocks_in_use: c.blocks_in_use,
+            blocks_cached: self.store.len() as u64,
+            bytes_in_use: c.bytes_in_use,
+            bytes_cached,
+            bytes_reserved: c.bytes_in_use + bytes_cached,
+            peak_bytes_reserved: c.peak_bytes_reserved,
+            peak_bytes_in_use: c.peak_bytes_in_use,
+            bytes_from_pool: c.bytes_from_pool,
+            bytes_from_backing: c.bytes_from_backing,
+        }
+    }
+
+    pub(crate) fn size_class(&self) -> SizeClass {
+        self.size_class
+    }
+
+    pub(crate) fn reuse(&self) -> Reuse {
+        self.reuse
+    }
+
+    pub(crate) fn limit(&self) -> Option<usize> {
+        self.limit
+    }
+
+    pub(crate) fn clock(&self) -> &C {
+        &self.clock
+    }
+
+    #[cfg(any(test, feature = "testing"))]
+    pub(crate) fn validate(&self) {
+        self.store.check();
+        let s = self.stats();
+        assert_eq!(s.misses, s.backing_allocs, "misses == backing_allocs");
+        assert_eq!(
+            s.backing_allocs - s.backing_deallocs,
+            s.blocks_in_use + s.blocks_cached,
+            "every backing block is in use or cached"
+        );
+        assert!(s.peak_bytes_reserved >= s.bytes_reserved, "peak reserved");
+        assert!(s.peak_bytes_in_use >= s.bytes_in_use, "peak in use");
+        if let Some(limit) = self.limit {
+            assert!(
+                s.bytes_reserved + self.pending <= limit,
+                "reserved over the limit"
+            );
+        }
+        assert_eq!(
+            s.blocks_in_use == 0,
+            s.bytes_in_use == 0,
+            "blocks and bytes in use"
+        );
+    }
+}
+
+#[cold]
+#[inline(never)]
+#[track_caller]
+fn release_mismatch(size: usize) -> ! {
+    panic!("DecayingPool::release: a block of {size} bytes was never handed out by this pool")
+}
