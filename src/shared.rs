@@ -434,10 +434,11 @@ impl<A: RawAllocator, P: Policy, C: Clock> SharedPool<A, P, C> {
     ///
     /// # Panics
     ///
-    /// When `f` panics (the panic is passed on, and the pool put back
-    /// together first, so it stays usable), and when `f` uses this pool
-    /// through a handle or drops a [`Pooled`] of it: the pool is taken apart
-    /// while `f` runs.
+    /// When `f` panics: the panic is passed on, after the pool is put back
+    /// together, so it stays usable.
+    ///
+    /// Using this pool inside `f` through a handle (or dropping a
+    /// [`Pooled`] of it) deadlocks, as its locks are held.
     ///
     /// # Examples
     ///
