@@ -62,7 +62,10 @@ mod stats;
 pub mod store;
 #[cfg(feature = "testing")]
 pub mod testing;
+pub mod trace;
 
+#[cfg(feature = "cuda")]
+pub use backend::cuda;
 #[cfg(unix)]
 pub use backend::MmapAllocator;
 pub use backend::SystemAllocator;

@@ -11,3 +11,6 @@ pub use system::{AllocError, SystemAllocator};
 mod mmap;
 #[cfg(unix)]
 pub use mmap::{MmapAllocator, MmapError};
+
+#[cfg(feature = "cuda")]
+pub mod cuda;

@@ -11,7 +11,8 @@
 //!   first, and **reused**: a bitset over slot ids. A hit only marks its
 //!   slot in `reused`; the slot stays reserved until its stale deque entry
 //!   reaches the front and is dropped there, without calling the
-//!   deallocator. A slot id is thus never reused while an entry for it is
+//!   deallocator (when it is the newest entry, it is dropped from the back
+//!   at once). A slot id is thus never reused while an entry for it is
 //!   queued, so an entry can never be confused with a later occupant.
 //!
 //! Nothing is removed from the middle of the deque. When stale entries
@@ -284,8 +285,15 @@ impl<B, P: EvictionPolicy> Store<B> for TimedStore<B, P> {
         }
         self.len -= 1;
         self.bytes -= class;
-        self.reused.insert(id as usize);
-        self.stale += 1;
+        if self.queue.back().is_some_and(|e| e.slot == id) {
+            // The newest entry is this block's (a release taken straight
+            // back): drop it from the back, no stale entry is left behind.
+            self.queue.pop_back();
+            self.free_slot(id);
+        } else {
+            self.reused.insert(id as usize);
+            self.stale += 1;
+        }
         Some(block)
     }
 

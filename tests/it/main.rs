@@ -1,6 +1,8 @@
 //! The crate's integration tests: one binary, a module per area.
 
 mod backends;
+#[cfg(feature = "cuda")]
+mod cuda;
 mod exponential;
 mod fixed_capacity;
 mod limit_retry;
@@ -9,3 +11,4 @@ mod semantics;
 mod shared;
 mod size_class;
 mod support;
+mod trace;

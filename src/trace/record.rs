@@ -1,0 +1,325 @@
+//! The event recorder: a pool's stats over time, as counter tracks and
+//! instant events.
+
+use core::time::Duration;
+
+use crate::Stats;
+
+/// The counters of one moment, as a [`Recorder`] keeps them.
+///
+/// # Examples
+///
+/// ```
+/// let s = decaying_pool::trace::Sample::default();
+/// assert_eq!(s.bytes_reserved, s.bytes_in_use + s.bytes_cached);
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Sample {
+    /// When.
+    pub time: Duration,
+    /// [`Stats::bytes_in_use`].
+    pub bytes_in_use: usize,
+    /// [`Stats::bytes_cached`].
+    pub bytes_cached: usize,
+    /// [`Stats::bytes_reserved`].
+    pub bytes_reserved: usize,
+    /// [`Stats::bytes_from_pool`] (cumulative).
+    pub bytes_from_pool: usize,
+    /// [`Stats::bytes_from_backing`] (cumulative).
+    pub bytes_from_backing: usize,
+}
+
+impl Sample {
+    fn of(time: Duration, s: &Stats) -> Self {
+        Sample {
+            time,
+            bytes_in_use: s.bytes_in_use,
+            bytes_cached: s.bytes_cached,
+            bytes_reserved: s.bytes_reserved,
+            bytes_from_pool: s.bytes_from_pool,
+            bytes_from_backing: s.bytes_from_backing,
+        }
+    }
+
+    fn same_values(&self, o: &Sample) -> bool {
+        (
+            self.bytes_in_use,
+            self.bytes_cached,
+            self.bytes_from_pool,
+            self.bytes_from_backing,
+        ) == (
+            o.bytes_in_use,
+            o.bytes_cached,
+            o.bytes_from_pool,
+            o.bytes_from_backing,
+        )
+    }
+}
+
+/// What an [`Instant`] event marks.
+///
+/// # Examples
+///
+/// ```
+/// use decaying_pool::trace::InstantKind;
+/// assert_eq!(InstantKind::Eviction.name(), "eviction");
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum InstantKind {
+    /// Cached blocks freed by the policy ([`Stats::evictions`] grew).
+    Eviction,
+    /// Cached blocks freed by `trim`, the limit or the out-of-memory retry
+    /// ([`Stats::trimmed`] grew).
+    Trim,
+    /// Backing allocations failed ([`Stats::backing_failures`] grew).
+    BackingFailure,
+}
+
+impl InstantKind {
+    /// The event's name in exports.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use decaying_pool::trace::InstantKind;
+    /// assert_eq!(InstantKind::BackingFailure.name(), "backing_failure");
+    /// ```
+    pub fn name(self) -> &'static str {
+        match self {
+            InstantKind::Eviction => "eviction",
+            InstantKind::Trim => "trim",
+            InstantKind::BackingFailure => "backing_failure",
+        }
+    }
+}
+
+/// Something that happened at one moment: `count` blocks evicted, trimmed,
+/// or backing calls failed.
+///
+/// # Examples
+///
+/// ```
+/// use decaying_pool::trace::{Instant, InstantKind};
+/// let i = Instant { time: Default::default(), kind: InstantKind::Trim, count: 2 };
+/// assert_eq!(i.count, 2);
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Instant {
+    /// When.
+    pub time: Duration,
+    /// What.
+    pub kind: InstantKind,
+    /// How many blocks (or failed calls) since the previous record.
+    pub count: u64,
+}
+
+/// Records a pool's counters over time, built outside the pool: feed it
+/// `(time, pool.stats())` after each call. It keeps a [`Sample`] whenever a
+/// counter changed and derives [`Instant`] events from the growth of
+/// `evictions`, `trimmed` and `backing_failures`. A pool that is not
+/// recorded pays nothing.
+///
+/// With a resolution, samples closer together than it are merged into one
+/// per interval (the one with the most bytes reserved, so peaks survive)
+/// and instants into one per kind and interval: a long trace then costs
+/// memory proportional to its duration, not its length.
+///
+/// # Examples
+///
+/// ```
+/// use core::time::Duration;
+/// use decaying_pool::testing::CheckingAllocator;
+/// use decaying_pool::trace::{InstantKind, Recorder};
+/// use decaying_pool::{Clock, DecayingPool, FixedTime, ManualClock};
+///
+/// let clock = ManualClock::new();
+/// let mut pool = DecayingPool::builder(CheckingAllocator::new())
+///     .policy(FixedTime::new(Duration::from_millis(10)))
+///     .clock(clock.clone())
+///     .build();
+/// let mut rec = Recorder::new("fixed-time 10ms");
+/// let b = pool.allocate(4096).unwrap();
+/// rec.record(clock.now(), &pool.stats());
+/// unsafe { pool.release(b, 4096) };
+/// rec.record(clock.now(), &pool.stats());
+/// clock.advance(Duration::from_millis(10));
+/// pool.collect();
+/// rec.record(clock.now(), &pool.stats());
+///
+/// assert_eq!(rec.samples().len(), 3);
+/// assert_eq!(rec.samples()[1].bytes_cached, 4096);
+/// assert_eq!(rec.instants()[0].kind, InstantKind::Eviction);
+/// ```
+#[derive(Clone, Debug)]
+pub struct Recorder {
+    name: String,
+    resolution: Duration,
+    samples: Vec<Sample>,
+    instants: Vec<Instant>,
+    prev: Option<Stats>,
+    bucket_start: usize,
+}
+
+impl Recorder {
+    /// A recorder that keeps every change; `name` labels its tracks.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// assert_eq!(decaying_pool::trace::Recorder::new("keep-all").name(), "keep-all");
+    /// ```
+    pub fn new(name: impl Into<String>) -> Self {
+        Self::with_resolution(name, Duration::ZERO)
+    }
+
+    /// A recorder that keeps at most one sample per `resolution` of time.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use core::time::Duration;
+    /// use decaying_pool::trace::Recorder;
+    /// use decaying_pool::Stats;
+    /// let mut r = Recorder::with_resolution("p", Duration::from_millis(1));
+    /// for us in 0..10u64 {
+    ///     let s = Stats { bytes_in_use: us as usize, bytes_reserved: us as usize, ..Default::default() };
+    ///     r.record(Duration::from_micros(us * 300), &s);
+    /// }
+    /// // one per interval [0,1), [1,2), [2,3) ms: the peak (here also the last state)
+    /// assert_eq!(r.samples().len(), 3);
+    /// assert_eq!(r.samples()[0].bytes_in_use, 3);
+    /// ```
+    pub fn with_resolution(name: impl Into<String>, resolution: Duration) -> Self {
+        Recorder {
+            name: name.into(),
+            resolution,
+            samples: Vec::new(),
+            instants: Vec::new(),
+            prev: None,
+            bucket_start: 0,
+        }
+    }
+
+    /// The label of this recorder's tracks.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// assert_eq!(decaying_pool::trace::Recorder::new("x").name(), "x");
+    /// ```
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Records the pool's `stats` at `time` (times should not go backwards).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use decaying_pool::{trace::Recorder, Stats};
+    /// let mut r = Recorder::new("p");
+    /// r.record(Default::default(), &Stats::default());
+    /// r.record(Default::default(), &Stats::default()); // nothing changed
+    /// assert_eq!(r.samples().len(), 1);
+    /// ```
+    pub fn record(&mut self, time: Duration, stats: &Stats) {
+        let prev = self.prev.unwrap_or_default();
+        for (kind, now, before) in [
+            (InstantKind::Eviction, stats.evictions, prev.evictions),
+            (InstantKind::Trim, stats.trimmed, prev.trimmed),
+            (
+                InstantKind::BackingFailure,
+                stats.backing_failures,
+                prev.backing_failures,
+            ),
+        ] {
+            if now > before {
+                self.instant(Instant {
+                    time,
+                    kind,
+                    count: now - before,
+                });
+            }
+        }
+        self.prev = Some(*stats);
+        let sample = Sample::of(time, stats);
+        if !self.resolution.is_zero() {
+            if let Some(peak) = self.samples.get(self.bucket_start).copied() {
+                if self.same_bucket(peak.time, time) {
+                    // Keep the bucket's peak at its start and its last state.
+                    if sample.bytes_reserved >= peak.bytes_reserved {
+                        self.samples[self.bucket_start] = Sample {
+                            time: peak.time,
+                            ..sample
+                        };
+                        self.samples.truncate(self.bucket_start + 1);
+                    } else if self.samples.len() == self.bucket_start + 2 {
+                        self.samples[self.bucket_start + 1] = sample;
+                    } else {
+                        self.samples.push(sample);
+                    }
+                    return;
+                }
+            }
+        }
+        if let Some(last) = self.samples.last() {
+            if last.same_values(&sample) {
+                return;
+            }
+        }
+        self.bucket_start = self.samples.len();
+        self.samples.push(sample);
+    }
+
+    fn same_bucket(&self, a: Duration, b: Duration) -> bool {
+        if self.resolution.is_zero() {
+            return a == b;
+        }
+        let r = self.resolution.as_nanos();
+        a.as_nanos() / r == b.as_nanos() / r
+    }
+
+    fn instant(&mut self, i: Instant) {
+        let bucket = self.resolution;
+        if let Some(last) = self
+            .instants
+            .iter_mut()
+            .rev()
+            .take(3)
+            .find(|l| l.kind == i.kind)
+        {
+            let same = if bucket.is_zero() {
+                last.time == i.time
+            } else {
+                last.time.as_nanos() / bucket.as_nanos() == i.time.as_nanos() / bucket.as_nanos()
+            };
+            if same {
+                last.count += i.count;
+                return;
+            }
+        }
+        self.instants.push(i);
+    }
+
+    /// The samples, in time order: one per change of the counters.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// assert!(decaying_pool::trace::Recorder::new("p").samples().is_empty());
+    /// ```
+    pub fn samples(&self) -> &[Sample] {
+        &self.samples
+    }
+
+    /// The instant events, in time order.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// assert!(decaying_pool::trace::Recorder::new("p").instants().is_empty());
+    /// ```
+    pub fn instants(&self) -> &[Instant] {
+        &self.instants
+    }
+}

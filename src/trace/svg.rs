@@ -1,0 +1,319 @@
+//! An SVG chart of reserved, cached and in-use bytes over time, one panel
+//! per configuration.
+
+use core::fmt::Write as _;
+use std::io::{self, Write};
+
+use super::{human_bytes, InstantKind, Recorder};
+
+const WIDTH: f64 = 960.0;
+const LEFT: f64 = 78.0;
+const RIGHT: f64 = 18.0;
+const TOP: f64 = 86.0;
+const PANEL: f64 = 110.0;
+const PANEL_GAP: f64 = 30.0;
+const BOTTOM: f64 = 44.0;
+const IN_USE: &str = "#3b6fb6";
+const CACHED: &str = "#f2a541";
+const RESERVED: &str = "#7a4a00";
+
+/// Writes an SVG chart of `recorders`: one panel per recorder, stacked,
+/// on one time axis and one byte scale. In each panel the blue area is the
+/// bytes in use, the orange band above it the bytes idle in the cache, and
+/// its dark top edge the bytes reserved from the backing allocator. Ticks
+/// under a panel mark evictions (grey), trims (purple) and backing failures
+/// (red). Long recordings are reduced to one column per pixel, keeping each
+/// column's maximum, so peaks show.
+///
+/// # Errors
+///
+/// When writing fails.
+///
+/// # Examples
+///
+/// ```
+/// use core::time::Duration;
+/// use decaying_pool::trace::{write_svg, Recorder};
+/// use decaying_pool::Stats;
+///
+/// let mut rec = Recorder::new("keep-all");
+/// for (ms, in_use, cached) in [(0, 0, 0), (1, 4096, 0), (2, 0, 4096)] {
+///     let s = Stats { bytes_in_use: in_use, bytes_cached: cached,
+///                     bytes_reserved: in_use + cached, ..Default::default() };
+///     rec.record(Duration::from_millis(ms), &s);
+/// }
+/// let mut out = Vec::new();
+/// write_svg(&mut out, "demo", &[rec])?;
+/// let svg = String::from_utf8(out).unwrap();
+/// assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"));
+/// # Ok::<(), std::io::Error>(())
+/// ```
+pub fn write_svg<W: Write>(mut out: W, title: &str, recorders: &[Recorder]) -> io::Result<()> {
+    let n = recorders.len().max(1) as f64;
+    let height = TOP + n * (PANEL + PANEL_GAP) + BOTTOM - PANEL_GAP + 10.0;
+    let plot_w = WIDTH - LEFT - RIGHT;
+    let t_end = recorders
+        .iter()
+        .filter_map(|r| r.samples().last().map(|s| s.time))
+        .max()
+        .unwrap_or_default()
+        .as_secs_f64()
+        .max(1e-6);
+    let y_max_raw = recorders
+        .iter()
+        .flat_map(|r| r.samples().iter().map(|s| s.bytes_reserved))
+        .max()
+        .unwrap_or(0)
+        .max(1) as f64;
+    let (unit_name, unit) = byte_unit(y_max_raw);
+    let (y_step, y_ticks) = nice_ticks(y_max_raw / unit);
+    let y_step = y_step * unit;
+    let y_max = y_step * y_ticks as f64;
+    let (t_step, _) = nice_ticks(t_end);
+    let t_ticks = (t_end / t_step + 1e-9).floor() as usize;
+    let t_max = t_end;
+    let (t_unit, t_scale) = if t_step < 1.0 {
+        ("ms", 1e3)
+    } else {
+        ("s", 1.0)
+    };
+
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{height}" viewBox="0 0 {WIDTH} {height}" font-family="Helvetica, Arial, sans-serif" font-size="11">"#
+    );
+    let _ = writeln!(
+        s,
+        r#"<rect x="0" y="0" width="{WIDTH}" height="{height}" fill="white"/>"#
+    );
+    let _ = writeln!(
+        s,
+        r#"<text x="{LEFT}" y="20" font-size="15" font-weight="bold">{}</text>"#,
+        xml_escape(title)
+    );
+    // legend
+    let mut lx = LEFT;
+    for (color, label, line) in [
+        (IN_USE, "in use", false),
+        (CACHED, "cached (idle)", false),
+        (RESERVED, "reserved = in use + cached", true),
+    ] {
+        if line {
+            let _ = writeln!(
+                s,
+                r#"<line x1="{lx}" y1="38" x2="{}" y2="38" stroke="{color}" stroke-width="2"/>"#,
+                lx + 14.0
+            );
+        } else {
+            let _ = writeln!(
+                s,
+                r#"<rect x="{lx}" y="32" width="14" height="12" fill="{color}"/>"#
+            );
+        }
+        let _ = writeln!(s, r#"<text x="{}" y="42">{label}</text>"#, lx + 19.0);
+        lx += 30.0 + 6.5 * label.len() as f64;
+    }
+    let _ = writeln!(
+        s,
+        r##"<text x="{LEFT}" y="60" fill="#555">ticks under a panel: evictions (grey), trims (purple), backing failures (red)</text>"##
+    );
+
+    let cols = plot_w as usize;
+    for (i, rec) in recorders.iter().enumerate() {
+        let y0 = TOP + i as f64 * (PANEL + PANEL_GAP);
+        let base = y0 + PANEL;
+        let ys = |b: f64| base - b / y_max * PANEL;
+        let xs = |t: f64| LEFT + t / t_max * plot_w;
+        // panel frame and grid
+        let _ = writeln!(
+            s,
+            r##"<text x="{LEFT}" y="{}" font-size="12" font-weight="bold">{}</text>"##,
+            y0 - 8.0,
+            xml_escape(rec.name())
+        );
+        let peak = rec
+            .samples()
+            .iter()
+            .map(|x| x.bytes_reserved)
+            .max()
+            .unwrap_or(0);
+        let _ = writeln!(
+            s,
+            r##"<text x="{}" y="{}" text-anchor="end" fill="#333">peak reserved {}</text>"##,
+            WIDTH - RIGHT,
+            y0 - 8.0,
+            human_bytes(peak as f64)
+        );
+        for k in 0..=y_ticks {
+            let b = y_step * k as f64;
+            let y = ys(b);
+            let _ = writeln!(
+                s,
+                r##"<line x1="{LEFT}" y1="{y:.1}" x2="{:.1}" y2="{y:.1}" stroke="#e4e4e4"/>"##,
+                WIDTH - RIGHT
+            );
+            let _ = writeln!(
+                s,
+                r##"<text x="{:.1}" y="{:.1}" text-anchor="end" fill="#444">{}</text>"##,
+                LEFT - 5.0,
+                y + 4.0,
+                if b == 0.0 {
+                    "0".to_string()
+                } else {
+                    format!("{} {unit_name}", trim_num(b / unit))
+                }
+            );
+        }
+        for k in 0..=t_ticks {
+            let x = xs(t_step * k as f64);
+            let _ = writeln!(
+                s,
+                r##"<line x1="{x:.1}" y1="{y0:.1}" x2="{x:.1}" y2="{base:.1}" stroke="#eeeeee"/>"##
+            );
+        }
+        // columns: max in use and max reserved per pixel
+        let samples = rec.samples();
+        let mut in_use = vec![0f64; cols];
+        let mut reserved = vec![0f64; cols];
+        let mut j = 0;
+        let mut carry = (0f64, 0f64);
+        let end_t = samples.last().map_or(0.0, |x| x.time.as_secs_f64());
+        let last_col = ((end_t / t_max * cols as f64) as usize).min(cols.saturating_sub(1));
+        for c in 0..=last_col {
+            let c_end = (c + 1) as f64 / cols as f64 * t_max;
+            let (mut u, mut r) = carry;
+            while j < samples.len() && samples[j].time.as_secs_f64() < c_end {
+                let x = &samples[j];
+                carry = (x.bytes_in_use as f64, x.bytes_reserved as f64);
+                u = u.max(carry.0);
+                r = r.max(carry.1);
+                j += 1;
+            }
+            in_use[c] = u;
+            reserved[c] = r;
+        }
+        let px = |c: usize| LEFT + c as f64 * plot_w / cols as f64;
+        // Step paths with H/V commands, a point only where the value changes.
+        let steps = |vals: &[f64]| -> String {
+            let mut d = String::new();
+            let mut prev = f64::NAN;
+            for (c, &v) in vals.iter().enumerate().take(last_col + 1) {
+                let y = (ys(v) * 10.0).round() / 10.0;
+                if y != prev {
+                    let _ = write!(d, "H{:.1}V{y:.1}", px(c));
+                    prev = y;
+                }
+            }
+            let _ = write!(d, "H{:.1}", px(last_col + 1));
+            d
+        };
+        for (vals, fill) in [(&reserved, CACHED), (&in_use, IN_USE)] {
+            let _ = writeln!(
+                s,
+                r#"<path d="M{LEFT:.1},{base:.1}{}V{base:.1}Z" fill="{fill}" stroke="none"/>"#,
+                steps(vals)
+            );
+        }
+        let first = ys(reserved.first().copied().unwrap_or(0.0));
+        let _ = writeln!(
+            s,
+            r#"<path d="M{LEFT:.1},{first:.1}{}" fill="none" stroke="{RESERVED}" stroke-width="1.2"/>"#,
+            steps(&reserved)
+        );
+        // instant ticks, one per pixel and kind
+        for (kind, color, dy) in [
+            (InstantKind::Eviction, "#888888", 2.0),
+            (InstantKind::Trim, "#8e44ad", 8.0),
+            (InstantKind::BackingFailure, "#d62728", 14.0),
+        ] {
+            let mut seen = vec![false; cols];
+            let mut d = String::new();
+            for e in rec.instants().iter().filter(|e| e.kind == kind) {
+                let c = ((e.time.as_secs_f64() / t_max * cols as f64) as usize).min(cols - 1);
+                if std::mem::replace(&mut seen[c], true) {
+                    continue;
+                }
+                let x = px(c) + 0.5;
+                let _ = write!(d, "M{x:.1},{:.1} v5 ", base + dy);
+            }
+            if !d.is_empty() {
+                let _ = writeln!(
+                    s,
+                    r#"<path d="{}" stroke="{color}" stroke-width="1"/>"#,
+                    d.trim_end()
+                );
+            }
+        }
+        let _ = writeln!(
+            s,
+            r##"<rect x="{LEFT}" y="{y0:.1}" width="{plot_w:.1}" height="{PANEL:.1}" fill="none" stroke="#999"/>"##
+        );
+    }
+    // time axis under the last panel
+    let axis_y = TOP + n * (PANEL + PANEL_GAP) - PANEL_GAP;
+    for k in 0..=t_ticks {
+        let t = t_step * k as f64;
+        let x = LEFT + t / t_max * plot_w;
+        let _ = writeln!(
+            s,
+            r##"<text x="{x:.1}" y="{:.1}" text-anchor="middle" fill="#444">{}</text>"##,
+            axis_y + 30.0,
+            trim_num(t * t_scale)
+        );
+    }
+    let _ = writeln!(
+        s,
+        r##"<text x="{:.1}" y="{:.1}" text-anchor="middle" fill="#444">trace time ({t_unit})</text>"##,
+        LEFT + plot_w / 2.0,
+        axis_y + 44.0
+    );
+    s.push_str("</svg>\n");
+    out.write_all(s.as_bytes())?;
+    out.flush()
+}
+
+/// The binary unit to label a byte axis reaching `max` with.
+fn byte_unit(max: f64) -> (&'static str, f64) {
+    const K: f64 = 1024.0;
+    if max >= K * K * K {
+        ("GiB", K * K * K)
+    } else if max >= K * K {
+        ("MiB", K * K)
+    } else if max >= K {
+        ("KiB", K)
+    } else {
+        ("B", 1.0)
+    }
+}
+
+/// A step of 1, 2, 2.5 or 5 × 10^k and the number of steps (about four)
+/// that cover `max`.
+fn nice_ticks(max: f64) -> (f64, usize) {
+    let raw = max / 4.0;
+    let mag = 10f64.powf(raw.log10().floor());
+    let step = [1.0, 2.0, 2.5, 5.0, 10.0]
+        .iter()
+        .map(|m| m * mag)
+        .find(|&s| s >= raw)
+        .unwrap_or(10.0 * mag);
+    let n = (max / step).ceil().max(1.0) as usize;
+    (step, n)
+}
+
+fn trim_num(x: f64) -> String {
+    let s = format!("{x:.3}");
+    let s = s.trim_end_matches('0').trim_end_matches('.');
+    if s.is_empty() {
+        "0".into()
+    } else {
+        s.to_string()
+    }
+}
+
+fn xml_escape(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
+}

@@ -1,0 +1,261 @@
+//! Tests: the CUDA backing allocators (feature `cuda`).
+//!
+//! The first group runs everywhere. The device tests print a notice and
+//! return when `cuda::available()` is false; on a machine with a GPU they
+//! exercise the device.
+
+use core::time::Duration;
+
+use cudarc::driver::sys::CUresult;
+use cudarc::driver::DriverError;
+use decaying_pool::cuda::{
+    self, CudaError, DeviceAllocator, PinnedHostAllocator, SlicePool, StreamAllocator,
+};
+use decaying_pool::testing::CheckingAllocator;
+use decaying_pool::{DecayingPool, FixedTime, ManualClock, PoolError, RawAllocator, SharedPool};
+
+fn skip(test: &str) -> bool {
+    if cuda::available() {
+        return false;
+    }
+    println!("{test}: no CUDA driver or device here; skipping the device part");
+    true
+}
+
+#[test]
+fn available_answers_without_panicking_and_consistently() {
+    let a = cuda::available();
+    assert_eq!(a, cuda::available());
+    if !a {
+        assert_eq!(DeviceAllocator::new(0).unwrap_err(), CudaError::Unavailable);
+        assert_eq!(
+            PinnedHostAllocator::new(0).unwrap_err(),
+            CudaError::Unavailable
+        );
+    }
+}
+
+#[test]
+fn out_of_memory_maps_to_its_own_variant_and_others_keep_the_code() {
+    let oom = CudaError::from_driver(4096, DriverError(CUresult::CUDA_ERROR_OUT_OF_MEMORY));
+    assert_eq!(oom, CudaError::OutOfMemory { size: 4096 });
+    assert!(oom.is_out_of_memory());
+    assert_eq!(oom.to_string(), "CUDA out of memory allocating 4096 bytes");
+
+    let other = CudaError::from_driver(8, DriverError(CUresult::CUDA_ERROR_INVALID_VALUE));
+    assert!(!other.is_out_of_memory());
+    assert!(matches!(
+        other,
+        CudaError::Driver { size: 8, error } if error.0 == CUresult::CUDA_ERROR_INVALID_VALUE
+    ));
+    // Formatting needs no driver.
+    assert!(other.to_string().contains("CUDA_ERROR_INVALID_VALUE"));
+    assert!(format!("{other:?}").contains("CUDA_ERROR_INVALID_VALUE"));
+    assert_eq!(
+        CudaError::Unavailable.to_string(),
+        "no CUDA driver or device"
+    );
+}
+
+/// A device that refuses past a capacity with the driver's out-of-memory
+/// code, as `DeviceAllocator` maps it: the pool's retry ladder sees it.
+struct FakeDevice {
+    inner: CheckingAllocator,
+    capacity: usize,
+    used: usize,
+}
+
+impl RawAllocator for FakeDevice {
+    type Block = u64;
+    type Error = CudaError;
+
+    fn allocate(&mut self, size: usize) -> Result<u64, CudaError> {
+        if self.used + size > self.capacity {
+            return Err(CudaError::from_driver(
+                size,
+                DriverError(CUresult::CUDA_ERROR_OUT_OF_MEMORY),
+            ));
+        }
+        self.used += size;
+        Ok(self.inner.allocate(size).unwrap())
+    }
+
+    unsafe fn deallocate(&mut self, block: u64, size: usize) {
+        self.used -= size;
+        // SAFETY: passed through unchanged from the pool.
+        unsafe { self.inner.deallocate(block, size) }
+    }
+}
+
+#[test]
+fn the_retry_ladder_frees_the_cache_on_a_mapped_out_of_memory() {
+    let checker = CheckingAllocator::new();
+    let device = FakeDevice {
+        inner: checker.clone(),
+        capacity: 1000,
+        used: 0,
+    };
+    let mut pool = DecayingPool::builder(device)
+        .policy(FixedTime::new(Duration::from_secs(60)))
+        .clock(ManualClock::new())
+        .build();
+    let a = pool.allocate(600).unwrap();
+    // SAFETY: from this pool with this size.
+    unsafe { pool.release(a, 600) };
+    // 600 cached + 700 > 1000: the device refuses, the pool frees its cache
+    // and retries.
+    let b = pool.allocate(700).unwrap();
+    let s = pool.stats();
+    assert_eq!((s.backing_failures, s.trimmed, s.misses), (1, 1, 2));
+    // With nothing cached, a request that cannot fit is the device's error.
+    assert_eq!(
+        pool.allocate(400).unwrap_err(),
+        PoolError::Backing(CudaError::OutOfMemory { size: 400 })
+    );
+    // SAFETY: from this pool with this size.
+    unsafe { pool.release(b, 700) };
+    drop(pool);
+    checker.assert_all_freed();
+}
+
+// ---------------------------------------------------------------------------
+// On a device
+
+#[test]
+fn device_blocks_are_reused_and_decay() {
+    if skip("device_blocks_are_reused_and_decay") {
+        return;
+    }
+    let clock = ManualClock::new();
+    let mut pool = DecayingPool::builder(DeviceAllocator::new(0).unwrap())
+        .policy(FixedTime::new(Duration::from_secs(1)))
+        .clock(clock.clone())
+        .build();
+    let p = pool.allocate(8 << 20).unwrap();
+    assert_ne!(p, 0);
+    // SAFETY: from this pool with this size, not used again.
+    unsafe { pool.release(p, 8 << 20) };
+    let q = pool.allocate(8 << 20).unwrap();
+    assert_eq!(q, p, "a hit hands out the same device pointer");
+    // SAFETY: as above.
+    unsafe { pool.release(q, 8 << 20) };
+    clock.advance(Duration::from_secs(1));
+    assert_eq!(pool.collect(), 1);
+    let s = pool.stats();
+    assert_eq!((s.hits, s.misses, s.backing_deallocs), (1, 1, 1));
+}
+
+#[test]
+fn stream_ordered_blocks_are_reused() {
+    if skip("stream_ordered_blocks_are_reused") {
+        return;
+    }
+    let stream = cudarc::driver::CudaContext::new(0)
+        .unwrap()
+        .new_stream()
+        .unwrap();
+    let mut pool = DecayingPool::builder(StreamAllocator::new(stream.clone()))
+        .clock(ManualClock::new())
+        .build();
+    let p = pool.allocate(1 << 20).unwrap();
+    // SAFETY: from this pool with this size; used on its stream only.
+    unsafe { pool.release(p, 1 << 20) };
+    assert_eq!(pool.allocate(1 << 20).unwrap(), p);
+    // SAFETY: as above.
+    unsafe { pool.release(p, 1 << 20) };
+    assert_eq!(pool.trim(), 1 << 20);
+    stream.synchronize().unwrap();
+}
+
+#[test]
+fn typed_slices_round_trip_through_the_host_and_go_back_to_the_pool() {
+    if skip("typed_slices_round_trip_through_the_host_and_go_back_to_the_pool") {
+        return;
+    }
+    let alloc = DeviceAllocator::new(0).unwrap();
+    let stream = alloc.context().default_stream();
+    let pool = SharedPool::new(
+        DecayingPool::builder(alloc)
+            .policy(FixedTime::new(Duration::from_secs(60)))
+            .clock(ManualClock::new())
+            .build(),
+    );
+    let slices = SlicePool::new(pool.clone(), stream.clone());
+    let data: Vec<f32> = (0..4096).map(|i| i as f32).collect();
+    let mut x = slices.alloc::<f32>(4096).unwrap();
+    assert_eq!(x.len(), 4096);
+    stream.memcpy_htod(&data, &mut *x).unwrap();
+    assert_eq!(stream.clone_dtoh(&*x).unwrap(), data);
+    drop(x);
+    assert_eq!(pool.stats().blocks_cached, 1);
+    let y = slices.alloc::<u32>(4096).unwrap(); // same byte size: a hit
+    assert_eq!(pool.stats().hits, 1);
+    drop(y);
+    assert!(matches!(slices.alloc::<f32>(0), Err(PoolError::ZeroSize)));
+    assert!(matches!(
+        slices.alloc::<f64>(usize::MAX),
+        Err(PoolError::TooLarge { .. })
+    ));
+}
+
+#[test]
+fn pinned_host_blocks_are_writable_and_reused() {
+    if skip("pinned_host_blocks_are_writable_and_reused") {
+        return;
+    }
+    let mut pool = DecayingPool::builder(PinnedHostAllocator::new(0).unwrap())
+        .clock(ManualClock::new())
+        .build();
+    let p = pool.allocate(1 << 20).unwrap();
+    // SAFETY: the block is 1 MiB of host memory, ours alone.
+    unsafe { p.as_ptr().write_bytes(0xAB, 1 << 20) };
+    // SAFETY: from this pool with this size.
+    unsafe { pool.release(p, 1 << 20) };
+    let q = pool.allocate(1 << 20).unwrap();
+    assert_eq!(q, p);
+    // SAFETY: still ours; the contents survive reuse.
+    assert_eq!(unsafe { q.as_ptr().add(12345).read() }, 0xAB);
+    // SAFETY: from this pool with this size.
+    unsafe { pool.release(q, 1 << 20) };
+}
+
+#[test]
+fn out_of_memory_on_the_device_frees_the_cache_and_retries() {
+    if skip("out_of_memory_on_the_device_frees_the_cache_and_retries") {
+        return;
+    }
+    let alloc = DeviceAllocator::new(0).unwrap();
+    let (free, _total) = alloc.context().mem_get_info().unwrap();
+    let chunk = (free / 8).max(1 << 20);
+    let mut pool = DecayingPool::builder(alloc)
+        .policy(FixedTime::new(Duration::from_secs(3600)))
+        .clock(ManualClock::new())
+        .build();
+    // Allocate until the device refuses, then cache everything.
+    let mut held = Vec::new();
+    loop {
+        match pool.allocate(chunk) {
+            Ok(p) => held.push(p),
+            Err(PoolError::Backing(e)) => {
+                assert!(e.is_out_of_memory(), "{e}");
+                break;
+            }
+            Err(e) => panic!("{e}"),
+        }
+        assert!(held.len() < 64, "the device never refused");
+    }
+    assert!(!held.is_empty());
+    for p in held.drain(..) {
+        // SAFETY: from this pool with this size.
+        unsafe { pool.release(p, chunk) };
+    }
+    // A request of another class only fits once cached blocks are freed.
+    let big = pool
+        .allocate(chunk * 2)
+        .expect("the retry ladder frees the cache");
+    let s = pool.stats();
+    assert!(s.backing_failures >= 2, "{s:?}");
+    assert!(s.trimmed >= 1, "{s:?}");
+    // SAFETY: from this pool with this size.
+    unsafe { pool.release(big, chunk * 2) };
+}
