@@ -161,6 +161,20 @@ pub trait EvictionPolicy {
     /// Whether the `oldest` cached block must be freed at `now`, with
     /// `bytes_cached` idle bytes in the cache.
     fn must_evict(&mut self, now: Duration, oldest: Oldest, bytes_cached: usize) -> bool;
+
+    /// A time before which [`must_evict`](Self::must_evict) answers `false`
+    /// for `oldest` as long as it stays the oldest cached block, whatever
+    /// is released, hit or freed meanwhile; `None` (the default) when there
+    /// is no such time.
+    ///
+    /// The pool then skips the policy check until that time: on the hit
+    /// path it becomes one comparison. A deadline that is too early only
+    /// costs a check; one that is too late delays evictions.
+    #[inline]
+    fn deadline(&self, oldest: Oldest) -> Option<Duration> {
+        let _ = oldest;
+        None
+    }
 }
 
 /// Frees a block once it has been idle for the time-to-live or longer
@@ -228,6 +242,11 @@ impl EvictionPolicy for FixedTime {
     #[inline]
     fn must_evict(&mut self, now: Duration, oldest: Oldest, _bytes_cached: usize) -> bool {
         oldest.idle(now) >= self.ttl
+    }
+
+    #[inline]
+    fn deadline(&self, oldest: Oldest) -> Option<Duration> {
+        Some(oldest.released_at.saturating_add(self.ttl))
     }
 }
 

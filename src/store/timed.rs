@@ -84,6 +84,10 @@ pub struct TimedStore<B, P> {
     bytes: usize,
     /// Stale entries in `queue`.
     stale: usize,
+    /// The policy's deadline for the oldest block when it was last
+    /// checked: nothing is due before it. Reset whenever the front entry is
+    /// removed; a hit on the oldest block leaves it (too early is safe).
+    not_before: Duration,
 }
 
 impl<B, P: EvictionPolicy> TimedStore<B, P> {
@@ -99,6 +103,7 @@ impl<B, P: EvictionPolicy> TimedStore<B, P> {
             len: 0,
             bytes: 0,
             stale: 0,
+            not_before: Duration::ZERO,
         }
     }
 
@@ -209,6 +214,7 @@ impl<B, P: EvictionPolicy> TimedStore<B, P> {
         reason: FreeReason,
     ) -> (B, usize) {
         self.policy.on_free(now, class, self.bytes - class, reason);
+        self.not_before = Duration::ZERO;
         self.queue.pop_front();
         let removed = self.unlink(entry.slot);
         self.free_slot(entry.slot);
@@ -234,17 +240,23 @@ impl<B, P: EvictionPolicy> TimedStore<B, P> {
             free_head,
             ..
         } = self;
-        queue.retain(|e| {
+        let entries = queue.make_contiguous();
+        let mut kept = 0;
+        for read in 0..entries.len() {
+            let e = entries[read];
             let id = e.slot as usize;
             if reused.contains(id) {
                 reused.set(id, false);
-                slots[id] = Slot::Vacant { next: *free_head };
+                if let Slot::Vacant { next } = &mut slots[id] {
+                    *next = *free_head;
+                }
                 *free_head = e.slot;
-                false
             } else {
-                true
+                entries[kept] = e;
+                kept += 1;
             }
-        });
+        }
+        queue.truncate(kept);
         self.stale = 0;
     }
 }
@@ -333,6 +345,9 @@ impl<B, P: EvictionPolicy> Store<B> for TimedStore<B, P> {
 
     #[inline]
     fn evict_due(&mut self, now: Duration) -> Option<(B, usize)> {
+        if now < self.not_before {
+            return None;
+        }
         let entry = self.front()?;
         let size = self.class_at(entry.slot);
         let oldest = Oldest {
@@ -342,6 +357,7 @@ impl<B, P: EvictionPolicy> Store<B> for TimedStore<B, P> {
         if self.policy.must_evict(now, oldest, self.bytes) {
             Some(self.remove_front(entry, size, now, FreeReason::Expired))
         } else {
+            self.not_before = self.policy.deadline(oldest).unwrap_or(Duration::ZERO);
             None
         }
     }
