@@ -53,6 +53,8 @@ mod cache;
 mod class;
 mod clock;
 mod error;
+#[cfg(feature = "fuzzing")]
+pub mod fuzzing;
 pub mod policy;
 mod pool;
 mod raw;

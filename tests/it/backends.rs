@@ -49,6 +49,7 @@ fn clocked<A: RawAllocator>(alloc: A) -> (DecayingPool<A, FixedTime, ManualClock
 // ----------------------------------------------------------- SystemAllocator
 
 #[test]
+#[cfg_attr(miri, ignore)] // writes and reads back ~1.7 MB byte by byte: too slow
 fn system_allocator_honours_every_alignment_and_memory_is_usable() {
     for align in [1usize, 2, 8, 16, 64, 256, 4096, 1 << 16] {
         let mut a = SystemAllocator::with_align(align).unwrap();
@@ -103,6 +104,7 @@ fn system_allocator_zero_size_is_an_error_not_a_panic() {
 }
 
 #[test]
+#[cfg_attr(miri, ignore)] // Miri aborts on a huge allocation instead of failing it
 fn system_allocator_absurd_sizes_are_errors() {
     for align in [8usize, 64, 4096] {
         let mut a = SystemAllocator::with_align(align).unwrap();
@@ -162,6 +164,7 @@ fn pool_over_system_allocator_decays_back() {
 }
 
 #[test]
+#[cfg_attr(miri, ignore)] // Miri aborts on a huge allocation instead of failing it
 fn pool_over_system_allocator_reports_errors_without_panicking() {
     let (mut pool, _clock) = clocked(SystemAllocator::new());
     assert_eq!(pool.allocate(0), Err(PoolError::ZeroSize));
@@ -214,6 +217,7 @@ mod mmap {
     }
 
     #[test]
+    #[cfg_attr(miri, ignore)] // mmap
     fn mappings_are_page_aligned_zeroed_and_writable_over_the_whole_size() {
         let mut m = MmapAllocator::new();
         let p = page();
@@ -237,6 +241,7 @@ mod mmap {
     }
 
     #[test]
+    #[cfg_attr(miri, ignore)] // mmap
     fn zero_and_huge_sizes_are_errors_not_panics() {
         let mut m = MmapAllocator::new();
         let err: MmapError = m.allocate(0).unwrap_err();
@@ -254,6 +259,7 @@ mod mmap {
     }
 
     #[test]
+    #[cfg_attr(miri, ignore)] // mmap
     fn pool_over_mmap_hits_with_the_same_mapping_and_trims() {
         let (mut pool, clock) = clocked(MmapAllocator::new());
         let size = 5 * page() + 123;
@@ -284,6 +290,7 @@ mod mmap {
     }
 
     #[test]
+    #[cfg_attr(miri, ignore)] // mmap
     fn pool_over_mmap_decays_and_reports_errors() {
         let (mut pool, clock) = clocked(MmapAllocator::new());
         let b = pool.allocate(1 << 16).unwrap();

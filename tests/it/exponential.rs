@@ -103,6 +103,7 @@ fn decay(t: Duration, h: Duration) -> f64 {
 /// The table printed in the `Exponential` documentation, half-life 1 s,
 /// checked both with one collection at `t` and by collecting every 1 ms.
 #[test]
+#[cfg_attr(miri, ignore)] // thousands of steps: too slow under Miri
 fn documented_table_holds() {
     let h = Duration::from_secs(1);
     // (N, [remaining at 0.5 h, 1 h, 2 h, 3 h, 4 h])
@@ -154,6 +155,7 @@ fn documented_table_holds() {
 /// fresh pool collected once at `t`, and on one pool collected every 1 ms.
 /// The two agree, and the freed blocks are the oldest, in release order.
 #[test]
+#[cfg_attr(miri, ignore)] // thousands of steps: too slow under Miri
 fn half_life_table_one_collection_and_stepping_agree() {
     let h = ms(100);
     let size = 1000;
@@ -201,6 +203,7 @@ fn half_life_table_one_collection_and_stepping_agree() {
 
 /// The half-life itself does not matter, only `t / h`.
 #[test]
+#[cfg_attr(miri, ignore)] // thousands of steps: too slow under Miri
 fn half_life_table_scales_with_the_half_life() {
     for h in [
         Duration::from_micros(250),
@@ -791,6 +794,7 @@ impl Model {
 /// A run in which some decision came within float noise of its threshold
 /// stops being compared at that point.
 #[test]
+#[cfg_attr(miri, ignore)] // thousands of steps: too slow under Miri
 fn random_workloads_follow_the_reference_model() {
     let sizes = [100usize, 250, 1000, 4096];
     let mut fully_compared = 0;

@@ -83,6 +83,7 @@ impl Clock for PanicClock {
 /// released is what the next allocate of its class returns. Ends with trim
 /// and drop, after which every block was freed.
 #[test]
+#[cfg_attr(miri, ignore)] // thousands of steps: too slow under Miri
 fn random_sequences_respect_capacity_and_free_exactly_once() {
     let slot_counts = [1usize, 2, 3, 5, 7, 8, 9, 15, 16, 33, 64, 100, 257];
     for (k, &slots) in slot_counts.iter().enumerate() {
@@ -181,6 +182,7 @@ fn random_sequences_respect_capacity_and_free_exactly_once() {
 /// (LIFO) or oldest (FIFO) block of its class. An exact model, on random
 /// sequences: the same hits, the same blocks evicted in the same order.
 #[test]
+#[cfg_attr(miri, ignore)] // thousands of steps: too slow under Miri
 fn small_tables_evict_the_oldest_block() {
     for slots in 1..=FixedCapacity::WINDOW {
         for reuse in [Reuse::Lifo, Reuse::Fifo] {

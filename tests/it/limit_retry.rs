@@ -325,6 +325,7 @@ fn limit_zero_refuses_every_request_without_a_call() {
 }
 
 #[test]
+#[cfg_attr(miri, ignore)] // thousands of steps: too slow under Miri
 fn limit_is_never_exceeded_over_a_long_sequence() {
     let limit = 10_000;
     let (mut pool, alloc, clock) = limited(limit, SizeClass::Multiple(100));
@@ -720,6 +721,7 @@ fn retry_frees_oldest_first_across_classes_and_reuse_orders() {
 }
 
 #[test]
+#[cfg_attr(miri, ignore)] // thousands of steps: too slow under Miri
 fn no_block_is_lost_under_random_failures() {
     let (mut pool, fail, inner, clock) = failing(Some(20_000));
     let mut seed = 0xDEAD_BEEF_CAFE_F00Du64;

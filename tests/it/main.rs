@@ -5,10 +5,14 @@ mod backends;
 mod cuda;
 mod exponential;
 mod fixed_capacity;
+mod fuzz_corpus;
 mod limit_retry;
 mod model;
 mod semantics;
 mod shared;
 mod size_class;
 mod support;
+// The trace tests read files and replay whole traces: too slow for Miri and
+// blocked by its isolation.
+#[cfg(not(miri))]
 mod trace;

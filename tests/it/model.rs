@@ -838,7 +838,7 @@ fn ops() -> impl Strategy<Value = Vec<Op>> {
 
 proptest! {
     #![proptest_config(ProptestConfig {
-        cases: 1000,
+        cases: if cfg!(miri) { 1 } else { 1000 },
         failure_persistence: None,
         ..ProptestConfig::default()
     })]
@@ -858,7 +858,7 @@ proptest! {
 
 proptest! {
     #![proptest_config(ProptestConfig {
-        cases: 500,
+        cases: if cfg!(miri) { 1 } else { 500 },
         failure_persistence: None,
         ..ProptestConfig::default()
     })]
@@ -880,6 +880,7 @@ proptest! {
 /// size that is exactly an inexact step on to the next step, e.g. 3 -> 4
 /// and 1366 -> 1707 with `k = 3`.)
 #[test]
+#[cfg_attr(miri, ignore)] // thousands of steps: too slow under Miri
 fn power_of_two_divisions_round_a_step_to_itself() {
     let rule = SizeClass::PowerOfTwoDivisions(3);
     assert_eq!(rule.round(3), Some(3), "2 + ceil(1 * 2 / 3) = 3 is a step");

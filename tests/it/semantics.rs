@@ -992,6 +992,7 @@ fn many_interleaved_classes_are_kept_apart() {
 // --------------------------------------------------------- long sequence
 
 #[test]
+#[cfg_attr(miri, ignore)] // thousands of steps: too slow under Miri
 fn long_random_sequence_keeps_stats_true_and_ends_with_nothing_live() {
     for reuse in [Reuse::Lifo, Reuse::Fifo] {
         let (mut pool, alloc, clock) = pool_with(reuse, SizeClass::PowerOfTwo, ms(50));

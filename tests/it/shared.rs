@@ -179,6 +179,7 @@ fn assert_ledger_clean(alloc: &CountingSystem) {
 }
 
 #[test]
+#[cfg_attr(miri, ignore)] // thousands of operations on several threads: too slow
 fn stress_threads_never_alias_and_free_everything_once() {
     let alloc = CountingSystem::default();
     // A short time-to-live so evictions race with hits, and a reaper too.
@@ -204,6 +205,7 @@ fn stress_threads_never_alias_and_free_everything_once() {
 }
 
 #[test]
+#[cfg_attr(miri, ignore)] // thousands of operations on several threads: too slow
 fn stress_with_a_long_ttl_mostly_hits() {
     let alloc = CountingSystem::default();
     let pool = SharedPool::new(DecayingPool::new(
@@ -223,6 +225,7 @@ fn stress_with_a_long_ttl_mostly_hits() {
 }
 
 #[test]
+#[cfg_attr(miri, ignore)] // thousands of operations on several threads: too slow
 fn threads_with_the_checking_allocator_account_exactly() {
     let alloc = CheckingAllocator::new();
     let clock = ManualClock::new();
@@ -339,6 +342,7 @@ fn wait_until(limit: Duration, mut done: impl FnMut() -> bool) -> bool {
 }
 
 #[test]
+#[cfg_attr(miri, ignore)] // a reaper thread, sleeps and a real clock
 fn the_reaper_frees_idle_blocks_without_other_calls() {
     let alloc = CheckingAllocator::new();
     let pool: SharedPool<_, FixedTime, MonotonicClock> = SharedPool::new(DecayingPool::new(
@@ -364,6 +368,7 @@ fn the_reaper_frees_idle_blocks_without_other_calls() {
 }
 
 #[test]
+#[cfg_attr(miri, ignore)] // a reaper thread, sleeps and a real clock
 fn dropping_the_reaper_joins_promptly() {
     let pool = SharedPool::new(DecayingPool::new(
         CheckingAllocator::new(),
@@ -378,6 +383,7 @@ fn dropping_the_reaper_joins_promptly() {
 }
 
 #[test]
+#[cfg_attr(miri, ignore)] // a reaper thread, sleeps and a real clock
 fn the_reaper_exits_when_every_handle_is_dropped() {
     let alloc = CheckingAllocator::new();
     let pool = SharedPool::new(DecayingPool::new(alloc.clone(), FixedTime::default()));
@@ -651,6 +657,7 @@ fn gated(limit: Option<usize>) -> (SharedPool<Gated>, Gated) {
 }
 
 #[test]
+#[cfg_attr(miri, ignore)] // 1000 hits within a 10 s bound on the (virtual) clock
 fn hits_go_on_while_a_miss_is_inside_the_backing_allocator() {
     let (pool, alloc) = gated(None);
     drop(pool.allocate(64).unwrap()); // one cached block of another class

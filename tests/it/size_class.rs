@@ -316,6 +316,7 @@ fn divisions_k3_steps_are_ceilings() {
 }
 
 #[test]
+#[cfg_attr(miri, ignore)] // thousands of steps: too slow under Miri
 fn divisions_a_step_is_its_own_class() {
     // class.rs: steps at 2^m + ceil(i * 2^m / k), "round up to the next
     // step". 1366 = 1024 + ceil(1024 / 3) is a step, so it is its own class;
@@ -367,6 +368,7 @@ fn assert_divisions_cover(k: u32, waste: bool) {
 }
 
 #[test]
+#[cfg_attr(miri, ignore)] // thousands of steps: too slow under Miri
 fn divisions_cover_and_bound_the_waste() {
     for k in [2u32, 4, 8, 16, 1024, 1 << 31] {
         assert_divisions_cover(k, true);
@@ -377,6 +379,7 @@ fn divisions_cover_and_bound_the_waste() {
 }
 
 #[test]
+#[cfg_attr(miri, ignore)] // thousands of steps: too slow under Miri
 fn divisions_for_power_of_two_k_match_pytorch() {
     for k in [2usize, 4, 8, 16] {
         let sc = SizeClass::PowerOfTwoDivisions(k as u32);

@@ -1,0 +1,10 @@
+//! A `SharedPool`, single-threaded (handles, `Pooled` blocks, `into_raw` /
+//! `from_raw`, `with`, drop order), run step by step against the reference
+//! model in `decaying_pool::fuzzing`.
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|data: &[u8]| {
+    decaying_pool::fuzzing::shared_ops(data);
+});

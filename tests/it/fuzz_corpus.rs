@@ -1,0 +1,709 @@
+//! Tests: the fuzz corpus, replayed on stable.
+//!
+//! Every file under `fuzz/corpus/pool_ops/` and `fuzz/corpus/shared_ops/`
+//! runs through the same checking harness as the `cargo fuzz` targets
+//! (`decaying_pool::fuzzing`), so `cargo test` covers the fuzz logic even
+//! where nightly is absent. The hand-written seeds are built here (see
+//! [`pool_seeds`] and [`shared_seeds`]); the committed corpus must hold
+//! each of them, byte for byte. To rewrite them after changing a seed:
+//!
+//! ```text
+//! DECAYING_POOL_WRITE_CORPUS=1 cargo test --test it fuzz_corpus::write_seed_corpus -- --ignored
+//! ```
+
+use std::path::{Path, PathBuf};
+
+use decaying_pool::fuzzing::{self, Kind, Summary};
+use decaying_pool::FixedCapacity;
+
+// --- the input layout (see `decaying_pool::fuzzing::{Config, Op, SharedOp}`) ---
+
+/// A configuration, byte by byte.
+#[derive(Clone)]
+struct Cfg {
+    /// 0 FixedTime, 1 Exponential, 2 FixedCapacity.
+    kind: u8,
+    /// Index into `PERIODS` or `SLOTS`.
+    param: u8,
+    /// 0 Lifo, 1 Fifo.
+    reuse: u8,
+    /// 0 Exact, 1 PowerOfTwo, 2 Multiple, 3 PowerOfTwoDivisions.
+    class: u8,
+    class_param: u8,
+    /// Index into `LIMITS`.
+    limit: Option<u8>,
+    /// Index into `CAPACITIES`.
+    capacity: Option<u8>,
+    /// Indices into `SIZES` (1 to 5).
+    palette: Vec<u8>,
+    trim_before_drop: bool,
+    drop_seed: u8,
+}
+
+/// Indices into `SIZES`.
+const S1: u8 = 0;
+const S8: u8 = 4;
+const S64: u8 = 6;
+const S100: u8 = 7;
+const S129: u8 = 10;
+const S500: u8 = 11;
+const S1000: u8 = 13;
+const S1025: u8 = 15;
+const S3000: u8 = 16;
+const S4096: u8 = 17;
+
+/// Indices into `PERIODS`: 0, 1, 4, 16, 64 ticks.
+const P0: u8 = 0;
+const P1: u8 = 1;
+const P4: u8 = 4;
+const P16: u8 = 6;
+const P64: u8 = 7;
+
+fn cfg(kind: u8, param: u8) -> Cfg {
+    Cfg {
+        kind,
+        param,
+        reuse: 0,
+        class: 0,
+        class_param: 0,
+        limit: None,
+        capacity: None,
+        palette: vec![S64, S100, S1000],
+        trim_before_drop: false,
+        drop_seed: 0,
+    }
+}
+
+impl Cfg {
+    fn bytes(&self) -> Vec<u8> {
+        let mut b = vec![
+            self.kind,
+            self.param,
+            self.reuse,
+            self.class,
+            self.class_param,
+            self.limit.map_or(0, |i| 128 + i),
+            self.capacity.map_or(0, |i| 128 + i),
+            (self.palette.len() - 1) as u8,
+        ];
+        b.extend(&self.palette);
+        b.push(u8::from(self.trim_before_drop));
+        b.push(self.drop_seed);
+        b
+    }
+    fn fifo(mut self) -> Self {
+        self.reuse = 1;
+        self
+    }
+    fn class(mut self, class: u8, param: u8) -> Self {
+        (self.class, self.class_param) = (class, param);
+        self
+    }
+    fn limit(mut self, i: u8) -> Self {
+        self.limit = Some(i);
+        self
+    }
+    fn capacity(mut self, i: u8) -> Self {
+        self.capacity = Some(i);
+        self
+    }
+    fn palette(mut self, p: &[u8]) -> Self {
+        self.palette = p.to_vec();
+        self
+    }
+    fn trim(mut self) -> Self {
+        self.trim_before_drop = true;
+        self
+    }
+    fn drop_seed(mut self, s: u8) -> Self {
+        self.drop_seed = s;
+        self
+    }
+}
+
+/// `pool_ops` operations.
+mod op {
+    pub(super) fn alloc(i: u8) -> Vec<u8> {
+        vec![0, i]
+    }
+    pub(super) fn zero() -> Vec<u8> {
+        vec![10]
+    }
+    pub(super) fn huge(k: u8) -> Vec<u8> {
+        vec![11, k]
+    }
+    pub(super) fn release(i: u8) -> Vec<u8> {
+        vec![12, i]
+    }
+    pub(super) fn release_alloc(i: u8) -> Vec<u8> {
+        vec![19, i]
+    }
+    /// `quarters` of the policy's period, plus `jitter` (-1, 0, 1) ticks.
+    pub(super) fn advance(quarters: u8, jitter: i8) -> Vec<u8> {
+        vec![22, quarters, (jitter + 1) as u8]
+    }
+    pub(super) fn fail(n: u8) -> Vec<u8> {
+        vec![27, n]
+    }
+    pub(super) fn collect() -> Vec<u8> {
+        vec![29]
+    }
+    pub(super) fn trim() -> Vec<u8> {
+        vec![31]
+    }
+}
+
+/// `shared_ops` operations.
+mod sop {
+    pub(super) fn alloc(handle: u8, i: u8) -> Vec<u8> {
+        vec![0, handle, i]
+    }
+    pub(super) fn zero() -> Vec<u8> {
+        vec![9, 0]
+    }
+    pub(super) fn huge(k: u8) -> Vec<u8> {
+        vec![9, k + 1]
+    }
+    pub(super) fn release(i: u8, how: u8) -> Vec<u8> {
+        vec![10, i, how]
+    }
+    pub(super) fn into_raw(i: u8) -> Vec<u8> {
+        vec![15, i]
+    }
+    pub(super) fn from_raw(i: u8) -> Vec<u8> {
+        vec![17, i]
+    }
+    pub(super) fn with_alloc(i: u8) -> Vec<u8> {
+        vec![18, i]
+    }
+    pub(super) fn release_alloc(i: u8) -> Vec<u8> {
+        vec![19, i]
+    }
+    pub(super) fn advance(quarters: u8, jitter: i8) -> Vec<u8> {
+        vec![20, quarters, (jitter + 1) as u8]
+    }
+    pub(super) fn fail(n: u8) -> Vec<u8> {
+        vec![23, n]
+    }
+    pub(super) fn collect() -> Vec<u8> {
+        vec![24]
+    }
+    pub(super) fn trim() -> Vec<u8> {
+        vec![26]
+    }
+    pub(super) fn clone_handle() -> Vec<u8> {
+        vec![27]
+    }
+    pub(super) fn drop_handle(i: u8) -> Vec<u8> {
+        vec![28, i]
+    }
+    pub(super) fn via_block(i: u8) -> Vec<u8> {
+        vec![29, i]
+    }
+}
+
+fn seed(cfg: &Cfg, ops: impl IntoIterator<Item = Vec<u8>>) -> Vec<u8> {
+    let mut b = cfg.bytes();
+    b.extend(ops.into_iter().flatten());
+    b
+}
+
+/// Pseudo-random operation bytes (64-bit LCG, high bits).
+fn noise(mut state: u64, len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|_| {
+            state = state
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1_442_695_040_888_963_407);
+            (state >> 56) as u8
+        })
+        .collect()
+}
+
+/// Allocate `n` blocks of palette entries `0..n % len`, release them all
+/// (newest first when `reverse`).
+fn burst(n: u8, reverse: bool) -> Vec<Vec<u8>> {
+    let mut ops: Vec<_> = (0..n).map(op::alloc).collect();
+    for i in 0..n {
+        ops.push(op::release(if reverse { n - 1 - i } else { 0 }));
+    }
+    ops
+}
+
+/// A steady loop: two live blocks, released and asked for again while
+/// time passes, with surplus blocks that decay.
+fn steady(rounds: u8) -> Vec<Vec<u8>> {
+    let mut ops = vec![op::alloc(0), op::alloc(1), op::alloc(2), op::release(2)];
+    for r in 0..rounds {
+        ops.push(op::release_alloc(r % 2));
+        ops.push(op::advance(1 + r % 3, 0));
+        if r % 4 == 3 {
+            ops.push(op::collect());
+        }
+    }
+    ops
+}
+
+/// Blocks released, then the clock run past their decay in steps.
+fn decay() -> Vec<Vec<u8>> {
+    let mut ops = burst(8, false);
+    for q in [1u8, 2, 3, 4, 4, 8, 16] {
+        ops.push(op::advance(q, 0));
+        ops.push(op::collect());
+        ops.push(op::alloc(q));
+    }
+    ops.push(op::advance(16, 1));
+    ops.push(op::collect());
+    ops.push(op::trim());
+    ops
+}
+
+/// A step of the out-of-memory script, for either target.
+#[derive(Clone, Copy)]
+enum L {
+    Alloc(u8),
+    Release(u8),
+    Fail(u8),
+    Trim,
+}
+
+/// The out-of-memory ladder, with a backing capacity of 1000 bytes and a
+/// palette of 500, 100, 1000: the first rung (free the oldest blocks until
+/// the class size is freed, retry), the second (free everything, retry
+/// once more), the whole ladder failing, and a failure with an empty cache
+/// (no retry).
+const OOM: [L; 32] = [
+    // Cached 500, 100; 1000 does not fit: rung one frees both; success.
+    L::Alloc(0),
+    L::Alloc(1),
+    L::Release(0),
+    L::Release(0),
+    L::Alloc(2),
+    L::Release(0),
+    // Cached 1000; 500 does not fit: rung one frees it; success.
+    L::Alloc(0),
+    L::Alloc(0),
+    L::Release(0),
+    L::Release(0),
+    // Cached 500, 500; two injected failures: rung two; success.
+    L::Fail(2),
+    L::Alloc(1),
+    // An empty cache: the second 500 fails at once.
+    L::Alloc(0),
+    L::Alloc(0),
+    L::Release(1),
+    L::Release(0),
+    // A hit, then a miss that rung one serves.
+    L::Alloc(0),
+    L::Alloc(0),
+    L::Release(0),
+    L::Release(0),
+    // Three injected failures: the whole ladder fails.
+    L::Fail(3),
+    L::Alloc(1),
+    // An injected failure and an empty cache: no retry.
+    L::Trim,
+    L::Fail(1),
+    L::Alloc(1),
+    L::Alloc(1),
+    L::Alloc(0),
+    L::Alloc(2),
+    L::Release(0),
+    L::Release(0),
+    L::Alloc(2),
+    L::Release(0),
+];
+
+fn oom_ladder() -> Vec<Vec<u8>> {
+    OOM.iter()
+        .map(|step| match *step {
+            L::Alloc(i) => op::alloc(i),
+            L::Release(i) => op::release(i),
+            L::Fail(n) => op::fail(n),
+            L::Trim => op::trim(),
+        })
+        .collect()
+}
+
+fn shared_oom_ladder() -> Vec<Vec<u8>> {
+    OOM.iter()
+        .enumerate()
+        .map(|(n, step)| match *step {
+            L::Alloc(i) => sop::alloc(n as u8, i),
+            L::Release(i) => sop::release(i, 0),
+            L::Fail(n) => sop::fail(n),
+            L::Trim => sop::trim(),
+        })
+        .collect()
+}
+
+/// A byte limit: misses free cached blocks to fit, requests that can
+/// never fit fail at once.
+fn limited() -> Vec<Vec<u8>> {
+    // Palette: 1000, 3000, 4096 under a limit of 4096.
+    vec![
+        op::alloc(0),
+        op::alloc(0),
+        op::release(0),
+        op::alloc(1),
+        op::alloc(2),
+        op::release(0),
+        op::release(0),
+        op::alloc(2),
+        op::alloc(0),
+        op::release(0),
+        op::advance(2, 0),
+        op::alloc(1),
+        op::alloc(0),
+        op::release(1),
+        op::collect(),
+    ]
+}
+
+/// Errors: zero and overflowing requests.
+fn errors() -> Vec<Vec<u8>> {
+    vec![
+        op::zero(),
+        op::huge(0),
+        op::huge(1),
+        op::huge(2),
+        op::huge(3),
+        op::alloc(0),
+        op::huge(3),
+        op::release(0),
+        op::huge(2),
+    ]
+}
+
+/// The `pool_ops` seeds, by name.
+fn pool_seeds() -> Vec<(String, Vec<u8>)> {
+    let mut seeds = Vec::new();
+    let mut add = |name: &str, bytes: Vec<u8>| seeds.push((format!("seed-{name}"), bytes));
+    let kinds: [(&str, u8, u8); 7] = [
+        ("fixed-time-4", 0, P4),
+        ("fixed-time-0", 0, P0),
+        ("exponential-16", 1, P16),
+        ("exponential-1", 1, P1),
+        ("exponential-0", 1, P0),
+        ("fixed-capacity-3", 2, 3),
+        ("fixed-capacity-16", 2, 12),
+    ];
+    for (name, kind, param) in kinds {
+        add(
+            &format!("{name}-steady"),
+            seed(&cfg(kind, param), steady(24)),
+        );
+        add(
+            &format!("{name}-decay"),
+            seed(&cfg(kind, param).fifo().palette(&[S64]), decay()),
+        );
+        add(
+            &format!("{name}-oom"),
+            seed(
+                &cfg(kind, param).capacity(2).palette(&[S500, S100, S1000]),
+                oom_ladder(),
+            ),
+        );
+    }
+    add(
+        "exponential-64-mixed-sizes",
+        seed(
+            &cfg(1, P64).palette(&[S8, S1000, S129, S4096]),
+            [burst(10, true), decay()].concat(),
+        ),
+    );
+    add(
+        "fixed-capacity-0",
+        seed(&cfg(2, 0), [burst(4, false), steady(6)].concat()),
+    );
+    add(
+        "fixed-capacity-64-same-class",
+        seed(&cfg(2, 14).palette(&[S64]), burst(20, false)),
+    );
+    add(
+        "fixed-capacity-9-window",
+        seed(
+            &cfg(2, 9).palette(&[S64, S1]),
+            [burst(12, true), burst(12, false)].concat(),
+        ),
+    );
+    add(
+        "limit-fixed-time",
+        seed(
+            &cfg(0, P16).limit(4).palette(&[S1000, S3000, S4096]),
+            limited(),
+        ),
+    );
+    add(
+        "limit-exponential-pow2",
+        seed(
+            &cfg(1, P16)
+                .limit(4)
+                .class(1, 0)
+                .palette(&[S1000, S3000, S4096]),
+            limited(),
+        ),
+    );
+    add(
+        "errors-multiple",
+        seed(&cfg(0, P4).class(2, 5).trim(), errors()),
+    );
+    add(
+        "errors-divisions",
+        seed(&cfg(1, P4).class(3, 3).trim(), errors()),
+    );
+    add(
+        "divisions-3-steady",
+        seed(
+            &cfg(0, P16).class(3, 3).palette(&[S1025, S3000, S129]),
+            steady(16),
+        ),
+    );
+    for (i, kind) in [0u8, 1, 2, 2].into_iter().enumerate() {
+        let c = cfg(kind, [P4, P16, 7, 13][i])
+            .capacity(3)
+            .palette(&[S64, S500, S1000, S3000])
+            .class(i as u8, 4);
+        add(&format!("noise-{i}"), seed(&c, [noise(i as u64 + 1, 400)]));
+    }
+    seeds
+}
+
+/// The `shared_ops` seeds, by name.
+fn shared_seeds() -> Vec<(String, Vec<u8>)> {
+    let mut seeds = Vec::new();
+    let mut add = |name: &str, bytes: Vec<u8>| seeds.push((format!("seed-{name}"), bytes));
+    let handles_and_raw = || {
+        vec![
+            sop::alloc(0, 0),
+            sop::clone_handle(),
+            sop::alloc(1, 1),
+            sop::with_alloc(2),
+            sop::into_raw(0),
+            sop::via_block(0),
+            sop::clone_handle(),
+            sop::drop_handle(0),
+            sop::from_raw(0),
+            sop::release(2, 1),
+            sop::release(0, 0),
+            sop::into_raw(1),
+            sop::advance(2, 0),
+            sop::release_alloc(0),
+            sop::collect(),
+            sop::with_alloc(0),
+            sop::advance(4, 1),
+            sop::collect(),
+            sop::alloc(1, 2),
+            sop::zero(),
+            sop::huge(0),
+            sop::trim(),
+        ]
+    };
+    let kinds: [(&str, u8, u8); 5] = [
+        ("fixed-time-4", 0, P4),
+        ("exponential-16", 1, P16),
+        ("fixed-capacity-3", 2, 3),
+        ("fixed-capacity-16", 2, 12),
+        ("fixed-capacity-0", 2, 0),
+    ];
+    for (n, (name, kind, param)) in kinds.into_iter().enumerate() {
+        add(
+            &format!("{name}-handles"),
+            seed(&cfg(kind, param).drop_seed(n as u8 * 37), handles_and_raw()),
+        );
+        add(
+            &format!("{name}-oom"),
+            seed(
+                &cfg(kind, param)
+                    .capacity(2)
+                    .palette(&[S500, S100, S1000])
+                    .drop_seed(n as u8 * 11 + 3),
+                [
+                    shared_oom_ladder(),
+                    vec![sop::clone_handle(), sop::into_raw(0)],
+                ]
+                .concat(),
+            ),
+        );
+    }
+    add(
+        "limit-trim",
+        seed(
+            &cfg(0, P16).limit(4).trim().palette(&[S1000, S3000, S4096]),
+            [
+                sop::alloc(0, 0),
+                sop::alloc(0, 1),
+                sop::release(0, 0),
+                sop::alloc(0, 2),
+                sop::release(0, 1),
+                sop::alloc(0, 2),
+                sop::alloc(0, 0),
+            ],
+        ),
+    );
+    for i in 0..6u8 {
+        let c = cfg(i % 3, [P4, P16, 13][usize::from(i % 3)])
+            .capacity(if i < 3 { 3 } else { 4 })
+            .palette(&[S64, S500, S1000])
+            .drop_seed(i.wrapping_mul(71))
+            .fifo();
+        add(
+            &format!("noise-{i}"),
+            seed(&c, [noise(u64::from(i) + 100, 300)]),
+        );
+    }
+    seeds
+}
+
+// --- replay -----------------------------------------------------------------
+
+fn corpus_dir(target: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("fuzz/corpus")
+        .join(target)
+}
+
+/// Runs every file of a target's corpus; returns the summaries.
+fn replay(target: &str, run: fn(&[u8]) -> Option<Summary>) -> Vec<Summary> {
+    let dir = corpus_dir(target);
+    let mut files: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .map(|e| e.expect("a corpus entry").path())
+        .filter(|p| p.is_file())
+        .collect();
+    files.sort();
+    files
+        .iter()
+        .filter_map(|path| {
+            let data = std::fs::read(path).expect("a corpus file");
+            let out = std::panic::catch_unwind(|| run(&data));
+            match out {
+                Ok(summary) => summary,
+                Err(panic) => {
+                    eprintln!("corpus file {} failed", path.display());
+                    std::panic::resume_unwind(panic)
+                }
+            }
+        })
+        .collect()
+}
+
+fn assert_holds_seeds(target: &str, seeds: &[(String, Vec<u8>)]) {
+    for (name, bytes) in seeds {
+        let path = corpus_dir(target).join(name);
+        let on_disk = std::fs::read(&path).unwrap_or_else(|e| {
+            panic!(
+                "{}: {e} (regenerate: see tests/it/fuzz_corpus.rs)",
+                path.display()
+            )
+        });
+        assert!(
+            on_disk == *bytes,
+            "{} differs from its seed (regenerate: see tests/it/fuzz_corpus.rs)",
+            path.display()
+        );
+    }
+}
+
+/// What a set of runs must reach: every policy evicting and serving hits,
+/// a `FixedCapacity` window smaller than its table evicting, a zero-slot
+/// table, both rungs of the retry ladder, and the limit freeing blocks.
+fn assert_reaches_everything(summaries: &[Summary]) {
+    let any = |what: &str, f: &dyn Fn(&Summary) -> bool| {
+        assert!(summaries.iter().any(f), "no corpus input reaches {what}");
+    };
+    let fixed_time = |s: &Summary| matches!(s.kind, Kind::FixedTime { .. });
+    let exponential = |s: &Summary| matches!(s.kind, Kind::Exponential { .. });
+    let small = |s: &Summary| matches!(s.kind, Kind::FixedCapacity { slots } if (1..=FixedCapacity::WINDOW).contains(&slots));
+    let big = |s: &Summary| matches!(s.kind, Kind::FixedCapacity { slots } if slots > FixedCapacity::WINDOW);
+    any("FixedTime evictions", &|s| {
+        fixed_time(s) && s.stats.evictions > 0 && s.stats.hits > 0
+    });
+    any("Exponential evictions", &|s| {
+        exponential(s) && s.stats.evictions > 0 && s.stats.hits > 0
+    });
+    any("FixedCapacity (window = table) evictions", &|s| {
+        small(s) && s.stats.evictions > 0 && s.stats.hits > 0
+    });
+    any("FixedCapacity (window < table) evictions", &|s| {
+        big(s) && s.stats.evictions > 0
+    });
+    any("FixedCapacity::new(0)", &|s| {
+        s.kind == Kind::FixedCapacity { slots: 0 } && s.stats.evictions > 0
+    });
+    for (name, policy) in [
+        ("FixedTime", &fixed_time as &dyn Fn(&Summary) -> bool),
+        ("Exponential", &exponential),
+        ("FixedCapacity", &small),
+    ] {
+        any(&format!("the retry ladder's second rung ({name})"), &|s| {
+            policy(s) && s.retries > 0 && s.second_rung > 0 && s.stats.trimmed > 0
+        });
+    }
+}
+
+#[test]
+#[cfg_attr(miri, ignore)] // reads files: Miri isolates the file system
+fn pool_ops_corpus_replays() {
+    let seeds = pool_seeds();
+    assert_holds_seeds("pool_ops", &seeds);
+    let summaries = replay("pool_ops", fuzzing::pool_ops);
+    assert!(summaries.len() >= seeds.len());
+    assert_reaches_everything(&summaries);
+}
+
+#[test]
+#[cfg_attr(miri, ignore)] // reads files: Miri isolates the file system
+fn shared_ops_corpus_replays() {
+    let seeds = shared_seeds();
+    assert_holds_seeds("shared_ops", &seeds);
+    let summaries = replay("shared_ops", fuzzing::shared_ops);
+    assert!(summaries.len() >= seeds.len());
+    assert!(summaries.iter().any(|s| s.second_rung > 0));
+}
+
+/// Seeds Miri runs (it is too slow for all of them): every policy, both
+/// retry rungs, `SharedPool` handles, raw blocks and drop order.
+const MIRI_SEEDS: [&str; 5] = [
+    "seed-fixed-time-4-oom",
+    "seed-exponential-16-decay",
+    "seed-fixed-capacity-3-oom",
+    "seed-fixed-capacity-16-handles",
+    "seed-exponential-16-handles",
+];
+
+/// The hand-written seeds, without the file system (so Miri runs them,
+/// a few of them, over the real pool and its unsafe code).
+#[test]
+fn seeds_pass_the_harness() {
+    let chosen = |name: &String| !cfg!(miri) || MIRI_SEEDS.contains(&name.as_str());
+    let pool: Vec<_> = pool_seeds()
+        .iter()
+        .filter(|(name, _)| chosen(name))
+        .map(|(_, bytes)| fuzzing::pool_ops(bytes).expect("a seed parses"))
+        .collect();
+    if !cfg!(miri) {
+        assert_reaches_everything(&pool);
+    }
+    for (_, bytes) in shared_seeds().iter().filter(|(name, _)| chosen(name)) {
+        fuzzing::shared_ops(bytes).expect("a seed parses");
+    }
+}
+
+/// Writes the seeds into `fuzz/corpus/` (when `DECAYING_POOL_WRITE_CORPUS`
+/// is set).
+#[test]
+#[ignore = "writes the seed corpus; run by hand"]
+fn write_seed_corpus() {
+    if std::env::var_os("DECAYING_POOL_WRITE_CORPUS").is_none() {
+        eprintln!("set DECAYING_POOL_WRITE_CORPUS=1 to write the seed corpus");
+        return;
+    }
+    for (target, seeds) in [("pool_ops", pool_seeds()), ("shared_ops", shared_seeds())] {
+        let dir = corpus_dir(target);
+        std::fs::create_dir_all(&dir).expect("the corpus directory");
+        for (name, bytes) in seeds {
+            std::fs::write(dir.join(name), bytes).expect("a seed file");
+        }
+    }
+}
