@@ -15,19 +15,8 @@ use decaying_pool::{
     Policy, RawAllocator,
 };
 
-/// A backing allocator that does nothing: hands out numbers.
-#[derive(Default)]
-struct Null(usize);
-
-impl RawAllocator for Null {
-    type Block = usize;
-    type Error = core::convert::Infallible;
-    fn allocate(&mut self, _size: usize) -> Result<usize, Self::Error> {
-        self.0 += 1;
-        Ok(self.0)
-    }
-    unsafe fn deallocate(&mut self, _block: usize, _size: usize) {}
-}
+mod common;
+use common::Null;
 
 /// What most projects write: an exact-size cache that never evicts.
 #[derive(Default)]

@@ -10,21 +10,10 @@ use std::sync::Barrier;
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, Criterion};
-use decaying_pool::{DecayingPool, FixedTime, ManualClock, RawAllocator, SharedPool};
+use decaying_pool::{DecayingPool, FixedTime, ManualClock, SharedPool};
 
-/// A backing allocator that does nothing: hands out numbers.
-#[derive(Default)]
-struct Null(usize);
-
-impl RawAllocator for Null {
-    type Block = usize;
-    type Error = core::convert::Infallible;
-    fn allocate(&mut self, _size: usize) -> Result<usize, Self::Error> {
-        self.0 += 1;
-        Ok(self.0)
-    }
-    unsafe fn deallocate(&mut self, _block: usize, _size: usize) {}
-}
+mod common;
+use common::Null;
 
 fn pool() -> DecayingPool<Null, FixedTime, ManualClock> {
     DecayingPool::builder(Null::default())

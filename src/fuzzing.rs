@@ -465,8 +465,16 @@ pub struct Summary {
 // --- the reference model -----------------------------------------------------
 
 /// The size-class rule, written from the design document and the
-/// `SizeClass` docs (not from `SizeClass::round`).
-fn model_round(rule: SizeClass, size: usize) -> Option<usize> {
+/// `SizeClass` docs (not from `SizeClass::round`): the model's rounding.
+///
+/// # Examples
+///
+/// ```
+/// use decaying_pool::{fuzzing::model_round, SizeClass};
+/// assert_eq!(model_round(SizeClass::PowerOfTwoDivisions(4), 1100), Some(1280));
+/// assert_eq!(model_round(SizeClass::PowerOfTwoDivisions(3), 3), Some(3));
+/// ```
+pub fn model_round(rule: SizeClass, size: usize) -> Option<usize> {
     fn next_pow2(size: usize) -> Option<usize> {
         let mut p: usize = 1;
         while p < size {
