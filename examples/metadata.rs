@@ -1,0 +1,175 @@
+//! Metadata overhead (issue 8, group 8): bytes of pool bookkeeping per
+//! cached block at 1 000 000 cached blocks, counted by a counting global
+//! allocator.
+//!
+//! ```text
+//! cargo run --release --example metadata
+//! ```
+//!
+//! For each policy and class mix, it reads the bytes allocated on the heap
+//! before building the pool, then after allocating and releasing 1 000 000
+//! blocks over a backing allocator that does nothing (the test's own `Vec`
+//! of blocks dropped first), and divides the difference by the blocks
+//! cached. It does it again after a hit round trip over every block, which
+//! leaves stale entries behind in the timed policies' queues.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use decaying_pool::{
+    DecayingPool, Exponential, FixedCapacity, FixedTime, ManualClock, Policy, RawAllocator,
+};
+
+/// `std::alloc::System`, keeping count of the bytes currently allocated.
+struct Counting;
+
+/// Bytes currently allocated through [`Counting`].
+static CURRENT: AtomicUsize = AtomicUsize::new(0);
+
+// SAFETY: every call forwards to `System` with the same arguments; the
+// counter has no effect on the memory handed out.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        // SAFETY: forwarded with the caller's guarantees.
+        let p = unsafe { System.alloc(layout) };
+        if !p.is_null() {
+            CURRENT.fetch_add(layout.size(), Ordering::Relaxed);
+        }
+        p
+    }
+
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        // SAFETY: forwarded with the caller's guarantees.
+        let p = unsafe { System.alloc_zeroed(layout) };
+        if !p.is_null() {
+            CURRENT.fetch_add(layout.size(), Ordering::Relaxed);
+        }
+        p
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: forwarded with the caller's guarantees.
+        unsafe { System.dealloc(ptr, layout) };
+        CURRENT.fetch_sub(layout.size(), Ordering::Relaxed);
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        // SAFETY: forwarded with the caller's guarantees.
+        let p = unsafe { System.realloc(ptr, layout, new_size) };
+        if !p.is_null() {
+            CURRENT.fetch_sub(layout.size(), Ordering::Relaxed);
+            CURRENT.fetch_add(new_size, Ordering::Relaxed);
+        }
+        p
+    }
+}
+
+/// Every heap allocation of this program goes through the counter.
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+/// Bytes allocated on the heap right now.
+fn current() -> usize {
+    CURRENT.load(Ordering::Relaxed)
+}
+
+/// A backing allocator that does nothing: hands out numbers, no heap.
+#[derive(Default)]
+struct Null(usize);
+
+impl RawAllocator for Null {
+    type Block = usize;
+    type Error = core::convert::Infallible;
+    fn allocate(&mut self, _size: usize) -> Result<usize, Self::Error> {
+        self.0 += 1;
+        Ok(self.0)
+    }
+    unsafe fn deallocate(&mut self, _block: usize, _size: usize) {}
+}
+
+/// Blocks in every measurement.
+const BLOCKS: usize = 1_000_000;
+
+/// What one measurement found.
+struct Row {
+    /// Blocks cached at the end.
+    cached: u64,
+    /// Heap bytes per cached block after filling.
+    filled: f64,
+    /// Heap bytes per cached block after a hit round trip over every block.
+    after_hits: f64,
+}
+
+/// `classes` distinct sizes, each requested `BLOCKS / classes` times.
+fn requests(classes: usize) -> Vec<usize> {
+    let per = BLOCKS / classes;
+    (0..classes)
+        .flat_map(|c| std::iter::repeat_n(256 + c * 16, per))
+        .collect()
+}
+
+/// Allocates one block per request, then releases them all; the `Vec`
+/// holding them is gone on return.
+fn round<P: Policy>(pool: &mut DecayingPool<Null, P, ManualClock>, requests: &[usize]) {
+    let held: Vec<(usize, usize)> = requests
+        .iter()
+        .map(|&s| (pool.allocate(s).unwrap(), s))
+        .collect();
+    for (b, s) in held {
+        // SAFETY: each block came from this pool with this size.
+        unsafe { pool.release(b, s) };
+    }
+}
+
+/// Measures the bookkeeping of a pool with `policy` for `requests`.
+fn measure<P: Policy>(policy: P, requests: &[usize]) -> Row {
+    let clock = ManualClock::new();
+    let before = current();
+    let mut pool = DecayingPool::builder(Null::default())
+        .policy(policy)
+        .clock(clock.clone())
+        .build();
+    round(&mut pool, requests);
+    let filled = current() - before;
+    let cached = pool.stats().blocks_cached;
+    clock.advance(Duration::from_millis(1));
+    round(&mut pool, requests);
+    let after_hits = current() - before;
+    assert_eq!(pool.stats().blocks_cached, cached);
+    drop(pool);
+    Row {
+        cached,
+        filled: filled as f64 / cached as f64,
+        after_hits: after_hits as f64 / cached as f64,
+    }
+}
+
+/// Prints the table.
+fn main() {
+    let huge = Duration::from_secs(1 << 40);
+    println!(
+        "{BLOCKS} blocks allocated then released over a no-op allocator; heap bytes per cached block"
+    );
+    println!(
+        "{:<16} {:<26} {:>10} {:>12} {:>18}",
+        "policy", "classes", "cached", "bytes/block", "after hit trip"
+    );
+    for (label, classes) in [
+        ("1 size x 1000000", 1usize),
+        ("10000 sizes x 100", 10_000),
+        ("1000000 sizes x 1", 1_000_000),
+    ] {
+        let reqs = requests(classes);
+        for (name, row) in [
+            ("fixed_time", measure(FixedTime::new(huge), &reqs)),
+            ("exponential", measure(Exponential::half_life(huge), &reqs)),
+            ("fixed_capacity", measure(FixedCapacity::new(BLOCKS), &reqs)),
+        ] {
+            println!(
+                "{:<16} {:<26} {:>10} {:>12.1} {:>18.1}",
+                name, label, row.cached, row.filled, row.after_hits
+            );
+        }
+    }
+}
