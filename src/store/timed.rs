@@ -1,93 +1,122 @@
 //! The timed store, used by every [`EvictionPolicy`].
 //!
-//! Three structures, all indexed by small dense slot ids:
+//! - **Classes**: a size-keyed multimap (`hashbrown`), class size → a
+//!   contiguous queue (`VecDeque`) of that class's cached blocks in release
+//!   order, oldest at the front, each with its release time and release
+//!   number. A hit takes from the back (LIFO) or the front (FIFO) in O(1):
+//!   one map lookup, one buffer.
+//! - **Eviction order**: a binary min-heap with one *token* per class that
+//!   holds blocks, keyed by a release sequence number that is never later
+//!   than the class's oldest block. The token with the smallest key whose
+//!   key is its class's oldest block names the oldest cached block of all:
+//!   every other class's oldest block is at least as late as its token,
+//!   which is at least as late as this one.
 //!
-//! - **slots**: a slab of cached blocks with a free list threaded through
-//!   the vacant entries. Each cached slot is also a node of a doubly linked
-//!   list: the queue of its size class, oldest at the head;
-//! - **classes**: a size-keyed multimap, class size → (head, tail) of that
-//!   class's queue, so a hit takes from either end in O(1);
-//! - **queue**: the eviction deque of (release time, slot id), oldest
-//!   first, and **reused**: a bitset over slot ids. A hit only marks its
-//!   slot in `reused`; the slot stays reserved until its stale deque entry
-//!   reaches the front and is dropped there, without calling the
-//!   deallocator (when it is the newest entry, it is dropped from the back
-//!   at once). A slot id is thus never reused while an entry for it is
-//!   queued, so an entry can never be confused with a later occupant.
+//! A hit or a release changes the heap only when a class gains its first
+//! block and has no token (a push at the largest key: one comparison). A
+//! hit that moves a class's oldest block (FIFO reuse, or a LIFO hit that
+//! empties the class) leaves its token behind as a lower bound: nothing to
+//! mark, nothing to compact. The token is brought up to date, in
+//! O(log classes), only when it reaches the top of the heap while the
+//! store looks for the oldest block: for an eviction check whose deadline
+//! has passed, a trim, the limit or the out-of-memory retry. A token whose
+//! class is empty when it reaches the top is dropped.
 //!
-//! Nothing is removed from the middle of the deque. When stale entries
-//! outnumber live ones by more than `COMPACT_SLACK` the deque is
-//! rebuilt without them, in order: the rebuild is paid for by the stale
-//! entries it drops, so every operation stays O(1) amortised and the deque
-//! stays within twice the number of cached blocks.
+//! The fast path of an eviction check is one comparison: the policy's
+//! [deadline](EvictionPolicy::deadline) for the oldest block, cached until
+//! a block is freed (a hit that takes the oldest block leaves it early,
+//! which is safe). For a policy without deadlines, the top token stays
+//! known to be up to date until a hit moves a class's oldest block or a
+//! block is freed, so the check reads no class.
+//!
+//! A class whose queue empties keeps its buffer and token, so a size
+//! that comes back costs no allocation. When empty classes outnumber the
+//! others by more than `SWEEP_SLACK`, they are all dropped, with their
+//! tokens: O(classes), paid for by the operations
+//! that emptied them, so O(1) amortised, and the memory held by empty
+//! classes stays bounded.
 
+use core::cmp::Ordering;
 use core::time::Duration;
+use std::collections::binary_heap::PeekMut;
+use std::collections::{BinaryHeap, VecDeque};
 
-use fixedbitset::FixedBitSet;
 use hashbrown::HashMap;
 
 use super::Store;
 use crate::policy::{EvictionPolicy, FreeReason, Oldest, Reuse};
 
-/// "No slot": the end of a list.
-const NIL: u32 = u32::MAX;
+/// Empty classes tolerated beyond the non-empty ones before they are swept.
+const SWEEP_SLACK: usize = 64;
 
-/// Stale deque entries tolerated beyond the number of cached blocks before
-/// the deque is compacted.
-const COMPACT_SLACK: usize = 64;
-
-enum Slot<B> {
-    /// A cached block, linked into the queue of its class.
-    Cached {
-        block: B,
-        class: usize,
-        prev: u32,
-        next: u32,
-    },
-    /// Free (in the free list), or reused (bit set in `reused`, awaiting its
-    /// deque entry).
-    Vacant { next: u32 },
+/// A time as nanoseconds since the clock's origin (saturating: 584 years).
+#[inline]
+fn nanos(t: Duration) -> u64 {
+    t.as_secs()
+        .saturating_mul(1_000_000_000)
+        .saturating_add(u64::from(t.subsec_nanos()))
 }
 
-/// The ends of a class's queue, oldest at `head`.
+/// A cached block, when it was released, and its release number.
+struct Item<B> {
+    block: B,
+    at: u64,
+    seq: u64,
+}
+
+/// A size class: its cached blocks in release order.
+struct Class<B> {
+    items: VecDeque<Item<B>>,
+    /// Whether the class has a token in the heap.
+    queued: bool,
+}
+
+/// A class's place in the eviction order: no later than its oldest block.
 #[derive(Clone, Copy, Debug)]
-struct Ends {
-    head: u32,
-    tail: u32,
+struct Token {
+    seq: u64,
+    at: u64,
+    size: usize,
 }
 
-/// A deque entry: when `slot` was released.
-#[derive(Clone, Copy, Debug)]
-struct Entry {
-    secs: u64,
-    nanos: u32,
-    slot: u32,
-}
-
-impl Entry {
-    #[inline]
-    fn released_at(&self) -> Duration {
-        Duration::new(self.secs, self.nanos)
+// The heap is a max-heap: the earliest release number is the greatest.
+impl Ord for Token {
+    fn cmp(&self, other: &Self) -> Ordering {
+        other.seq.cmp(&self.seq)
     }
 }
+
+impl PartialOrd for Token {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl PartialEq for Token {
+    fn eq(&self, other: &Self) -> bool {
+        self.seq == other.seq
+    }
+}
+
+impl Eq for Token {}
 
 /// The timed store: see the module documentation.
 pub struct TimedStore<B, P> {
     policy: P,
     reuse: Reuse,
-    slots: Vec<Slot<B>>,
-    free_head: u32,
-    classes: HashMap<usize, Ends>,
-    queue: std::collections::VecDeque<Entry>,
-    reused: FixedBitSet,
+    classes: HashMap<usize, Class<B>>,
+    /// Classes with no cached block.
+    empty: usize,
+    heap: BinaryHeap<Token>,
+    next_seq: u64,
     len: usize,
     bytes: usize,
-    /// Stale entries in `queue`.
-    stale: usize,
-    /// The policy's deadline for the oldest block when it was last
-    /// checked: nothing is due before it. Reset whenever the front entry is
-    /// removed; a hit on the oldest block leaves it (too early is safe).
-    not_before: Duration,
+    /// The policy's deadline (nanoseconds) for the oldest block when it was
+    /// last checked: nothing is due before it. Reset whenever a block is
+    /// freed; a hit on the oldest block leaves it (too early is safe).
+    not_before: u64,
+    /// Whether the top token is known to name its class's oldest block.
+    top_valid: bool,
 }
 
 impl<B, P: EvictionPolicy> TimedStore<B, P> {
@@ -95,169 +124,92 @@ impl<B, P: EvictionPolicy> TimedStore<B, P> {
         TimedStore {
             policy,
             reuse,
-            slots: Vec::new(),
-            free_head: NIL,
             classes: HashMap::new(),
-            queue: std::collections::VecDeque::new(),
-            reused: FixedBitSet::new(),
+            empty: 0,
+            heap: BinaryHeap::new(),
+            next_seq: 0,
             len: 0,
             bytes: 0,
-            stale: 0,
-            not_before: Duration::ZERO,
+            not_before: 0,
+            top_valid: false,
         }
     }
 
+    /// A class just emptied: sweeps the empty classes if they are too many.
     #[inline]
-    fn alloc_slot(&mut self, slot: Slot<B>) -> u32 {
-        if self.free_head != NIL {
-            let id = self.free_head;
-            let old = core::mem::replace(&mut self.slots[id as usize], slot);
-            self.free_head = match old {
-                Slot::Vacant { next } => next,
-                Slot::Cached { .. } => unreachable!("free list points at a cached slot"),
-            };
-            id
-        } else {
-            let id = self.slots.len();
-            assert!(id < NIL as usize, "more than 2^32 - 1 cached blocks");
-            self.slots.push(slot);
-            if self.reused.len() < self.slots.capacity() {
-                self.reused.grow(self.slots.capacity());
-            }
-            id as u32
+    fn emptied(&mut self) {
+        self.empty += 1;
+        if self.empty > self.classes.len() - self.empty + SWEEP_SLACK {
+            self.sweep();
         }
     }
 
-    /// Returns a vacant slot to the free list.
-    #[inline]
-    fn free_slot(&mut self, id: u32) {
-        self.slots[id as usize] = Slot::Vacant {
-            next: self.free_head,
-        };
-        self.free_head = id;
-    }
-
-    #[inline]
-    fn set_next(&mut self, id: u32, to: u32) {
-        if let Slot::Cached { next, .. } = &mut self.slots[id as usize] {
-            *next = to;
-        }
-    }
-
-    #[inline]
-    fn set_prev(&mut self, id: u32, to: u32) {
-        if let Slot::Cached { prev, .. } = &mut self.slots[id as usize] {
-            *prev = to;
-        }
-    }
-
-    /// Unlinks the oldest cached slot `id` from its class queue and leaves
-    /// it vacant (not in the free list). Returns the block and its class.
-    /// Removes the class's map entry when the queue empties.
-    #[inline]
-    fn unlink(&mut self, id: u32) -> (B, usize) {
-        let old = core::mem::replace(&mut self.slots[id as usize], Slot::Vacant { next: NIL });
-        let Slot::Cached {
-            block,
-            class,
-            prev,
-            next,
-        } = old
-        else {
-            unreachable!("unlinking a vacant slot")
-        };
-        if prev != NIL {
-            self.set_next(prev, next);
-        }
-        if next != NIL {
-            self.set_prev(next, prev);
-        }
-        if prev == NIL && next == NIL {
-            self.classes.remove(&class);
-        } else if let Some(ends) = self.classes.get_mut(&class) {
-            if prev == NIL {
-                ends.head = next;
-            }
-            if next == NIL {
-                ends.tail = prev;
-            }
-        }
-        self.len -= 1;
-        self.bytes -= class;
-        (block, class)
-    }
-
-    /// Drops stale entries at the front of the deque; returns the first
-    /// live one.
-    #[inline]
-    fn front(&mut self) -> Option<Entry> {
-        loop {
-            let entry = *self.queue.front()?;
-            if !self.reused.contains(entry.slot as usize) {
-                return Some(entry);
-            }
-            self.queue.pop_front();
-            self.reused.set(entry.slot as usize, false);
-            self.stale -= 1;
-            self.free_slot(entry.slot);
-        }
-    }
-
-    /// Removes the oldest block, which `front` returned, whose class is
-    /// `class`. The policy is told first, so a panic in it changes nothing.
-    #[inline]
-    fn remove_front(
-        &mut self,
-        entry: Entry,
-        class: usize,
-        now: Duration,
-        reason: FreeReason,
-    ) -> (B, usize) {
-        self.policy.on_free(now, class, self.bytes - class, reason);
-        self.not_before = Duration::ZERO;
-        self.queue.pop_front();
-        let removed = self.unlink(entry.slot);
-        self.free_slot(entry.slot);
-        removed
-    }
-
-    /// The class of the block in cached slot `id`.
-    #[inline]
-    fn class_at(&self, id: u32) -> usize {
-        match &self.slots[id as usize] {
-            Slot::Cached { class, .. } => *class,
-            Slot::Vacant { .. } => unreachable!("live deque entry for a vacant slot"),
-        }
-    }
-
-    /// Rebuilds the deque without its stale entries, freeing their slots.
+    /// Drops every empty class, with its buffer and its token.
     #[cold]
-    fn compact(&mut self) {
-        let Self {
-            queue,
-            reused,
-            slots,
-            free_head,
-            ..
-        } = self;
-        let entries = queue.make_contiguous();
-        let mut kept = 0;
-        for read in 0..entries.len() {
-            let e = entries[read];
-            let id = e.slot as usize;
-            if reused.contains(id) {
-                reused.set(id, false);
-                if let Slot::Vacant { next } = &mut slots[id] {
-                    *next = *free_head;
+    #[inline(never)]
+    fn sweep(&mut self) {
+        self.classes.retain(|_, class| !class.items.is_empty());
+        self.classes.shrink_to_fit();
+        let classes = &self.classes;
+        self.heap.retain(|t| classes.contains_key(&t.size));
+        self.empty = 0;
+        self.top_valid = false;
+    }
+
+    /// The class size and release time of the oldest cached block: brings
+    /// stale tokens at the top of the heap up to date and drops those of
+    /// empty classes.
+    #[inline]
+    fn oldest(&mut self) -> Option<(usize, u64)> {
+        if self.top_valid {
+            return self.heap.peek().map(|t| (t.size, t.at));
+        }
+        loop {
+            let mut top = self.heap.peek_mut()?;
+            let class = self
+                .classes
+                .get_mut(&top.size)
+                .expect("a token for a class that is gone");
+            match class.items.front() {
+                Some(front) if front.seq == top.seq => {
+                    self.top_valid = true;
+                    return Some((top.size, top.at));
                 }
-                *free_head = e.slot;
-            } else {
-                entries[kept] = e;
-                kept += 1;
+                Some(front) => {
+                    // Dropping `top` restores the heap order.
+                    top.seq = front.seq;
+                    top.at = front.at;
+                }
+                None => {
+                    class.queued = false;
+                    PeekMut::pop(top);
+                }
             }
         }
-        queue.truncate(kept);
-        self.stale = 0;
+    }
+
+    /// Frees the oldest block, of class `size`, which [`oldest`] found.
+    /// The policy is told first, so a panic in it changes nothing.
+    #[inline]
+    fn remove_oldest(&mut self, size: usize, now: Duration, reason: FreeReason) -> (B, usize) {
+        self.policy.on_free(now, size, self.bytes - size, reason);
+        self.not_before = 0;
+        self.top_valid = false;
+        let items = &mut self
+            .classes
+            .get_mut(&size)
+            .expect("the oldest block's class is gone")
+            .items;
+        let item = items
+            .pop_front()
+            .expect("the oldest block's class is empty");
+        let emptied = items.is_empty();
+        self.len -= 1;
+        self.bytes -= size;
+        if emptied {
+            self.emptied();
+        }
+        (item.block, size)
     }
 }
 
@@ -266,77 +218,58 @@ impl<B, P: EvictionPolicy> Store<B> for TimedStore<B, P> {
 
     #[inline]
     fn take(&mut self, class: usize, now: Duration) -> Option<B> {
-        // One map lookup: the class's ends are fixed up in place.
-        let ends = self.classes.get_mut(&class)?;
-        let id = match self.reuse {
-            Reuse::Lifo => ends.tail,
-            Reuse::Fifo => ends.head,
-        };
-        if id == NIL {
+        let cls = self.classes.get_mut(&class)?;
+        if cls.items.is_empty() {
             return None;
         }
         // Told first, so a panic in the policy changes nothing.
         let before = self.bytes;
         self.policy.on_hit(now, class, before, before - class);
-        let old = core::mem::replace(&mut self.slots[id as usize], Slot::Vacant { next: NIL });
-        let Slot::Cached {
-            block, prev, next, ..
-        } = old
-        else {
-            unreachable!("class queue reaches a vacant slot")
+        let item = match self.reuse {
+            Reuse::Lifo => cls.items.pop_back(),
+            Reuse::Fifo => cls.items.pop_front(),
         };
-        if prev == NIL {
-            ends.head = next;
-        } else if let Slot::Cached { next: n, .. } = &mut self.slots[prev as usize] {
-            *n = next;
-        }
-        if next == NIL {
-            ends.tail = prev;
-        } else if let Slot::Cached { prev: p, .. } = &mut self.slots[next as usize] {
-            *p = prev;
+        let Some(item) = item else {
+            unreachable!("a non-empty class has a block")
+        };
+        let emptied = cls.items.is_empty();
+        if emptied || self.reuse == Reuse::Fifo {
+            // This class's oldest block moved.
+            self.top_valid = false;
         }
         self.len -= 1;
-        self.bytes -= class;
-        if self.queue.back().is_some_and(|e| e.slot == id) {
-            // The newest entry is this block's (a release taken straight
-            // back): drop it from the back, no stale entry is left behind.
-            self.queue.pop_back();
-            self.free_slot(id);
-        } else {
-            self.reused.insert(id as usize);
-            self.stale += 1;
+        self.bytes = before - class;
+        if emptied {
+            self.emptied();
         }
-        Some(block)
+        Some(item.block)
     }
 
     #[inline]
     fn put(&mut self, block: B, class: usize, now: Duration) -> Option<(B, usize)> {
-        if self.stale > self.len + COMPACT_SLACK {
-            self.compact();
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        let at = nanos(now);
+        let cls = match self.classes.get_mut(&class) {
+            Some(cls) => cls,
+            None => new_class(&mut self.classes, &mut self.empty, class),
+        };
+        if cls.items.is_empty() {
+            self.empty -= 1;
         }
-        let id = self.alloc_slot(Slot::Cached {
-            block,
-            class,
-            prev: NIL,
-            next: NIL,
-        });
-        let ends = self.classes.entry(class).or_insert(Ends {
-            head: NIL,
-            tail: NIL,
-        });
-        let tail = ends.tail;
-        ends.tail = id;
-        if tail == NIL {
-            ends.head = id;
-        } else {
-            self.set_next(tail, id);
-            self.set_prev(id, tail);
+        if cls.items.len() == cls.items.capacity() {
+            grow(&mut cls.items);
         }
-        self.queue.push_back(Entry {
-            secs: now.as_secs(),
-            nanos: now.subsec_nanos(),
-            slot: id,
-        });
+        cls.items.push_back(Item { block, at, seq });
+        if !cls.queued {
+            cls.queued = true;
+            // The largest key yet: one comparison to place it.
+            self.heap.push(Token {
+                seq,
+                at,
+                size: class,
+            });
+        }
         self.len += 1;
         self.bytes += class;
         self.policy.on_release(now, class, self.bytes);
@@ -345,27 +278,15 @@ impl<B, P: EvictionPolicy> Store<B> for TimedStore<B, P> {
 
     #[inline]
     fn evict_due(&mut self, now: Duration) -> Option<(B, usize)> {
-        if now < self.not_before {
+        if nanos(now) < self.not_before {
             return None;
         }
-        let entry = self.front()?;
-        let size = self.class_at(entry.slot);
-        let oldest = Oldest {
-            released_at: entry.released_at(),
-            size,
-        };
-        if self.policy.must_evict(now, oldest, self.bytes) {
-            Some(self.remove_front(entry, size, now, FreeReason::Expired))
-        } else {
-            self.not_before = self.policy.deadline(oldest).unwrap_or(Duration::ZERO);
-            None
-        }
+        self.evict_due_slow(now)
     }
 
     fn pop_oldest(&mut self, now: Duration) -> Option<(B, usize)> {
-        let entry = self.front()?;
-        let class = self.class_at(entry.slot);
-        Some(self.remove_front(entry, class, now, FreeReason::Trimmed))
+        let (size, _) = self.oldest()?;
+        Some(self.remove_oldest(size, now, FreeReason::Trimmed))
     }
 
     #[inline]
@@ -379,102 +300,108 @@ impl<B, P: EvictionPolicy> Store<B> for TimedStore<B, P> {
     }
 
     fn check(&self) {
-        let n = self.slots.len();
-        // Free list: vacant, unmarked, no cycle.
-        let mut in_free = FixedBitSet::with_capacity(n);
-        let mut id = self.free_head;
-        while id != NIL {
-            let i = id as usize;
-            assert!(i < n, "free list leaves the slab");
-            assert!(!in_free.put(i), "free list has a cycle at {i}");
-            assert!(!self.reused.contains(i), "free slot {i} is marked reused");
-            match &self.slots[i] {
-                Slot::Vacant { next } => id = *next,
-                Slot::Cached { .. } => panic!("free list reaches cached slot {i}"),
-            }
-        }
-        // Class queues: every cached slot exactly once, in its own class.
-        let mut in_class = FixedBitSet::with_capacity(n);
+        let empty = self.classes.values().filter(|c| c.items.is_empty()).count();
+        assert_eq!(empty, self.empty, "empty class count");
+        // Blocks: counted, in release order within each class.
         let (mut len, mut bytes) = (0usize, 0usize);
-        for (&class, ends) in &self.classes {
-            let (mut id, mut prev_id) = (ends.head, NIL);
-            while id != NIL {
-                let i = id as usize;
-                assert!(!in_class.put(i), "slot {i} is queued twice");
-                let Slot::Cached {
-                    class: c,
-                    prev,
-                    next,
-                    ..
-                } = &self.slots[i]
-                else {
-                    panic!("class {class} queue reaches vacant slot {i}")
-                };
-                assert_eq!(*c, class, "slot {i} queued under the wrong class");
-                assert_eq!(*prev, prev_id, "slot {i} has a wrong back link");
+        for (&size, class) in &self.classes {
+            assert!(size > 0, "a class of zero bytes");
+            let mut last: Option<&Item<B>> = None;
+            for item in &class.items {
+                assert!(item.seq < self.next_seq, "release number from the future");
+                if let Some(l) = last {
+                    assert!(item.seq > l.seq, "class queue out of release order");
+                    assert!(item.at >= l.at, "class queue out of time order");
+                }
+                last = Some(item);
                 len += 1;
-                bytes += class;
-                prev_id = id;
-                id = *next;
+                bytes += size;
             }
-            assert_eq!(
-                ends.tail, prev_id,
-                "class {class} tail is not its last slot"
-            );
         }
         assert_eq!(len, self.len, "cached block count");
         assert_eq!(bytes, self.bytes, "cached byte count");
-        // Deque: one entry per cached or reused slot, release times in order.
-        let mut queued = FixedBitSet::with_capacity(n);
-        let (mut stale, mut live_order) = (0usize, Vec::new());
-        for e in &self.queue {
-            let i = e.slot as usize;
-            assert!(i < n, "deque entry beyond the slab");
-            assert!(!queued.put(i), "slot {i} has two deque entries");
-            if self.reused.contains(i) {
-                stale += 1;
-                assert!(
-                    matches!(self.slots[i], Slot::Vacant { .. }),
-                    "reused slot {i} still holds a block"
-                );
-            } else {
-                assert!(
-                    in_class.contains(i),
-                    "live deque entry for uncached slot {i}"
-                );
-                live_order.push(e.slot);
+        // Tokens: one per queued class, never later than its oldest block;
+        // every class with blocks is queued.
+        let mut tokens = HashMap::new();
+        for t in self.heap.iter() {
+            assert!(
+                tokens.insert(t.size, *t).is_none(),
+                "class {} has two tokens",
+                t.size
+            );
+            let class = self
+                .classes
+                .get(&t.size)
+                .unwrap_or_else(|| panic!("token for class {} that is gone", t.size));
+            assert!(class.queued, "token for unqueued class {}", t.size);
+            if let Some(front) = class.items.front() {
+                assert!(t.seq <= front.seq, "token of class {} is late", t.size);
+                assert!(t.at <= front.at, "token time of class {} is late", t.size);
             }
         }
-        assert_eq!(stale, self.stale, "stale entry count");
-        assert_eq!(
-            live_order.len(),
-            self.len,
-            "every cached block has an entry"
-        );
-        for i in 0..n {
-            let accounted = in_free.contains(i)
-                || in_class.contains(i)
-                || (self.reused.contains(i) && queued.contains(i));
-            assert!(accounted, "slot {i} is lost");
+        if self.top_valid {
+            let top = self
+                .heap
+                .peek()
+                .expect("a valid top token in an empty heap");
+            let front = self.classes[&top.size].items.front();
+            assert_eq!(
+                front.map(|f| (f.seq, f.at)),
+                Some((top.seq, top.at)),
+                "the top token is marked up to date but is not"
+            );
         }
-        // Within a class, queue order is release order.
-        let mut rank = vec![0usize; n];
-        for (r, &id) in live_order.iter().enumerate() {
-            rank[id as usize] = r;
-        }
-        for ends in self.classes.values() {
-            let mut id = ends.head;
-            let mut last = None;
-            while id != NIL {
-                if let Some(l) = last {
-                    assert!(rank[id as usize] > l, "class queue out of release order");
-                }
-                last = Some(rank[id as usize]);
-                id = match &self.slots[id as usize] {
-                    Slot::Cached { next, .. } => *next,
-                    Slot::Vacant { .. } => NIL,
-                };
+        for (size, class) in &self.classes {
+            assert_eq!(
+                class.queued,
+                tokens.contains_key(size),
+                "class {size} queued flag"
+            );
+            if !class.items.is_empty() {
+                assert!(class.queued, "class {size} holds blocks but has no token");
             }
         }
     }
+}
+
+impl<B, P: EvictionPolicy> TimedStore<B, P> {
+    /// The eviction check once its deadline has passed.
+    #[inline(never)]
+    fn evict_due_slow(&mut self, now: Duration) -> Option<(B, usize)> {
+        let (size, at) = self.oldest()?;
+        let oldest = Oldest {
+            released_at: Duration::from_nanos(at),
+            size,
+        };
+        if self.policy.must_evict(now, oldest, self.bytes) {
+            Some(self.remove_oldest(size, now, FreeReason::Expired))
+        } else {
+            self.not_before = self.policy.deadline(oldest).map_or(0, nanos);
+            None
+        }
+    }
+}
+
+/// Doubles a full class queue's capacity, from one: a class of a few
+/// blocks holds no more room than it needs (`VecDeque` alone would start
+/// at four).
+#[cold]
+#[inline(never)]
+fn grow<T>(items: &mut VecDeque<T>) {
+    items.reserve_exact(items.len().max(1));
+}
+
+/// Adds an empty class of `size` bytes to `classes`.
+#[cold]
+#[inline(never)]
+fn new_class<'a, B>(
+    classes: &'a mut HashMap<usize, Class<B>>,
+    empty: &mut usize,
+    size: usize,
+) -> &'a mut Class<B> {
+    *empty += 1;
+    classes.entry(size).or_insert(Class {
+        items: VecDeque::new(),
+        queued: false,
+    })
 }
