@@ -12,6 +12,7 @@ mod semantics;
 mod shared;
 mod size_class;
 mod support;
+mod timed_store;
 // The trace tests read files and replay whole traces: too slow for Miri and
 // blocked by its isolation.
 #[cfg(not(miri))]

@@ -1,0 +1,152 @@
+//! Tests: the timed store's own paths, which the model's small palette of
+//! sizes does not reach: hundreds of classes emptied and swept, class
+//! tokens that lag behind their class (FIFO hits, emptied classes), and
+//! oldest-first order across classes when the tokens are brought up to
+//! date. Every step is followed by `validate()`, which checks the store's
+//! invariants (one token per class with blocks, never later than its
+//! oldest block; counts; release order within each class).
+
+use core::time::Duration;
+
+use decaying_pool::testing::{Call, CheckingAllocator};
+use decaying_pool::{DecayingPool, FixedTime, ManualClock, Reuse};
+
+type Pool = DecayingPool<CheckingAllocator, FixedTime, ManualClock>;
+
+const TTL: Duration = Duration::from_secs(1);
+
+fn pool(reuse: Reuse) -> (Pool, CheckingAllocator, ManualClock) {
+    let alloc = CheckingAllocator::new();
+    let clock = ManualClock::new();
+    let pool = DecayingPool::builder(alloc.clone())
+        .policy(FixedTime::new(TTL))
+        .clock(clock.clone())
+        .reuse(reuse)
+        .build();
+    (pool, alloc, clock)
+}
+
+fn put(pool: &mut Pool, block: u64, size: usize) {
+    // SAFETY: every caller passes a block this pool handed out for `size`
+    // and does not use it again (a `u64` block cannot be misused).
+    unsafe { pool.release(block, size) };
+    pool.validate();
+}
+
+fn get(pool: &mut Pool, size: usize) -> u64 {
+    let b = pool.allocate(size).expect("the checking allocator never fails");
+    pool.validate();
+    b
+}
+
+/// The blocks the backing allocator got back, in order.
+fn freed(alloc: &CheckingAllocator) -> Vec<u64> {
+    alloc
+        .calls()
+        .into_iter()
+        .filter_map(|c| match c {
+            Call::Deallocate { block, .. } => Some(block),
+            Call::Allocate { .. } => None,
+        })
+        .collect()
+}
+
+#[test]
+fn hundreds_of_emptied_classes_are_swept_and_every_block_comes_back_once() {
+    let (mut pool, alloc, clock) = pool(Reuse::Lifo);
+    let sizes: Vec<usize> = (1..=500).map(|i| i * 48).collect();
+    let blocks: Vec<u64> = sizes.iter().map(|&s| get(&mut pool, s)).collect();
+    for (&b, &s) in blocks.iter().zip(&sizes) {
+        put(&mut pool, b, s);
+    }
+    assert_eq!(pool.stats().blocks_cached, 500);
+    // Take every class back: each empties, and the empty ones get swept
+    // (more than the non-empty ones plus the slack) along the way.
+    let again: Vec<u64> = sizes.iter().map(|&s| get(&mut pool, s)).collect();
+    assert_eq!(again, blocks, "every request is a hit on its own class");
+    assert_eq!(pool.stats().hits, 500);
+    assert_eq!(pool.stats().blocks_cached, 0);
+    // Swept classes come back as new ones; nothing is lost or doubled.
+    for (&b, &s) in again.iter().zip(&sizes).rev() {
+        put(&mut pool, b, s);
+    }
+    clock.advance(TTL);
+    assert_eq!(pool.collect(), 500);
+    pool.validate();
+    assert_eq!(alloc.deallocs(), 500);
+    assert_eq!(alloc.live(), 0);
+    // Released in reverse size order, at one instant: freed in release order.
+    let mut want = blocks.clone();
+    want.reverse();
+    assert_eq!(freed(&alloc), want);
+}
+
+#[test]
+fn a_token_left_behind_by_fifo_hits_still_finds_the_oldest_block() {
+    let (mut pool, alloc, clock) = pool(Reuse::Fifo);
+    // Class 100 gets three blocks at t = 0, 10, 20 ms; class 200 one at 15 ms.
+    let a: Vec<u64> = (0..3).map(|_| get(&mut pool, 100)).collect();
+    let b = get(&mut pool, 200);
+    put(&mut pool, a[0], 100);
+    clock.advance(Duration::from_millis(10));
+    put(&mut pool, a[1], 100);
+    clock.advance(Duration::from_millis(5));
+    put(&mut pool, b, 200);
+    clock.advance(Duration::from_millis(5));
+    put(&mut pool, a[2], 100);
+    // A FIFO hit takes class 100's oldest (t = 0): its token now lags.
+    assert_eq!(get(&mut pool, 100), a[0]);
+    // The oldest cached block is a[1] (10 ms), then b (15 ms), then a[2].
+    assert_eq!(pool.trim(), 400, "bytes freed");
+    pool.validate();
+    assert_eq!(freed(&alloc), vec![a[1], b, a[2]]);
+}
+
+#[test]
+fn expiry_is_exact_when_tokens_lag_behind_their_classes() {
+    let (mut pool, alloc, clock) = pool(Reuse::Lifo);
+    let x = get(&mut pool, 64);
+    let y = get(&mut pool, 64);
+    let z = get(&mut pool, 128);
+    put(&mut pool, x, 64); // t = 0
+    clock.advance(Duration::from_millis(400));
+    put(&mut pool, z, 128); // t = 400 ms
+    clock.advance(Duration::from_millis(100));
+    // Empty class 64 (its token stays at t = 0) and refill it at 500 ms.
+    assert_eq!(get(&mut pool, 64), x);
+    put(&mut pool, y, 64); // t = 500 ms
+    // At 1 s the stale token comes up; nothing is due until 1.4 s.
+    clock.set(TTL);
+    assert_eq!(pool.collect(), 0);
+    pool.validate();
+    clock.set(Duration::from_millis(1399));
+    assert_eq!(pool.collect(), 0);
+    clock.set(Duration::from_millis(1400));
+    assert_eq!(pool.collect(), 1);
+    assert_eq!(freed(&alloc), vec![z]);
+    clock.set(Duration::from_millis(1499));
+    assert_eq!(pool.collect(), 0);
+    clock.set(Duration::from_millis(1500));
+    assert_eq!(pool.collect(), 1);
+    pool.validate();
+    assert_eq!(freed(&alloc), vec![z, y]);
+    // x is in use: the pool holds nothing, and gives x back on release.
+    assert_eq!(pool.stats().blocks_cached, 0);
+    put(&mut pool, x, 64);
+    drop(pool);
+    alloc.assert_all_freed();
+}
+
+#[test]
+fn a_class_that_keeps_emptying_costs_one_buffer_not_one_per_round_trip() {
+    let (mut pool, alloc, _clock) = pool(Reuse::Lifo);
+    let b = get(&mut pool, 4096);
+    for _ in 0..10_000 {
+        // SAFETY: `b` came from this pool with this size.
+        unsafe { pool.release(b, 4096) };
+        assert_eq!(pool.allocate(4096).unwrap(), b);
+    }
+    pool.validate();
+    assert_eq!(pool.stats().hits, 10_000);
+    assert_eq!(alloc.allocs(), 1);
+}
