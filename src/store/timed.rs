@@ -148,8 +148,8 @@ impl<B, P: EvictionPolicy> TimedStore<B, P> {
     #[cold]
     #[inline(never)]
     fn sweep(&mut self) {
+        // Frees the buffers; the map keeps its table (no allocation here).
         self.classes.retain(|_, class| !class.items.is_empty());
-        self.classes.shrink_to_fit();
         let classes = &self.classes;
         self.heap.retain(|t| classes.contains_key(&t.size));
         self.empty = 0;
