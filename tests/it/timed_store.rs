@@ -34,7 +34,9 @@ fn put(pool: &mut Pool, block: u64, size: usize) {
 }
 
 fn get(pool: &mut Pool, size: usize) -> u64 {
-    let b = pool.allocate(size).expect("the checking allocator never fails");
+    let b = pool
+        .allocate(size)
+        .expect("the checking allocator never fails");
     pool.validate();
     b
 }
@@ -115,6 +117,7 @@ fn expiry_is_exact_when_tokens_lag_behind_their_classes() {
     // Empty class 64 (its token stays at t = 0) and refill it at 500 ms.
     assert_eq!(get(&mut pool, 64), x);
     put(&mut pool, y, 64); // t = 500 ms
+
     // At 1 s the stale token comes up; nothing is due until 1.4 s.
     clock.set(TTL);
     assert_eq!(pool.collect(), 0);
