@@ -8,8 +8,6 @@
 //! cache lock and deallocates them after releasing it, so a slow backing
 //! call never holds up other threads' hits.
 
-use core::time::Duration;
-
 use crate::class::SizeClass;
 use crate::clock::Clock;
 use crate::error::PoolError;
@@ -27,8 +25,10 @@ struct Counters {
     backing_allocs: u64,
     backing_deallocs: u64,
     backing_failures: u64,
-    blocks_in_use: u64,
-    bytes_in_use: usize,
+    /// Class bytes held from the backing allocator (in use + cached); the
+    /// counts in use are derived from it and the store's, so a hit or a
+    /// release updates no counter of its own here.
+    bytes_reserved: usize,
     peak_bytes_reserved: usize,
     peak_bytes_in_use: usize,
     bytes_from_pool: usize,
@@ -76,14 +76,14 @@ impl<B, P: Policy, C: Clock> Cache<B, P, C> {
         }
     }
 
-    /// The time the policy runs at (zero for an untimed store, whose pool
+    /// The time the policy runs at, in nanoseconds (zero for an untimed store, whose pool
     /// never reads the clock).
     #[inline]
-    pub(crate) fn now(&self) -> Duration {
+    pub(crate) fn now(&self) -> u64 {
         if <P::Store<B> as Store<B>>::TIMED {
-            self.clock.now()
+            self.clock.now_nanos()
         } else {
-            Duration::ZERO
+            0
         }
     }
 
@@ -91,13 +91,14 @@ impl<B, P: Policy, C: Clock> Cache<B, P, C> {
     #[inline]
     pub(crate) fn run_policy(
         &mut self,
-        now: Duration,
+        now: u64,
         free: &mut (impl FnMut(B, usize) + ?Sized),
     ) -> usize {
         let mut freed = 0;
         while let Some((block, class)) = self.store.evict_due(now) {
             self.stats.evictions += 1;
             self.stats.backing_deallocs += 1;
+            self.stats.bytes_reserved -= class;
             free(block, class);
             freed += 1;
         }
@@ -114,16 +115,27 @@ impl<B, P: Policy, C: Clock> Cache<B, P, C> {
         }
     }
 
+    /// Blocks handed out and not released.
+    #[inline]
+    fn blocks_in_use(&self) -> u64 {
+        self.stats.backing_allocs - self.stats.backing_deallocs - self.store.len() as u64
+    }
+
+    /// Class bytes handed out and not released.
+    #[inline]
+    fn bytes_in_use(&self) -> usize {
+        self.stats.bytes_reserved - self.store.bytes()
+    }
+
     /// A hit: a cached block of `class`, counted in use.
     #[inline]
-    pub(crate) fn take(&mut self, class: usize, now: Duration) -> Option<B> {
+    pub(crate) fn take(&mut self, class: usize, now: u64) -> Option<B> {
         let block = self.store.take(class, now)?;
+        let in_use = self.bytes_in_use();
         let s = &mut self.stats;
         s.hits += 1;
         s.bytes_from_pool = s.bytes_from_pool.saturating_add(class);
-        s.blocks_in_use += 1;
-        s.bytes_in_use += class;
-        s.peak_bytes_in_use = s.peak_bytes_in_use.max(s.bytes_in_use);
+        s.peak_bytes_in_use = s.peak_bytes_in_use.max(in_use);
         Some(block)
     }
 
@@ -134,10 +146,10 @@ impl<B, P: Policy, C: Clock> Cache<B, P, C> {
         &mut self,
         size: usize,
         class: usize,
-        now: Duration,
+        now: u64,
         free: &mut (impl FnMut(B, usize) + ?Sized),
     ) -> Result<(), PoolError<E>> {
-        let committed = self.stats.bytes_in_use + self.pending;
+        let committed = self.bytes_in_use() + self.pending;
         if committed
             .checked_add(self.store.bytes())
             .and_then(|r| r.checked_add(class))
@@ -150,7 +162,7 @@ impl<B, P: Policy, C: Clock> Cache<B, P, C> {
                 return Err(PoolError::LimitExceeded {
                     requested: size,
                     limit,
-                    reserved: self.stats.bytes_in_use + self.store.bytes(),
+                    reserved: self.stats.bytes_reserved,
                 });
             }
             while committed + self.store.bytes() + class > limit {
@@ -171,11 +183,10 @@ impl<B, P: Policy, C: Clock> Cache<B, P, C> {
         s.misses += 1;
         s.backing_allocs += 1;
         s.bytes_from_backing = s.bytes_from_backing.saturating_add(class);
-        s.blocks_in_use += 1;
-        s.bytes_in_use += class;
-        s.peak_bytes_in_use = s.peak_bytes_in_use.max(s.bytes_in_use);
-        let reserved = s.bytes_in_use + self.store.bytes();
-        s.peak_bytes_reserved = s.peak_bytes_reserved.max(reserved);
+        s.bytes_reserved += class;
+        s.peak_bytes_reserved = s.peak_bytes_reserved.max(s.bytes_reserved);
+        let in_use = s.bytes_reserved - self.store.bytes();
+        s.peak_bytes_in_use = s.peak_bytes_in_use.max(in_use);
     }
 
     /// The out-of-memory ladder, after the `attempt`-th failed backing call
@@ -187,7 +198,7 @@ impl<B, P: Policy, C: Clock> Cache<B, P, C> {
         &mut self,
         attempt: u32,
         class: usize,
-        now: Duration,
+        now: u64,
         free: &mut (impl FnMut(B, usize) + ?Sized),
     ) -> Retry {
         self.stats.backing_failures += 1;
@@ -229,31 +240,29 @@ impl<B, P: Policy, C: Clock> Cache<B, P, C> {
         &mut self,
         block: B,
         size: usize,
-        now: Duration,
+        now: u64,
         free: &mut (impl FnMut(B, usize) + ?Sized),
     ) {
-        let class = self.size_class.round(size);
-        let s = &mut self.stats;
-        let class = match class {
-            Some(class) if s.blocks_in_use > 0 && s.bytes_in_use >= class => class,
+        let class = match self.size_class.round(size) {
+            Some(class) if self.blocks_in_use() > 0 && self.bytes_in_use() >= class => class,
             _ => release_mismatch(size),
         };
-        s.blocks_in_use -= 1;
-        s.bytes_in_use -= class;
         if let Some((block, class)) = self.store.put(block, class, now) {
             self.stats.evictions += 1;
             self.stats.backing_deallocs += 1;
+            self.stats.bytes_reserved -= class;
             free(block, class);
         }
     }
 
     /// Frees the oldest cached block (counted as trimmed); `false` when the
     /// cache is empty.
-    fn trim_oldest(&mut self, now: Duration, free: &mut (impl FnMut(B, usize) + ?Sized)) -> bool {
+    fn trim_oldest(&mut self, now: u64, free: &mut (impl FnMut(B, usize) + ?Sized)) -> bool {
         match self.store.pop_oldest(now) {
             Some((block, class)) => {
                 self.stats.trimmed += 1;
                 self.stats.backing_deallocs += 1;
+                self.stats.bytes_reserved -= class;
                 free(block, class);
                 true
             }
@@ -264,7 +273,7 @@ impl<B, P: Policy, C: Clock> Cache<B, P, C> {
     /// Frees every cached block (counted as trimmed); returns the bytes freed.
     pub(crate) fn trim_all(
         &mut self,
-        now: Duration,
+        now: u64,
         free: &mut (impl FnMut(B, usize) + ?Sized),
     ) -> usize {
         let before = self.store.bytes();
@@ -283,11 +292,11 @@ impl<B, P: Policy, C: Clock> Cache<B, P, C> {
             backing_allocs: c.backing_allocs,
             backing_deallocs: c.backing_deallocs,
             backing_failures: c.backing_failures,
-            blocks_in_use: c.blocks_in_use,
+            blocks_in_use: self.blocks_in_use(),
             blocks_cached: self.store.len() as u64,
-            bytes_in_use: c.bytes_in_use,
+            bytes_in_use: self.bytes_in_use(),
             bytes_cached,
-            bytes_reserved: c.bytes_in_use + bytes_cached,
+            bytes_reserved: c.bytes_reserved,
             peak_bytes_reserved: c.peak_bytes_reserved,
             peak_bytes_in_use: c.peak_bytes_in_use,
             bytes_from_pool: c.bytes_from_pool,

@@ -23,6 +23,30 @@ use std::sync::Arc;
 pub trait Clock {
     /// The current time. Never goes backwards.
     fn now(&self) -> Duration;
+
+    /// The current time in whole nanoseconds since the clock's origin,
+    /// saturating at `u64::MAX` (584 years): what the pool reads.
+    ///
+    /// The default converts [`now`](Clock::now). A clock that counts
+    /// nanoseconds natively overrides it and spares the pool's hot path two
+    /// conversions; both must tell the same time.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use core::time::Duration;
+    /// use decaying_pool::Clock;
+    ///
+    /// struct Frozen(Duration);
+    /// impl Clock for Frozen {
+    ///     fn now(&self) -> Duration { self.0 }
+    /// }
+    /// assert_eq!(Frozen(Duration::from_millis(3)).now_nanos(), 3_000_000);
+    /// ```
+    #[inline]
+    fn now_nanos(&self) -> u64 {
+        saturating_nanos(self.now())
+    }
 }
 
 impl<C: Clock + ?Sized> Clock for &C {
@@ -30,12 +54,22 @@ impl<C: Clock + ?Sized> Clock for &C {
     fn now(&self) -> Duration {
         (**self).now()
     }
+
+    #[inline]
+    fn now_nanos(&self) -> u64 {
+        (**self).now_nanos()
+    }
 }
 
 impl<C: Clock + ?Sized> Clock for Arc<C> {
     #[inline]
     fn now(&self) -> Duration {
         (**self).now()
+    }
+
+    #[inline]
+    fn now_nanos(&self) -> u64 {
+        (**self).now_nanos()
     }
 }
 
@@ -95,6 +129,11 @@ impl MonotonicClock {
 impl Clock for MonotonicClock {
     #[inline]
     fn now(&self) -> Duration {
+        Duration::from_nanos(self.now_nanos())
+    }
+
+    #[inline]
+    fn now_nanos(&self) -> u64 {
         #[cfg(any(target_os = "linux", target_os = "android"))]
         {
             let mut ts = libc::timespec {
@@ -104,11 +143,13 @@ impl Clock for MonotonicClock {
             // SAFETY: `ts` is a valid, writable timespec; CLOCK_MONOTONIC_COARSE
             // exists on every Linux since 2.6.32 and cannot fail with a valid pointer.
             unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut ts) };
-            Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+            (ts.tv_sec as u64)
+                .saturating_mul(1_000_000_000)
+                .saturating_add(ts.tv_nsec as u64)
         }
         #[cfg(not(any(target_os = "linux", target_os = "android")))]
         {
-            PreciseClock.now()
+            PreciseClock.now_nanos()
         }
     }
 }
@@ -221,6 +262,11 @@ impl ManualClock {
 impl Clock for ManualClock {
     #[inline]
     fn now(&self) -> Duration {
-        Duration::from_nanos(self.nanos.load(Ordering::Relaxed))
+        Duration::from_nanos(self.now_nanos())
+    }
+
+    #[inline]
+    fn now_nanos(&self) -> u64 {
+        self.nanos.load(Ordering::Relaxed)
     }
 }

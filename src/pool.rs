@@ -1,7 +1,6 @@
 //! The pool: a cache of idle blocks in front of a costly allocator.
 
 use core::fmt;
-use core::time::Duration;
 
 use crate::cache::{Cache, Retry};
 use crate::class::SizeClass;
@@ -497,7 +496,7 @@ impl<A: RawAllocator, P: Policy, C: Clock> DecayingPool<A, P, C> {
         &mut self,
         size: usize,
         class: usize,
-        now: Duration,
+        now: u64,
     ) -> Result<A::Block, PoolError<A::Error>> {
         let Self { alloc, cache } = self;
         cache.make_room(size, class, now, &mut |block, class| {

@@ -154,7 +154,7 @@ type Frees<B> = Vec<(B, usize)>;
 /// What the cache decided for an `allocate`.
 enum Step<B> {
     Hit(B),
-    Miss { class: usize, now: Duration },
+    Miss { class: usize, now: u64 },
 }
 
 fn recover<T>(r: Result<T, PoisonError<T>>) -> T {
@@ -242,7 +242,7 @@ impl<A: RawAllocator, P: Policy, C: Clock> Inner<A, P, C> {
     /// A miss whose class is booked: the backing calls and the retry
     /// ladder, with the cache lock released around every backing call.
     #[inline(never)]
-    fn miss(&self, class: usize, now: Duration) -> Result<A::Block, PoolError<A::Error>> {
+    fn miss(&self, class: usize, now: u64) -> Result<A::Block, PoolError<A::Error>> {
         /// Drops the booking if the backing allocator panics.
         struct Booking<'a, A: RawAllocator, P: Policy, C: Clock> {
             inner: &'a Inner<A, P, C>,

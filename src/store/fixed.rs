@@ -12,8 +12,6 @@
 //! the globally oldest block in O(1). Each entry carries a release stamp
 //! (a counter) to compare ages within a window.
 
-use core::time::Duration;
-
 use super::Store;
 use crate::policy::{FixedCapacity, Reuse};
 
@@ -127,7 +125,7 @@ impl<B> Store<B> for FixedStore<B> {
     const TIMED: bool = false;
 
     #[inline]
-    fn take(&mut self, class: usize, _now: Duration) -> Option<B> {
+    fn take(&mut self, class: usize, _now: u64) -> Option<B> {
         if self.table.is_empty() {
             return None;
         }
@@ -151,7 +149,7 @@ impl<B> Store<B> for FixedStore<B> {
     }
 
     #[inline]
-    fn put(&mut self, block: B, class: usize, _now: Duration) -> Option<(B, usize)> {
+    fn put(&mut self, block: B, class: usize, _now: u64) -> Option<(B, usize)> {
         if self.table.is_empty() {
             return Some((block, class));
         }
@@ -176,11 +174,11 @@ impl<B> Store<B> for FixedStore<B> {
     }
 
     #[inline]
-    fn evict_due(&mut self, _now: Duration) -> Option<(B, usize)> {
+    fn evict_due(&mut self, _now: u64) -> Option<(B, usize)> {
         None
     }
 
-    fn pop_oldest(&mut self, _now: Duration) -> Option<(B, usize)> {
+    fn pop_oldest(&mut self, _now: u64) -> Option<(B, usize)> {
         if self.oldest == NIL {
             return None;
         }

@@ -3,14 +3,14 @@
 //! Implementation detail of [`Policy`](crate::policy::Policy); public only
 //! because the policy trait names it.
 
-use core::time::Duration;
-
 pub mod fixed;
 pub mod timed;
 
 /// A cache of idle blocks keyed by class size.
 ///
 /// Not meant to be implemented outside this crate.
+/// Times are in nanoseconds since the clock's origin
+/// ([`Clock::now_nanos`](crate::Clock::now_nanos)).
 pub trait Store<B> {
     /// Whether the store needs the clock; a pool over an untimed store
     /// never reads it.
@@ -18,18 +18,18 @@ pub trait Store<B> {
 
     /// Takes a cached block of `class` bytes (a hit), choosing by the
     /// store's reuse order.
-    fn take(&mut self, class: usize, now: Duration) -> Option<B>;
+    fn take(&mut self, class: usize, now: u64) -> Option<B>;
 
     /// Caches `block` of `class` bytes, released at `now`. Returns a block
     /// the store displaced to make room (possibly `block` itself), which the
     /// caller must free: that is an eviction.
-    fn put(&mut self, block: B, class: usize, now: Duration) -> Option<(B, usize)>;
+    fn put(&mut self, block: B, class: usize, now: u64) -> Option<(B, usize)>;
 
     /// Removes the oldest block if the policy says it must go at `now`.
-    fn evict_due(&mut self, now: Duration) -> Option<(B, usize)>;
+    fn evict_due(&mut self, now: u64) -> Option<(B, usize)>;
 
     /// Removes the oldest block whatever the policy says (trim, limit, retry).
-    fn pop_oldest(&mut self, now: Duration) -> Option<(B, usize)>;
+    fn pop_oldest(&mut self, now: u64) -> Option<(B, usize)>;
 
     /// Cached blocks.
     fn len(&self) -> usize;

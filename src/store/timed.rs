@@ -191,7 +191,8 @@ impl<B, P: EvictionPolicy> TimedStore<B, P> {
     /// Frees the oldest block, of class `size`, which [`oldest`] found.
     /// The policy is told first, so a panic in it changes nothing.
     #[inline]
-    fn remove_oldest(&mut self, size: usize, now: Duration, reason: FreeReason) -> (B, usize) {
+    fn remove_oldest(&mut self, size: usize, now: u64, reason: FreeReason) -> (B, usize) {
+        let now = Duration::from_nanos(now);
         self.policy.on_free(now, size, self.bytes - size, reason);
         self.not_before = 0;
         self.top_valid = false;
@@ -219,14 +220,15 @@ impl<B, P: EvictionPolicy> Store<B> for TimedStore<B, P> {
     // Always inlined: the hit path is a handful of loads and stores, and
     // a call would cost as much again.
     #[inline(always)]
-    fn take(&mut self, class: usize, now: Duration) -> Option<B> {
+    fn take(&mut self, class: usize, now: u64) -> Option<B> {
         let cls = self.classes.get_mut(&class)?;
         if cls.items.is_empty() {
             return None;
         }
         // Told first, so a panic in the policy changes nothing.
         let before = self.bytes;
-        self.policy.on_hit(now, class, before, before - class);
+        self.policy
+            .on_hit(Duration::from_nanos(now), class, before, before - class);
         let item = match self.reuse {
             Reuse::Lifo => cls.items.pop_back(),
             Reuse::Fifo => cls.items.pop_front(),
@@ -250,10 +252,10 @@ impl<B, P: EvictionPolicy> Store<B> for TimedStore<B, P> {
     // Always inlined: the hit path is a handful of loads and stores, and
     // a call would cost as much again.
     #[inline(always)]
-    fn put(&mut self, block: B, class: usize, now: Duration) -> Option<(B, usize)> {
+    fn put(&mut self, block: B, class: usize, now: u64) -> Option<(B, usize)> {
         let seq = self.next_seq;
         self.next_seq += 1;
-        let at = nanos(now);
+        let at = now;
         let cls = match self.classes.get_mut(&class) {
             Some(cls) => cls,
             None => new_class(&mut self.classes, &mut self.empty, class),
@@ -276,21 +278,22 @@ impl<B, P: EvictionPolicy> Store<B> for TimedStore<B, P> {
         }
         self.len += 1;
         self.bytes += class;
-        self.policy.on_release(now, class, self.bytes);
+        self.policy
+            .on_release(Duration::from_nanos(now), class, self.bytes);
         None
     }
 
     // Always inlined: the hit path is a handful of loads and stores, and
     // a call would cost as much again.
     #[inline(always)]
-    fn evict_due(&mut self, now: Duration) -> Option<(B, usize)> {
-        if nanos(now) < self.not_before {
+    fn evict_due(&mut self, now: u64) -> Option<(B, usize)> {
+        if now < self.not_before {
             return None;
         }
         self.evict_due_slow(now)
     }
 
-    fn pop_oldest(&mut self, now: Duration) -> Option<(B, usize)> {
+    fn pop_oldest(&mut self, now: u64) -> Option<(B, usize)> {
         let (size, _) = self.oldest()?;
         Some(self.remove_oldest(size, now, FreeReason::Trimmed))
     }
@@ -317,7 +320,6 @@ impl<B, P: EvictionPolicy> Store<B> for TimedStore<B, P> {
                 assert!(item.seq < self.next_seq, "release number from the future");
                 if let Some(l) = last {
                     assert!(item.seq > l.seq, "class queue out of release order");
-                    assert!(item.at >= l.at, "class queue out of time order");
                 }
                 last = Some(item);
                 len += 1;
@@ -373,13 +375,15 @@ impl<B, P: EvictionPolicy> Store<B> for TimedStore<B, P> {
 impl<B, P: EvictionPolicy> TimedStore<B, P> {
     /// The eviction check once its deadline has passed.
     #[inline(never)]
-    fn evict_due_slow(&mut self, now: Duration) -> Option<(B, usize)> {
+    fn evict_due_slow(&mut self, now: u64) -> Option<(B, usize)> {
         let (size, at) = self.oldest()?;
         let oldest = Oldest {
             released_at: Duration::from_nanos(at),
             size,
         };
-        if self.policy.must_evict(now, oldest, self.bytes) {
+        if self.policy
+            .must_evict(Duration::from_nanos(now), oldest, self.bytes)
+        {
             Some(self.remove_oldest(size, now, FreeReason::Expired))
         } else {
             self.not_before = self.policy.deadline(oldest).map_or(0, nanos);
