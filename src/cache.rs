@@ -88,7 +88,7 @@ impl<B, P: Policy, C: Clock> Cache<B, P, C> {
     }
 
     /// Frees every block the policy says must go at `now`; returns how many.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn run_policy(
         &mut self,
         now: u64,
@@ -106,7 +106,7 @@ impl<B, P: Policy, C: Clock> Cache<B, P, C> {
     }
 
     /// The class of a request, or why it cannot have one.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn class_of<E>(&self, size: usize) -> Result<usize, PoolError<E>> {
         match self.size_class.round(size) {
             Some(class) => Ok(class),
@@ -128,7 +128,7 @@ impl<B, P: Policy, C: Clock> Cache<B, P, C> {
     }
 
     /// A hit: a cached block of `class`, counted in use.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn take(&mut self, class: usize, now: u64) -> Option<B> {
         let block = self.store.take(class, now)?;
         let in_use = self.bytes_in_use();
@@ -234,7 +234,7 @@ impl<B, P: Policy, C: Clock> Cache<B, P, C> {
     ///
     /// When `size` could not have been allocated, or more is released than
     /// is in use.
-    #[inline]
+    #[inline(always)]
     #[track_caller]
     pub(crate) fn release(
         &mut self,

@@ -29,24 +29,28 @@
 //! known to be up to date until a hit moves a class's oldest block or a
 //! block is freed, so the check reads no class.
 //!
-//! A class whose queue empties keeps its buffer and token, so a size
-//! that comes back costs no allocation. When empty classes outnumber the
-//! others by more than `SWEEP_SLACK`, they are all dropped, with their
-//! tokens: O(classes), paid for by the operations
-//! that emptied them, so O(1) amortised, and the memory held by empty
-//! classes stays bounded.
+//! A class whose queue empties keeps its buffer and token, so a size that
+//! comes back costs no allocation and a hit updates no count of empty
+//! classes. Empty classes are swept (dropped, with their tokens, in one
+//! O(classes) pass) when a new class would take the number of classes past
+//! twice what was left after the last sweep plus `SWEEP_SLACK` (so the
+//! sweep is paid for by the insertions since, O(1) amortised, and classes
+//! stay within twice the peak of live ones), and when the cache decays to
+//! nothing.
 
 use core::cmp::Ordering;
 use core::time::Duration;
 use std::collections::binary_heap::PeekMut;
 use std::collections::{BinaryHeap, VecDeque};
 
-use hashbrown::HashMap;
+use core::hash::BuildHasher;
+use hashbrown::{DefaultHashBuilder, HashMap, HashTable};
 
 use super::Store;
 use crate::policy::{EvictionPolicy, FreeReason, Oldest, Reuse};
 
-/// Empty classes tolerated beyond the non-empty ones before they are swept.
+/// Classes added beyond twice the number left by the last sweep before the
+/// next one.
 const SWEEP_SLACK: usize = 64;
 
 /// A time as nanoseconds since the clock's origin (saturating: 584 years).
@@ -66,6 +70,7 @@ struct Item<B> {
 
 /// A size class: its cached blocks in release order.
 struct Class<B> {
+    size: usize,
     items: VecDeque<Item<B>>,
     /// Whether the class has a token in the heap.
     queued: bool,
@@ -100,13 +105,97 @@ impl PartialEq for Token {
 
 impl Eq for Token {}
 
+/// The classes, keyed by size: a `hashbrown` table that remembers where
+/// the last class it found lives, so a release right after a hit of the
+/// same size (the common round trip) finds its class without hashing.
+struct Classes<B> {
+    table: HashTable<Class<B>>,
+    hasher: DefaultHashBuilder,
+    /// The size and bucket of the last class found (size 0: none). Only a
+    /// hint: checked against the bucket's class before use.
+    memo: (usize, usize),
+}
+
+impl<B> Classes<B> {
+    fn new() -> Self {
+        Classes {
+            table: HashTable::new(),
+            hasher: DefaultHashBuilder::default(),
+            memo: (0, 0),
+        }
+    }
+
+    #[inline]
+    fn len(&self) -> usize {
+        self.table.len()
+    }
+
+    /// The class of `size`, if any.
+    #[inline(always)]
+    fn get_mut(&mut self, size: usize) -> Option<&mut Class<B>> {
+        let (memo_size, memo_index) = self.memo;
+        let index = if memo_size == size
+            && self
+                .table
+                .get_bucket(memo_index)
+                .is_some_and(|c| c.size == size)
+        {
+            memo_index
+        } else {
+            let hash = self.hasher.hash_one(size);
+            let index = self.table.find_bucket_index(hash, |c| c.size == size)?;
+            self.memo = (size, index);
+            index
+        };
+        // SAFETY: `index` is a full bucket of this table: either
+        // `get_bucket` just found a class there, or `find_bucket_index` just
+        // returned it, and the table has not changed since.
+        Some(unsafe { self.table.get_bucket_unchecked_mut(index) })
+    }
+
+    /// The class of `size`, if any, without touching the hint.
+    fn get(&self, size: usize) -> Option<&Class<B>> {
+        let hash = self.hasher.hash_one(size);
+        self.table.find(hash, |c| c.size == size)
+    }
+
+    /// Adds an empty class of `size` bytes, which is not in the table.
+    #[cold]
+    #[inline(never)]
+    fn insert(&mut self, size: usize) -> &mut Class<B> {
+        let hash = self.hasher.hash_one(size);
+        let hasher = &self.hasher;
+        let entry = self.table.insert_unique(
+            hash,
+            Class {
+                size,
+                items: VecDeque::new(),
+                queued: false,
+            },
+            |c| hasher.hash_one(c.size),
+        );
+        self.memo = (size, entry.bucket_index());
+        entry.into_mut()
+    }
+
+    /// Keeps only the classes `keep` approves.
+    fn retain(&mut self, keep: impl FnMut(&mut Class<B>) -> bool) {
+        self.table.retain(keep);
+    }
+
+    fn iter(&self) -> impl Iterator<Item = &Class<B>> {
+        self.table.iter()
+    }
+}
+
 /// The timed store: see the module documentation.
 pub struct TimedStore<B, P> {
     policy: P,
     reuse: Reuse,
-    classes: HashMap<usize, Class<B>>,
-    /// Classes with no cached block.
-    empty: usize,
+    classes: Classes<B>,
+    /// The number of classes at which the next insertion first sweeps the
+    /// empty ones.
+    sweep_at: usize,
     heap: BinaryHeap<Token>,
     next_seq: u64,
     len: usize,
@@ -124,8 +213,8 @@ impl<B, P: EvictionPolicy> TimedStore<B, P> {
         TimedStore {
             policy,
             reuse,
-            classes: HashMap::new(),
-            empty: 0,
+            classes: Classes::new(),
+            sweep_at: SWEEP_SLACK,
             heap: BinaryHeap::new(),
             next_seq: 0,
             len: 0,
@@ -135,13 +224,16 @@ impl<B, P: EvictionPolicy> TimedStore<B, P> {
         }
     }
 
-    /// A class just emptied: sweeps the empty classes if they are too many.
-    #[inline]
-    fn emptied(&mut self) {
-        self.empty += 1;
-        if self.empty > self.classes.len() - self.empty + SWEEP_SLACK {
+    /// Adds the class of `size`, first sweeping the empty classes when
+    /// there are twice as many classes as after the last sweep (plus
+    /// `SWEEP_SLACK`): the sweep is paid for by the insertions since.
+    #[cold]
+    #[inline(never)]
+    fn new_class(&mut self, size: usize) -> &mut Class<B> {
+        if self.classes.len() >= self.sweep_at {
             self.sweep();
         }
+        self.classes.insert(size)
     }
 
     /// Drops every empty class, with its buffer and its token.
@@ -149,10 +241,10 @@ impl<B, P: EvictionPolicy> TimedStore<B, P> {
     #[inline(never)]
     fn sweep(&mut self) {
         // Frees the buffers; the map keeps its table (no allocation here).
-        self.classes.retain(|_, class| !class.items.is_empty());
+        self.classes.retain(|class| !class.items.is_empty());
         let classes = &self.classes;
-        self.heap.retain(|t| classes.contains_key(&t.size));
-        self.empty = 0;
+        self.heap.retain(|t| classes.get(t.size).is_some());
+        self.sweep_at = self.classes.len() * 2 + SWEEP_SLACK;
         self.top_valid = false;
     }
 
@@ -168,7 +260,7 @@ impl<B, P: EvictionPolicy> TimedStore<B, P> {
             let mut top = self.heap.peek_mut()?;
             let class = self
                 .classes
-                .get_mut(&top.size)
+                .get_mut(top.size)
                 .expect("a token for a class that is gone");
             match class.items.front() {
                 Some(front) if front.seq == top.seq => {
@@ -198,17 +290,17 @@ impl<B, P: EvictionPolicy> TimedStore<B, P> {
         self.top_valid = false;
         let items = &mut self
             .classes
-            .get_mut(&size)
+            .get_mut(size)
             .expect("the oldest block's class is gone")
             .items;
         let item = items
             .pop_front()
             .expect("the oldest block's class is empty");
-        let emptied = items.is_empty();
         self.len -= 1;
         self.bytes -= size;
-        if emptied {
-            self.emptied();
+        if self.len == 0 {
+            // Decayed to nothing: the class buffers go too.
+            self.sweep();
         }
         (item.block, size)
     }
@@ -221,7 +313,7 @@ impl<B, P: EvictionPolicy> Store<B> for TimedStore<B, P> {
     // a call would cost as much again.
     #[inline(always)]
     fn take(&mut self, class: usize, now: u64) -> Option<B> {
-        let cls = self.classes.get_mut(&class)?;
+        let cls = self.classes.get_mut(class)?;
         if cls.items.is_empty() {
             return None;
         }
@@ -236,16 +328,12 @@ impl<B, P: EvictionPolicy> Store<B> for TimedStore<B, P> {
         let Some(item) = item else {
             unreachable!("a non-empty class has a block")
         };
-        let emptied = cls.items.is_empty();
-        if emptied || self.reuse == Reuse::Fifo {
+        if cls.items.is_empty() || self.reuse == Reuse::Fifo {
             // This class's oldest block moved.
             self.top_valid = false;
         }
         self.len -= 1;
         self.bytes = before - class;
-        if emptied {
-            self.emptied();
-        }
         Some(item.block)
     }
 
@@ -256,13 +344,10 @@ impl<B, P: EvictionPolicy> Store<B> for TimedStore<B, P> {
         let seq = self.next_seq;
         self.next_seq += 1;
         let at = now;
-        let cls = match self.classes.get_mut(&class) {
+        let cls = match self.classes.get_mut(class) {
             Some(cls) => cls,
-            None => new_class(&mut self.classes, &mut self.empty, class),
+            None => self.new_class(class),
         };
-        if cls.items.is_empty() {
-            self.empty -= 1;
-        }
         if cls.items.len() == cls.items.capacity() {
             grow(&mut cls.items);
         }
@@ -309,12 +394,20 @@ impl<B, P: EvictionPolicy> Store<B> for TimedStore<B, P> {
     }
 
     fn check(&self) {
-        let empty = self.classes.values().filter(|c| c.items.is_empty()).count();
-        assert_eq!(empty, self.empty, "empty class count");
+        assert!(
+            self.classes.len() <= self.sweep_at,
+            "empty classes were not swept"
+        );
         // Blocks: counted, in release order within each class.
         let (mut len, mut bytes) = (0usize, 0usize);
-        for (&size, class) in &self.classes {
+        let mut sizes = HashMap::new();
+        for class in self.classes.iter() {
+            let size = class.size;
             assert!(size > 0, "a class of zero bytes");
+            assert!(
+                sizes.insert(size, ()).is_none(),
+                "two classes of {size} bytes"
+            );
             let mut last: Option<&Item<B>> = None;
             for item in &class.items {
                 assert!(item.seq < self.next_seq, "release number from the future");
@@ -339,7 +432,7 @@ impl<B, P: EvictionPolicy> Store<B> for TimedStore<B, P> {
             );
             let class = self
                 .classes
-                .get(&t.size)
+                .get(t.size)
                 .unwrap_or_else(|| panic!("token for class {} that is gone", t.size));
             assert!(class.queued, "token for unqueued class {}", t.size);
             if let Some(front) = class.items.front() {
@@ -352,17 +445,23 @@ impl<B, P: EvictionPolicy> Store<B> for TimedStore<B, P> {
                 .heap
                 .peek()
                 .expect("a valid top token in an empty heap");
-            let front = self.classes[&top.size].items.front();
+            let front = self
+                .classes
+                .get(top.size)
+                .expect("the top token's class is gone")
+                .items
+                .front();
             assert_eq!(
                 front.map(|f| (f.seq, f.at)),
                 Some((top.seq, top.at)),
                 "the top token is marked up to date but is not"
             );
         }
-        for (size, class) in &self.classes {
+        for class in self.classes.iter() {
+            let size = class.size;
             assert_eq!(
                 class.queued,
-                tokens.contains_key(size),
+                tokens.contains_key(&size),
                 "class {size} queued flag"
             );
             if !class.items.is_empty() {
@@ -381,7 +480,8 @@ impl<B, P: EvictionPolicy> TimedStore<B, P> {
             released_at: Duration::from_nanos(at),
             size,
         };
-        if self.policy
+        if self
+            .policy
             .must_evict(Duration::from_nanos(now), oldest, self.bytes)
         {
             Some(self.remove_oldest(size, now, FreeReason::Expired))
@@ -399,19 +499,4 @@ impl<B, P: EvictionPolicy> TimedStore<B, P> {
 #[inline(never)]
 fn grow<T>(items: &mut VecDeque<T>) {
     items.reserve_exact(items.len().max(1));
-}
-
-/// Adds an empty class of `size` bytes to `classes`.
-#[cold]
-#[inline(never)]
-fn new_class<'a, B>(
-    classes: &'a mut HashMap<usize, Class<B>>,
-    empty: &mut usize,
-    size: usize,
-) -> &'a mut Class<B> {
-    *empty += 1;
-    classes.entry(size).or_insert(Class {
-        items: VecDeque::new(),
-        queued: false,
-    })
 }

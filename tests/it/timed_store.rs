@@ -62,24 +62,30 @@ fn hundreds_of_emptied_classes_are_swept_and_every_block_comes_back_once() {
         put(&mut pool, b, s);
     }
     assert_eq!(pool.stats().blocks_cached, 500);
-    // Take every class back: each empties, and the empty ones get swept
-    // (more than the non-empty ones plus the slack) along the way.
+    // Take every class back: each empties and keeps its buffer.
     let again: Vec<u64> = sizes.iter().map(|&s| get(&mut pool, s)).collect();
     assert_eq!(again, blocks, "every request is a hit on its own class");
     assert_eq!(pool.stats().hits, 500);
     assert_eq!(pool.stats().blocks_cached, 0);
-    // Swept classes come back as new ones; nothing is lost or doubled.
+    // 600 new sizes: the new classes sweep the 500 empty ones on the way.
+    let other: Vec<usize> = (1..=600).map(|i| i * 48 + 7).collect();
+    let more: Vec<u64> = other.iter().map(|&s| get(&mut pool, s)).collect();
+    for (&b, &s) in more.iter().zip(&other) {
+        put(&mut pool, b, s);
+    }
+    // The swept classes come back as new ones; nothing is lost or doubled.
     for (&b, &s) in again.iter().zip(&sizes).rev() {
         put(&mut pool, b, s);
     }
+    assert_eq!(pool.stats().blocks_cached, 1100);
     clock.advance(TTL);
-    assert_eq!(pool.collect(), 500);
+    assert_eq!(pool.collect(), 1100);
     pool.validate();
-    assert_eq!(alloc.deallocs(), 500);
+    assert_eq!(alloc.deallocs(), 1100);
     assert_eq!(alloc.live(), 0);
-    // Released in reverse size order, at one instant: freed in release order.
-    let mut want = blocks.clone();
-    want.reverse();
+    // Freed in release order: the new sizes, then the first ones reversed.
+    let mut want = more.clone();
+    want.extend(blocks.iter().rev());
     assert_eq!(freed(&alloc), want);
 }
 
