@@ -49,6 +49,8 @@ pub(crate) struct Cache<B, P: Policy, C> {
     store: P::Store<B>,
     clock: C,
     size_class: SizeClass,
+    /// Whether `size_class` rounds nothing: the hit path skips its `match`.
+    exact: bool,
     reuse: Reuse,
     limit: Option<usize>,
     stats: Counters,
@@ -69,6 +71,7 @@ impl<B, P: Policy, C: Clock> Cache<B, P, C> {
             store: policy.into_store(reuse),
             clock,
             size_class,
+            exact: matches!(size_class, SizeClass::Exact | SizeClass::Multiple(0 | 1)),
             reuse,
             limit,
             stats: Counters::default(),
@@ -108,10 +111,20 @@ impl<B, P: Policy, C: Clock> Cache<B, P, C> {
     /// The class of a request, or why it cannot have one.
     #[inline(always)]
     pub(crate) fn class_of<E>(&self, size: usize) -> Result<usize, PoolError<E>> {
-        match self.size_class.round(size) {
+        match self.round(size) {
             Some(class) => Ok(class),
             None if size == 0 => Err(PoolError::ZeroSize),
             None => Err(PoolError::TooLarge { requested: size }),
+        }
+    }
+
+    /// The class of `size`: [`SizeClass::round`].
+    #[inline(always)]
+    fn round(&self, size: usize) -> Option<usize> {
+        if self.exact {
+            (size != 0).then_some(size)
+        } else {
+            self.size_class.round(size)
         }
     }
 
@@ -243,8 +256,10 @@ impl<B, P: Policy, C: Clock> Cache<B, P, C> {
         now: u64,
         free: &mut (impl FnMut(B, usize) + ?Sized),
     ) {
-        let class = match self.size_class.round(size) {
-            Some(class) if self.blocks_in_use() > 0 && self.bytes_in_use() >= class => class,
+        let class = match self.round(size) {
+            // Every block in use has at least one byte: enough bytes in use
+            // means a block in use.
+            Some(class) if self.bytes_in_use() >= class => class,
             _ => release_mismatch(size),
         };
         if let Some((block, class)) = self.store.put(block, class, now) {

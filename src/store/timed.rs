@@ -105,15 +105,10 @@ impl PartialEq for Token {
 
 impl Eq for Token {}
 
-/// The classes, keyed by size: a `hashbrown` table that remembers where
-/// the last class it found lives, so a release right after a hit of the
-/// same size (the common round trip) finds its class without hashing.
+/// The classes, keyed by size: a `hashbrown` table.
 struct Classes<B> {
     table: HashTable<Class<B>>,
     hasher: DefaultHashBuilder,
-    /// The size and bucket of the last class found (size 0: none). Only a
-    /// hint: checked against the bucket's class before use.
-    memo: (usize, usize),
 }
 
 impl<B> Classes<B> {
@@ -121,7 +116,6 @@ impl<B> Classes<B> {
         Classes {
             table: HashTable::new(),
             hasher: DefaultHashBuilder::default(),
-            memo: (0, 0),
         }
     }
 
@@ -133,27 +127,11 @@ impl<B> Classes<B> {
     /// The class of `size`, if any.
     #[inline(always)]
     fn get_mut(&mut self, size: usize) -> Option<&mut Class<B>> {
-        let (memo_size, memo_index) = self.memo;
-        let index = if memo_size == size
-            && self
-                .table
-                .get_bucket(memo_index)
-                .is_some_and(|c| c.size == size)
-        {
-            memo_index
-        } else {
-            let hash = self.hasher.hash_one(size);
-            let index = self.table.find_bucket_index(hash, |c| c.size == size)?;
-            self.memo = (size, index);
-            index
-        };
-        // SAFETY: `index` is a full bucket of this table: either
-        // `get_bucket` just found a class there, or `find_bucket_index` just
-        // returned it, and the table has not changed since.
-        Some(unsafe { self.table.get_bucket_unchecked_mut(index) })
+        let hash = self.hasher.hash_one(size);
+        self.table.find_mut(hash, |c| c.size == size)
     }
 
-    /// The class of `size`, if any, without touching the hint.
+    /// The class of `size`, if any.
     fn get(&self, size: usize) -> Option<&Class<B>> {
         let hash = self.hasher.hash_one(size);
         self.table.find(hash, |c| c.size == size)
@@ -174,7 +152,6 @@ impl<B> Classes<B> {
             },
             |c| hasher.hash_one(c.size),
         );
-        self.memo = (size, entry.bucket_index());
         entry.into_mut()
     }
 
