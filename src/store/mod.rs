@@ -4,6 +4,7 @@
 //! because the policy trait names it.
 
 pub mod fixed;
+mod ring;
 pub mod timed;
 
 /// A cache of idle blocks keyed by class size.

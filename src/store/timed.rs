@@ -1,7 +1,7 @@
 //! The timed store, used by every [`EvictionPolicy`].
 //!
 //! - **Classes**: a size-keyed multimap (`hashbrown`), class size → a
-//!   contiguous queue (`VecDeque`) of that class's cached blocks in release
+//!   contiguous ring buffer (`ring::Ring`) of that class's cached blocks in release
 //!   order, oldest at the front, each with its release time and release
 //!   number. A hit takes from the back (LIFO) or the front (FIFO) in O(1):
 //!   one map lookup, one buffer.
@@ -41,11 +41,12 @@
 use core::cmp::Ordering;
 use core::time::Duration;
 use std::collections::binary_heap::PeekMut;
-use std::collections::{BinaryHeap, VecDeque};
+use std::collections::BinaryHeap;
 
 use core::hash::BuildHasher;
 use hashbrown::{DefaultHashBuilder, HashMap, HashTable};
 
+use super::ring::Ring;
 use super::Store;
 use crate::policy::{EvictionPolicy, FreeReason, Oldest, Reuse};
 
@@ -71,7 +72,7 @@ struct Item<B> {
 /// A size class: its cached blocks in release order.
 struct Class<B> {
     size: usize,
-    items: VecDeque<Item<B>>,
+    items: Ring<Item<B>>,
     /// Whether the class has a token in the heap.
     queued: bool,
 }
@@ -147,7 +148,7 @@ impl<B> Classes<B> {
             hash,
             Class {
                 size,
-                items: VecDeque::new(),
+                items: Ring::new(),
                 queued: false,
             },
             |c| hasher.hash_one(c.size),
@@ -331,9 +332,6 @@ impl<B, P: EvictionPolicy> Store<B> for TimedStore<B, P> {
             Some(cls) => cls,
             None => self.new_class(class),
         };
-        if cls.items.len() == cls.items.capacity() {
-            grow(&mut cls.items);
-        }
         cls.items.push_back(Item { block, at, seq });
         if !cls.queued {
             cls.queued = true;
@@ -392,7 +390,7 @@ impl<B, P: EvictionPolicy> Store<B> for TimedStore<B, P> {
                 "two classes of {size} bytes"
             );
             let mut last: Option<&Item<B>> = None;
-            for item in &class.items {
+            for item in class.items.iter() {
                 assert!(item.seq < self.next_seq, "release number from the future");
                 if let Some(l) = last {
                     assert!(item.seq > l.seq, "class queue out of release order");
@@ -473,13 +471,4 @@ impl<B, P: EvictionPolicy> TimedStore<B, P> {
             None
         }
     }
-}
-
-/// Doubles a full class queue's capacity, from one: a class of a few
-/// blocks holds no more room than it needs (`VecDeque` alone would start
-/// at four).
-#[cold]
-#[inline(never)]
-fn grow<T>(items: &mut VecDeque<T>) {
-    items.reserve_exact(items.len().max(1));
 }
