@@ -75,13 +75,20 @@ impl<C: Clock + ?Sized> Clock for Arc<C> {
 
 /// Real monotonic time, cheap to read: the default clock.
 ///
-/// On Linux and Android this is `CLOCK_MONOTONIC_COARSE`, read from the vDSO
-/// in a few nanoseconds; its resolution is the kernel tick (1 to 4 ms on
-/// common kernels; [`MonotonicClock::resolution`] tells). That is ample for
-/// time-to-live values of tens of milliseconds and up, which is what decay
-/// of costly memory uses. Elsewhere it is [`std::time::Instant`] measured
-/// from the first read in the process. For sub-millisecond decay use
-/// [`PreciseClock`].
+/// A read is one atomic load of a process-wide time that a background
+/// thread (`decaying-pool-clock`) publishes every millisecond from
+/// `CLOCK_MONOTONIC` (on other systems, [`std::time::Instant`]). So a
+/// reading lags real time by less than [`MonotonicClock::resolution`]
+/// (1 ms) plus however long the scheduler keeps that thread waiting: blocks
+/// decay that much late, never early. That is ample for time-to-live values
+/// of tens of milliseconds and up, which is what decay of costly memory
+/// uses; for sub-millisecond decay use [`PreciseClock`].
+///
+/// The thread starts on the first read, sleeps between ticks, and parks
+/// itself after 100 ms without a read; the next read reads the system clock
+/// directly and wakes it. In a child process after `fork` (where the thread
+/// does not exist), and under Miri, every read goes to the system clock.
+/// Readings never go backwards.
 ///
 /// # Examples
 ///
@@ -96,33 +103,17 @@ impl<C: Clock + ?Sized> Clock for Arc<C> {
 pub struct MonotonicClock;
 
 impl MonotonicClock {
-    /// The granularity of [`MonotonicClock::now`] on this machine.
+    /// How far a reading of [`MonotonicClock`] can lag the system clock,
+    /// beyond scheduling delays: the publishing thread's tick, 1 ms.
     ///
     /// # Examples
     ///
     /// ```
     /// let res = decaying_pool::MonotonicClock::resolution();
-    /// assert!(res <= core::time::Duration::from_millis(100));
+    /// assert_eq!(res, core::time::Duration::from_millis(1));
     /// ```
     pub fn resolution() -> Duration {
-        #[cfg(any(target_os = "linux", target_os = "android"))]
-        {
-            let mut ts = libc::timespec {
-                tv_sec: 0,
-                tv_nsec: 0,
-            };
-            // SAFETY: `ts` is a valid, writable timespec; the clock id is a
-            // constant the kernel knows.
-            let rc = unsafe { libc::clock_getres(libc::CLOCK_MONOTONIC_COARSE, &mut ts) };
-            if rc == 0 {
-                return Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32);
-            }
-            Duration::from_nanos(1)
-        }
-        #[cfg(not(any(target_os = "linux", target_os = "android")))]
-        {
-            Duration::from_nanos(1)
-        }
+        ticker::TICK
     }
 }
 
@@ -134,22 +125,121 @@ impl Clock for MonotonicClock {
 
     #[inline]
     fn now_nanos(&self) -> u64 {
-        #[cfg(any(target_os = "linux", target_os = "android"))]
-        {
-            let mut ts = libc::timespec {
-                tv_sec: 0,
-                tv_nsec: 0,
-            };
-            // SAFETY: `ts` is a valid, writable timespec; CLOCK_MONOTONIC_COARSE
-            // exists on every Linux since 2.6.32 and cannot fail with a valid pointer.
-            unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut ts) };
-            (ts.tv_sec as u64)
-                .saturating_mul(1_000_000_000)
-                .saturating_add(ts.tv_nsec as u64)
+        ticker::now()
+    }
+}
+
+/// The system's monotonic clock, read directly, in nanoseconds.
+fn system_nanos() -> u64 {
+    #[cfg(any(target_os = "linux", target_os = "android"))]
+    {
+        let mut ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: `ts` is a valid, writable timespec; CLOCK_MONOTONIC exists
+        // on every Linux and cannot fail with a valid pointer.
+        unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+        (ts.tv_sec as u64)
+            .saturating_mul(1_000_000_000)
+            .saturating_add(ts.tv_nsec as u64)
+    }
+    #[cfg(not(any(target_os = "linux", target_os = "android")))]
+    {
+        PreciseClock.now_nanos()
+    }
+}
+
+/// The published time behind [`MonotonicClock`].
+///
+/// `NOW` holds the latest time in nanoseconds, always even, with bit 0 set
+/// while the ticker thread is publishing. It only grows (`fetch_max`), except
+/// for clearing bit 0, so readings never go backwards. A reader that finds
+/// bit 0 clear reads the system clock, publishes that, and wakes the ticker.
+mod ticker {
+    use core::time::Duration;
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+    use std::sync::OnceLock;
+    use std::thread::{self, Thread};
+
+    /// How often the ticker publishes.
+    pub(super) const TICK: Duration = Duration::from_millis(1);
+
+    /// Ticks without a read before the ticker parks.
+    const IDLE_TICKS: u32 = 100;
+
+    static NOW: AtomicU64 = AtomicU64::new(0);
+    /// Set by readers, cleared by the ticker at each tick.
+    static USED: AtomicBool = AtomicBool::new(false);
+    /// No ticker in this process (a forked child, or it could not start).
+    static DISABLED: AtomicBool = AtomicBool::new(cfg!(miri));
+    static TICKER: OnceLock<Option<Thread>> = OnceLock::new();
+
+    #[inline(always)]
+    pub(super) fn now() -> u64 {
+        let v = NOW.load(Relaxed);
+        if v & 1 == 1 {
+            if !USED.load(Relaxed) {
+                USED.store(true, Relaxed);
+            }
+            return v & !1;
         }
-        #[cfg(not(any(target_os = "linux", target_os = "android")))]
+        read_system()
+    }
+
+    /// Reads the system clock, publishes it and wakes the ticker.
+    #[cold]
+    #[inline(never)]
+    fn read_system() -> u64 {
+        let t = super::system_nanos() & !1;
+        let before = NOW.fetch_max(t, Relaxed) & !1;
+        if !DISABLED.load(Relaxed) {
+            USED.store(true, Relaxed);
+            match TICKER.get_or_init(start) {
+                Some(ticker) => ticker.unpark(),
+                None => DISABLED.store(true, Relaxed),
+            }
+        }
+        t.max(before)
+    }
+
+    fn start() -> Option<Thread> {
+        #[cfg(unix)]
         {
-            PreciseClock.now_nanos()
+            extern "C" fn in_child() {
+                DISABLED.store(true, Relaxed);
+                NOW.fetch_and(!1, Relaxed);
+            }
+            // SAFETY: `in_child` is a plain function that only touches
+            // atomics, which is async-signal-safe, as a fork handler must be.
+            if unsafe { libc::pthread_atfork(None, None, Some(in_child)) } != 0 {
+                return None;
+            }
+        }
+        thread::Builder::new()
+            .name("decaying-pool-clock".into())
+            .spawn(run)
+            .ok()
+            .map(|handle| handle.thread().clone())
+    }
+
+    /// The ticker thread: publishes every tick, parks when nobody reads.
+    fn run() {
+        let mut idle = 0;
+        loop {
+            NOW.fetch_max((super::system_nanos() & !1) | 1, Relaxed);
+            thread::sleep(TICK);
+            if USED.swap(false, Relaxed) {
+                idle = 0;
+            } else {
+                idle += 1;
+                if idle >= IDLE_TICKS {
+                    // Readers now read the system clock and unpark us.
+                    NOW.fetch_and(!1, Relaxed);
+                    thread::park();
+                    idle = 0;
+                }
+            }
         }
     }
 }
@@ -268,5 +358,62 @@ impl Clock for ManualClock {
     #[inline]
     fn now_nanos(&self) -> u64 {
         self.nanos.load(Ordering::Relaxed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Readings never go backwards and are never ahead of the system
+    /// clock, from several threads at once, across the ticker's start.
+    #[test]
+    fn monotonic_clock_is_monotonic_and_never_ahead() {
+        let threads: Vec<_> = (0..3)
+            .map(|_| {
+                std::thread::spawn(|| {
+                    let mut last = 0;
+                    for i in 0..20_000u32 {
+                        let t = MonotonicClock.now_nanos();
+                        assert!(t >= last, "went back from {last} to {t}");
+                        assert!(t <= system_nanos(), "ahead of the system clock");
+                        last = t;
+                        if i % 5_000 == 0 {
+                            std::thread::sleep(Duration::from_millis(3));
+                        }
+                    }
+                    last
+                })
+            })
+            .collect();
+        for t in threads {
+            assert!(t.join().expect("a reader panicked") > 0);
+        }
+    }
+
+    /// The reading follows real time: it covers 40 ms of a sleep well
+    /// within 10 s (a loaded machine may delay the ticker, not stop it).
+    #[test]
+    fn monotonic_clock_follows_real_time() {
+        let a = MonotonicClock.now();
+        let start = std::time::Instant::now();
+        while MonotonicClock.now() - a < Duration::from_millis(40) {
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "the clock stopped at {:?}",
+                MonotonicClock.now()
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    #[test]
+    fn now_nanos_agrees_with_now() {
+        let clock = ManualClock::new();
+        clock.set(Duration::new(3, 5));
+        assert_eq!(clock.now_nanos(), 3_000_000_005);
+        assert_eq!(Clock::now(&clock), Duration::new(3, 5));
+        assert_eq!((&clock).now_nanos(), 3_000_000_005);
+        assert_eq!(Arc::new(clock).now_nanos(), 3_000_000_005);
     }
 }
