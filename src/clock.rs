@@ -413,7 +413,7 @@ mod tests {
         clock.set(Duration::new(3, 5));
         assert_eq!(clock.now_nanos(), 3_000_000_005);
         assert_eq!(Clock::now(&clock), Duration::new(3, 5));
-        assert_eq!((&clock).now_nanos(), 3_000_000_005);
+        assert_eq!(Clock::now_nanos(&&clock), 3_000_000_005);
         assert_eq!(Arc::new(clock).now_nanos(), 3_000_000_005);
     }
 }
