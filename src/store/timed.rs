@@ -44,6 +44,8 @@ use std::collections::binary_heap::PeekMut;
 use std::collections::BinaryHeap;
 
 use core::hash::BuildHasher;
+use core::ptr;
+use std::sync::atomic::{AtomicPtr, Ordering::Relaxed};
 use hashbrown::{DefaultHashBuilder, HashMap, HashTable};
 
 use super::ring::Ring;
@@ -106,10 +108,21 @@ impl PartialEq for Token {
 
 impl Eq for Token {}
 
-/// The classes, keyed by size: a `hashbrown` table.
+/// The classes, keyed by size: a `hashbrown` table, and a pointer to the
+/// class the last lookup found.
+///
+/// A release right after a hit of the same size (the common round trip)
+/// reaches its class through that pointer without hashing. The pointer is
+/// valid only while the table is touched through nothing else: every other
+/// access (a lookup of another size, an insertion, a removal, even a read)
+/// clears it first. It is an `AtomicPtr` only so that `&self` reads can
+/// clear it while `Classes` stays `Send` and `Sync` like the table.
 struct Classes<B> {
     table: HashTable<Class<B>>,
     hasher: DefaultHashBuilder,
+    /// The class of `last_size` bytes, or null.
+    last: AtomicPtr<Class<B>>,
+    last_size: usize,
 }
 
 impl<B> Classes<B> {
@@ -117,6 +130,8 @@ impl<B> Classes<B> {
         Classes {
             table: HashTable::new(),
             hasher: DefaultHashBuilder::default(),
+            last: AtomicPtr::new(ptr::null_mut()),
+            last_size: 0,
         }
     }
 
@@ -125,15 +140,37 @@ impl<B> Classes<B> {
         self.table.len()
     }
 
+    /// Forgets the last class found, before the table is touched otherwise.
+    #[inline(always)]
+    fn forget_last(&self) {
+        self.last.store(ptr::null_mut(), Relaxed);
+    }
+
     /// The class of `size`, if any.
     #[inline(always)]
     fn get_mut(&mut self, size: usize) -> Option<&mut Class<B>> {
+        let last = *self.last.get_mut();
+        if !last.is_null() && self.last_size == size {
+            // SAFETY: `last` is non-null, so it was derived from the `&mut`
+            // that `find_mut` returned for this size below, and the table
+            // has been touched through nothing else since (every other
+            // access clears `last` first): the class has not moved, was not
+            // removed, and no other reference to it exists (`&mut self`).
+            return Some(unsafe { &mut *last });
+        }
         let hash = self.hasher.hash_one(size);
-        self.table.find_mut(hash, |c| c.size == size)
+        let found: *mut Class<B> = self.table.find_mut(hash, |c| c.size == size)?;
+        *self.last.get_mut() = found;
+        self.last_size = size;
+        // SAFETY: `found` comes from the `&mut` `find_mut` just returned;
+        // deriving the result from the raw pointer keeps the pointer valid
+        // for the next call.
+        Some(unsafe { &mut *found })
     }
 
     /// The class of `size`, if any.
     fn get(&self, size: usize) -> Option<&Class<B>> {
+        self.forget_last();
         let hash = self.hasher.hash_one(size);
         self.table.find(hash, |c| c.size == size)
     }
@@ -142,6 +179,7 @@ impl<B> Classes<B> {
     #[cold]
     #[inline(never)]
     fn insert(&mut self, size: usize) -> &mut Class<B> {
+        self.forget_last();
         let hash = self.hasher.hash_one(size);
         let hasher = &self.hasher;
         let entry = self.table.insert_unique(
@@ -158,10 +196,12 @@ impl<B> Classes<B> {
 
     /// Keeps only the classes `keep` approves.
     fn retain(&mut self, keep: impl FnMut(&mut Class<B>) -> bool) {
+        self.forget_last();
         self.table.retain(keep);
     }
 
     fn iter(&self) -> impl Iterator<Item = &Class<B>> {
+        self.forget_last();
         self.table.iter()
     }
 }
