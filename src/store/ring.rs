@@ -8,15 +8,21 @@
 
 use core::mem::MaybeUninit;
 
-/// A double-ended queue of `T` in a boxed slice of 0 or 2^k slots.
+/// A double-ended queue of `T` in a boxed slice of 0 or 2^k slots (k < 31),
+/// with one bit for its owner ([`Ring::flag`]): 24 bytes in all.
 ///
 /// Slots `head, head + 1, …, head + len - 1` (modulo the capacity) hold
 /// initialised values; the others are uninitialised.
 pub(crate) struct Ring<T> {
     buf: Box<[MaybeUninit<T>]>,
+    /// The front slot in the low 31 bits; the owner's flag in bit 31
+    /// (masking with the capacity drops it).
     head: u32,
     len: u32,
 }
+
+/// The owner's flag in `Ring::head`.
+const FLAG: u32 = 1 << 31;
 
 impl<T> Ring<T> {
     /// An empty ring; allocates nothing.
@@ -36,6 +42,18 @@ impl<T> Ring<T> {
     #[inline(always)]
     pub(crate) fn is_empty(&self) -> bool {
         self.len == 0
+    }
+
+    /// The owner's flag (false in a new ring).
+    #[inline(always)]
+    pub(crate) fn flag(&self) -> bool {
+        self.head & FLAG != 0
+    }
+
+    /// Sets the owner's flag.
+    #[inline(always)]
+    pub(crate) fn set_flag(&mut self, on: bool) {
+        self.head = (self.head & !FLAG) | if on { FLAG } else { 0 };
     }
 
     /// The slot `k` places after the head.
@@ -83,8 +101,8 @@ impl<T> Ring<T> {
         if self.len == 0 {
             return None;
         }
-        let i = self.head as usize;
-        self.head = self.slot(1) as u32;
+        let i = self.slot(0);
+        self.head = self.slot(1) as u32 | (self.head & FLAG);
         self.len -= 1;
         // SAFETY: `len > 0`, so the head `i` is a masked, in-bounds index of
         // an initialised slot; the head has moved past it, so it is read
@@ -99,7 +117,7 @@ impl<T> Ring<T> {
             return None;
         }
         // SAFETY: the head slot is initialised since `len > 0`.
-        Some(unsafe { self.buf[self.head as usize].assume_init_ref() })
+        Some(unsafe { self.buf[self.slot(0)].assume_init_ref() })
     }
 
     /// The values, front to back.
@@ -116,7 +134,7 @@ impl<T> Ring<T> {
     #[inline(never)]
     fn grow(&mut self) {
         let cap = self.buf.len();
-        assert!(cap < 1 << 31, "more than 2^31 cached blocks of one size");
+        assert!(cap < 1 << 30, "more than 2^30 cached blocks of one size");
         let mut buf = Box::new_uninit_slice((cap * 2).max(1));
         for (k, new) in buf.iter_mut().enumerate().take(self.len()) {
             let i = self.slot(k);
@@ -126,7 +144,7 @@ impl<T> Ring<T> {
             *new = MaybeUninit::new(unsafe { self.buf[i].assume_init_read() });
         }
         self.buf = buf;
-        self.head = 0;
+        self.head &= FLAG;
     }
 }
 
@@ -192,5 +210,26 @@ mod tests {
         ring.push_back(6);
         assert_eq!(ring.buf.len(), 8);
         assert!(ring.iter().copied().eq([2, 3, 4, 5, 6]));
+    }
+
+    #[test]
+    fn the_flag_survives_every_operation() {
+        let mut ring = Ring::new();
+        assert!(!ring.flag());
+        ring.set_flag(true);
+        for i in 0..10u32 {
+            ring.push_back(i);
+            assert!(ring.flag());
+        }
+        assert_eq!(ring.pop_front(), Some(0));
+        assert_eq!(ring.pop_back(), Some(9));
+        assert_eq!(ring.front(), Some(&1));
+        assert!(ring.iter().copied().eq(1..9));
+        assert!(ring.flag());
+        ring.set_flag(false);
+        assert!(!ring.flag());
+        assert_eq!(ring.pop_front(), Some(1));
+        assert!(!ring.flag());
+        assert_eq!(core::mem::size_of::<Ring<u64>>(), 24);
     }
 }

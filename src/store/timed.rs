@@ -71,13 +71,15 @@ struct Item<B> {
     seq: u64,
 }
 
-/// A size class: its cached blocks in release order.
+/// A size class: its cached blocks in release order (32 bytes, so no
+/// bucket of the table straddles two cache lines). The ring's flag tells
+/// whether the class has a token in the heap.
 struct Class<B> {
     size: usize,
     items: Ring<Item<B>>,
-    /// Whether the class has a token in the heap.
-    queued: bool,
 }
+
+const _: () = assert!(core::mem::size_of::<Class<usize>>() == 32);
 
 /// A class's place in the eviction order: no later than its oldest block.
 #[derive(Clone, Copy, Debug)]
@@ -187,7 +189,6 @@ impl<B> Classes<B> {
             Class {
                 size,
                 items: Ring::new(),
-                queued: false,
             },
             |c| hasher.hash_one(c.size),
         );
@@ -297,7 +298,7 @@ impl<B, P: EvictionPolicy> TimedStore<B, P> {
                     top.at = front.at;
                 }
                 None => {
-                    class.queued = false;
+                    class.items.set_flag(false);
                     PeekMut::pop(top);
                 }
             }
@@ -373,8 +374,8 @@ impl<B, P: EvictionPolicy> Store<B> for TimedStore<B, P> {
             None => self.new_class(class),
         };
         cls.items.push_back(Item { block, at, seq });
-        if !cls.queued {
-            cls.queued = true;
+        if !cls.items.flag() {
+            cls.items.set_flag(true);
             // The largest key yet: one comparison to place it.
             self.heap.push(Token {
                 seq,
@@ -455,7 +456,7 @@ impl<B, P: EvictionPolicy> Store<B> for TimedStore<B, P> {
                 .classes
                 .get(t.size)
                 .unwrap_or_else(|| panic!("token for class {} that is gone", t.size));
-            assert!(class.queued, "token for unqueued class {}", t.size);
+            assert!(class.items.flag(), "token for unqueued class {}", t.size);
             if let Some(front) = class.items.front() {
                 assert!(t.seq <= front.seq, "token of class {} is late", t.size);
                 assert!(t.at <= front.at, "token time of class {} is late", t.size);
@@ -481,12 +482,12 @@ impl<B, P: EvictionPolicy> Store<B> for TimedStore<B, P> {
         for class in self.classes.iter() {
             let size = class.size;
             assert_eq!(
-                class.queued,
+                class.items.flag(),
                 tokens.contains_key(&size),
                 "class {size} queued flag"
             );
             if !class.items.is_empty() {
-                assert!(class.queued, "class {size} holds blocks but has no token");
+                assert!(class.items.flag(), "class {size} holds blocks but has no token");
             }
         }
     }
