@@ -45,8 +45,8 @@ use std::collections::BinaryHeap;
 
 use core::hash::BuildHasher;
 use core::ptr;
-use std::sync::atomic::{AtomicPtr, Ordering::Relaxed};
 use hashbrown::{DefaultHashBuilder, HashMap, HashTable};
+use std::sync::atomic::{AtomicPtr, Ordering::Relaxed};
 
 use super::ring::Ring;
 use super::Store;
@@ -71,15 +71,90 @@ struct Item<B> {
     seq: u64,
 }
 
-/// A size class: its cached blocks in release order (32 bytes, so no
-/// bucket of the table straddles two cache lines). The ring's flag tells
-/// whether the class has a token in the heap.
+/// A size class: its cached blocks in release order.
+///
+/// Aligned to a cache line (64 bytes for a pointer-sized block), so a
+/// bucket of the table is one line: with the newest block kept in the
+/// bucket itself, a LIFO round trip on a class touches that line and
+/// nothing else.
+#[repr(align(64))]
 struct Class<B> {
     size: usize,
-    items: Ring<Item<B>>,
+    items: Blocks<B>,
 }
 
-const _: () = assert!(core::mem::size_of::<Class<usize>>() == 32);
+const _: () = assert!(core::mem::size_of::<Class<usize>>() == 64);
+
+/// A class's cached blocks in release order: the newest in the class
+/// itself, the older ones in a ring buffer that a LIFO round trip does not
+/// touch. The ring's flag tells whether the class has a token in the heap.
+struct Blocks<B> {
+    older: Ring<Item<B>>,
+    newest: Option<Item<B>>,
+}
+
+impl<B> Blocks<B> {
+    fn new() -> Self {
+        Blocks {
+            older: Ring::new(),
+            newest: None,
+        }
+    }
+
+    #[inline(always)]
+    fn is_empty(&self) -> bool {
+        self.newest.is_none() && self.older.is_empty()
+    }
+
+    /// Appends the newest block.
+    #[inline(always)]
+    fn push_back(&mut self, item: Item<B>) {
+        if let Some(before) = self.newest.replace(item) {
+            self.older.push_back(before);
+        }
+    }
+
+    /// Removes the newest block.
+    #[inline(always)]
+    fn pop_back(&mut self) -> Option<Item<B>> {
+        match self.newest.take() {
+            Some(item) => Some(item),
+            None => self.older.pop_back(),
+        }
+    }
+
+    /// Removes the oldest block.
+    #[inline(always)]
+    fn pop_front(&mut self) -> Option<Item<B>> {
+        if self.older.is_empty() {
+            self.newest.take()
+        } else {
+            self.older.pop_front()
+        }
+    }
+
+    /// The oldest block.
+    #[inline]
+    fn front(&self) -> Option<&Item<B>> {
+        self.older.front().or(self.newest.as_ref())
+    }
+
+    /// The blocks, oldest first.
+    fn iter(&self) -> impl Iterator<Item = &Item<B>> {
+        self.older.iter().chain(self.newest.iter())
+    }
+
+    /// Whether the class has a token in the heap.
+    #[inline(always)]
+    fn flag(&self) -> bool {
+        self.older.flag()
+    }
+
+    #[inline(always)]
+    fn set_flag(&mut self, on: bool) {
+        self.older.set_flag(on);
+    }
+}
 
 /// A class's place in the eviction order: no later than its oldest block.
 #[derive(Clone, Copy, Debug)]
@@ -188,7 +263,7 @@ impl<B> Classes<B> {
             hash,
             Class {
                 size,
-                items: Ring::new(),
+                items: Blocks::new(),
             },
             |c| hasher.hash_one(c.size),
         );
@@ -487,7 +562,10 @@ impl<B, P: EvictionPolicy> Store<B> for TimedStore<B, P> {
                 "class {size} queued flag"
             );
             if !class.items.is_empty() {
-                assert!(class.items.flag(), "class {size} holds blocks but has no token");
+                assert!(
+                    class.items.flag(),
+                    "class {size} holds blocks but has no token"
+                );
             }
         }
     }
