@@ -223,18 +223,27 @@ impl<B> Classes<B> {
         self.last.store(ptr::null_mut(), Relaxed);
     }
 
-    /// The class of `size`, if any.
+    /// The class of `size`, if any, through the last class found when it
+    /// is that size (a release after a hit).
     #[inline(always)]
     fn get_mut(&mut self, size: usize) -> Option<&mut Class<B>> {
         let last = *self.last.get_mut();
         if !last.is_null() && self.last_size == size {
             // SAFETY: `last` is non-null, so it was derived from the `&mut`
-            // that `find_mut` returned for this size below, and the table
-            // has been touched through nothing else since (every other
-            // access clears `last` first): the class has not moved, was not
-            // removed, and no other reference to it exists (`&mut self`).
+            // that `find_mut` returned for this size in `find`, and the
+            // table has been touched through nothing else since (every
+            // other access clears `last` first): the class has not moved,
+            // was not removed, and no other reference to it exists
+            // (`&mut self`).
             return Some(unsafe { &mut *last });
         }
+        self.find(size)
+    }
+
+    /// The class of `size`, if any, looked up in the table (a hit, which
+    /// rarely repeats the size before it); remembered for the release.
+    #[inline(always)]
+    fn find(&mut self, size: usize) -> Option<&mut Class<B>> {
         let hash = self.hasher.hash_one(size);
         let found: *mut Class<B> = self.table.find_mut(hash, |c| c.size == size)?;
         *self.last.get_mut() = found;
@@ -413,7 +422,7 @@ impl<B, P: EvictionPolicy> Store<B> for TimedStore<B, P> {
     // a call would cost as much again.
     #[inline(always)]
     fn take(&mut self, class: usize, now: u64) -> Option<B> {
-        let cls = self.classes.get_mut(class)?;
+        let cls = self.classes.find(class)?;
         if cls.items.is_empty() {
             return None;
         }
