@@ -197,9 +197,8 @@ impl Eq for Token {}
 struct Classes<B> {
     table: HashTable<Class<B>>,
     hasher: DefaultHashBuilder,
-    /// The class of `last_size` bytes, or null.
+    /// The class the last lookup found, or null.
     last: AtomicPtr<Class<B>>,
-    last_size: usize,
 }
 
 impl<B> Classes<B> {
@@ -208,7 +207,6 @@ impl<B> Classes<B> {
             table: HashTable::new(),
             hasher: DefaultHashBuilder::default(),
             last: AtomicPtr::new(ptr::null_mut()),
-            last_size: 0,
         }
     }
 
@@ -228,14 +226,16 @@ impl<B> Classes<B> {
     #[inline(always)]
     fn get_mut(&mut self, size: usize) -> Option<&mut Class<B>> {
         let last = *self.last.get_mut();
-        if !last.is_null() && self.last_size == size {
+        if !last.is_null() {
             // SAFETY: `last` is non-null, so it was derived from the `&mut`
-            // that `find_mut` returned for this size in `find`, and the
-            // table has been touched through nothing else since (every
-            // other access clears `last` first): the class has not moved,
-            // was not removed, and no other reference to it exists
-            // (`&mut self`).
-            return Some(unsafe { &mut *last });
+            // that `find_mut` returned in `find`, and the table has been
+            // touched through nothing else since (every other access
+            // clears `last` first): the class has not moved, was not
+            // removed, and no other reference to it exists (`&mut self`).
+            let class = unsafe { &mut *last };
+            if class.size == size {
+                return Some(class);
+            }
         }
         self.find(size)
     }
@@ -247,7 +247,6 @@ impl<B> Classes<B> {
         let hash = self.hasher.hash_one(size);
         let found: *mut Class<B> = self.table.find_mut(hash, |c| c.size == size)?;
         *self.last.get_mut() = found;
-        self.last_size = size;
         // SAFETY: `found` comes from the `&mut` `find_mut` just returned;
         // deriving the result from the raw pointer keeps the pointer valid
         // for the next call.
@@ -437,8 +436,9 @@ impl<B, P: EvictionPolicy> Store<B> for TimedStore<B, P> {
         let Some(item) = item else {
             unreachable!("a non-empty class has a block")
         };
-        if cls.items.is_empty() || self.reuse == Reuse::Fifo {
-            // This class's oldest block moved.
+        if self.top_valid && (cls.items.is_empty() || self.reuse == Reuse::Fifo) {
+            // This class's oldest block moved (tested first: no store on
+            // the hit path when there is nothing to forget).
             self.top_valid = false;
         }
         self.len -= 1;
