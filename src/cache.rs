@@ -18,7 +18,6 @@ use crate::store::Store;
 /// The counters a pool keeps; cached counts come from the store.
 #[derive(Clone, Copy, Debug, Default)]
 struct Counters {
-    hits: u64,
     misses: u64,
     evictions: u64,
     trimmed: u64,
@@ -31,7 +30,6 @@ struct Counters {
     bytes_reserved: usize,
     peak_bytes_reserved: usize,
     peak_bytes_in_use: usize,
-    bytes_from_pool: usize,
     bytes_from_backing: usize,
 }
 
@@ -146,8 +144,6 @@ impl<B, P: Policy, C: Clock> Cache<B, P, C> {
         let block = self.store.take(class, now)?;
         let in_use = self.bytes_in_use();
         let s = &mut self.stats;
-        s.hits += 1;
-        s.bytes_from_pool = s.bytes_from_pool.saturating_add(class);
         if in_use > s.peak_bytes_in_use {
             // Tested first: a steady workload stores nothing here.
             s.peak_bytes_in_use = in_use;
@@ -303,7 +299,7 @@ impl<B, P: Policy, C: Clock> Cache<B, P, C> {
         let c = &self.stats;
         let bytes_cached = self.store.bytes();
         Stats {
-            hits: c.hits,
+            hits: self.store.taken().0,
             misses: c.misses,
             evictions: c.evictions,
             trimmed: c.trimmed,
@@ -317,7 +313,7 @@ impl<B, P: Policy, C: Clock> Cache<B, P, C> {
             bytes_reserved: c.bytes_reserved,
             peak_bytes_reserved: c.peak_bytes_reserved,
             peak_bytes_in_use: c.peak_bytes_in_use,
-            bytes_from_pool: c.bytes_from_pool,
+            bytes_from_pool: usize::try_from(self.store.taken().1).unwrap_or(usize::MAX),
             bytes_from_backing: c.bytes_from_backing,
         }
     }

@@ -35,6 +35,8 @@ pub struct FixedStore<B> {
     newest: u32,
     len: usize,
     bytes: usize,
+    taken: u64,
+    taken_bytes: u64,
 }
 
 impl<B> FixedStore<B> {
@@ -49,6 +51,8 @@ impl<B> FixedStore<B> {
             newest: NIL,
             len: 0,
             bytes: 0,
+            taken: 0,
+            taken_bytes: 0,
         }
     }
 
@@ -145,6 +149,8 @@ impl<B> Store<B> for FixedStore<B> {
             }
         }
         let (i, _) = best?;
+        self.taken += 1;
+        self.taken_bytes = self.taken_bytes.saturating_add(class as u64);
         Some(self.remove(i).0)
     }
 
@@ -193,6 +199,11 @@ impl<B> Store<B> for FixedStore<B> {
     #[inline]
     fn bytes(&self) -> usize {
         self.bytes
+    }
+
+    #[inline]
+    fn taken(&self) -> (u64, u64) {
+        (self.taken, self.taken_bytes)
     }
 
     fn check(&self) {

@@ -43,6 +43,10 @@ pub trait Store<B> {
     /// Cached bytes.
     fn bytes(&self) -> usize;
 
+    /// Blocks taken by hits so far, and their bytes (saturating): the pool's
+    /// `hits` and `bytes_from_pool`, counted where the hit happens.
+    fn taken(&self) -> (u64, u64);
+
     /// Checks every internal invariant; panics with a description of the
     /// first one broken.
     fn check(&self);

@@ -298,11 +298,20 @@ impl<B> Classes<B> {
 /// follows narrow stores cannot be forwarded (a stall on every round trip).
 #[repr(C)]
 pub struct TimedStore<B, P> {
-    len: usize,
+    /// Blocks taken by hits, and their bytes (saturating): the pool's
+    /// `hits` and `bytes_from_pool`. The number of cached blocks is
+    /// `puts - taken - popped`, so a hit writes three counters and a
+    /// release two.
+    taken: u64,
+    taken_bytes: u64,
     classes: Classes<B>,
-    bytes: usize,
+    /// Blocks released into the store (the next release number).
+    puts: u64,
     heap: BinaryHeap<Token>,
-    next_seq: u64,
+    /// Cached bytes (apart from `puts`, which a release also updates).
+    bytes: usize,
+    /// Blocks evicted or trimmed.
+    popped: u64,
     /// The policy's deadline (nanoseconds) for the oldest block when it was
     /// last checked: nothing is due before it. Reset whenever a block is
     /// freed; a hit on the oldest block leaves it (too early is safe).
@@ -324,9 +333,11 @@ impl<B, P: EvictionPolicy> TimedStore<B, P> {
             classes: Classes::new(),
             sweep_at: SWEEP_SLACK,
             heap: BinaryHeap::new(),
-            next_seq: 0,
-            len: 0,
+            puts: 0,
             bytes: 0,
+            popped: 0,
+            taken: 0,
+            taken_bytes: 0,
             not_before: 0,
             top_valid: false,
         }
@@ -393,7 +404,7 @@ impl<B, P: EvictionPolicy> TimedStore<B, P> {
     #[inline]
     fn remove_oldest(&mut self, size: usize, now: u64, reason: FreeReason) -> (B, usize) {
         let now = Duration::from_nanos(now);
-        self.policy.on_free(now, size, self.bytes - size, reason);
+        self.policy.on_free(now, size, self.bytes() - size, reason);
         self.not_before = 0;
         self.top_valid = false;
         let items = &mut self
@@ -404,9 +415,9 @@ impl<B, P: EvictionPolicy> TimedStore<B, P> {
         let item = items
             .pop_front()
             .expect("the oldest block's class is empty");
-        self.len -= 1;
+        self.popped += 1;
         self.bytes -= size;
-        if self.len == 0 {
+        if self.puts == self.taken + self.popped {
             // Decayed to nothing: the class buffers go too.
             self.sweep();
         }
@@ -421,12 +432,12 @@ impl<B, P: EvictionPolicy> Store<B> for TimedStore<B, P> {
     // a call would cost as much again.
     #[inline(always)]
     fn take(&mut self, class: usize, now: u64) -> Option<B> {
+        let before = self.bytes();
         let cls = self.classes.find(class)?;
         if cls.items.is_empty() {
             return None;
         }
         // Told first, so a panic in the policy changes nothing.
-        let before = self.bytes;
         self.policy
             .on_hit(Duration::from_nanos(now), class, before, before - class);
         let item = match self.reuse {
@@ -441,7 +452,8 @@ impl<B, P: EvictionPolicy> Store<B> for TimedStore<B, P> {
             // the hit path when there is nothing to forget).
             self.top_valid = false;
         }
-        self.len -= 1;
+        self.taken += 1;
+        self.taken_bytes = self.taken_bytes.saturating_add(class as u64);
         self.bytes = before - class;
         Some(item.block)
     }
@@ -450,8 +462,9 @@ impl<B, P: EvictionPolicy> Store<B> for TimedStore<B, P> {
     // a call would cost as much again.
     #[inline(always)]
     fn put(&mut self, block: B, class: usize, now: u64) -> Option<(B, usize)> {
-        let seq = self.next_seq;
-        self.next_seq += 1;
+        let seq = self.puts;
+        self.puts += 1;
+        self.bytes += class;
         let at = now;
         let cls = match self.classes.get_mut(class) {
             Some(cls) => cls,
@@ -467,10 +480,8 @@ impl<B, P: EvictionPolicy> Store<B> for TimedStore<B, P> {
                 size: class,
             });
         }
-        self.len += 1;
-        self.bytes += class;
         self.policy
-            .on_release(Duration::from_nanos(now), class, self.bytes);
+            .on_release(Duration::from_nanos(now), class, self.bytes());
         None
     }
 
@@ -491,12 +502,17 @@ impl<B, P: EvictionPolicy> Store<B> for TimedStore<B, P> {
 
     #[inline]
     fn len(&self) -> usize {
-        self.len
+        (self.puts - self.taken - self.popped) as usize
     }
 
     #[inline]
     fn bytes(&self) -> usize {
         self.bytes
+    }
+
+    #[inline]
+    fn taken(&self) -> (u64, u64) {
+        (self.taken, self.taken_bytes)
     }
 
     fn check(&self) {
@@ -516,7 +532,7 @@ impl<B, P: EvictionPolicy> Store<B> for TimedStore<B, P> {
             );
             let mut last: Option<&Item<B>> = None;
             for item in class.items.iter() {
-                assert!(item.seq < self.next_seq, "release number from the future");
+                assert!(item.seq < self.puts, "release number from the future");
                 if let Some(l) = last {
                     assert!(item.seq > l.seq, "class queue out of release order");
                 }
@@ -525,8 +541,8 @@ impl<B, P: EvictionPolicy> Store<B> for TimedStore<B, P> {
                 bytes += size;
             }
         }
-        assert_eq!(len, self.len, "cached block count");
-        assert_eq!(bytes, self.bytes, "cached byte count");
+        assert_eq!(len, self.len(), "cached block count");
+        assert_eq!(bytes, self.bytes(), "cached byte count");
         // Tokens: one per queued class, never later than its oldest block;
         // every class with blocks is queued.
         let mut tokens = HashMap::new();
@@ -591,7 +607,7 @@ impl<B, P: EvictionPolicy> TimedStore<B, P> {
         };
         if self
             .policy
-            .must_evict(Duration::from_nanos(now), oldest, self.bytes)
+            .must_evict(Duration::from_nanos(now), oldest, self.bytes())
         {
             Some(self.remove_oldest(size, now, FreeReason::Expired))
         } else {
