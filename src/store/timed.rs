@@ -319,8 +319,9 @@ pub struct TimedStore<B, P> {
     /// The number of classes at which the next insertion first sweeps the
     /// empty ones.
     sweep_at: usize,
-    /// Whether the top token is known to name its class's oldest block.
-    top_valid: bool,
+    /// The class of the top token when it is known to name that class's
+    /// oldest block (the oldest of all); 0 when not known.
+    top_class: usize,
     reuse: Reuse,
     policy: P,
 }
@@ -339,7 +340,7 @@ impl<B, P: EvictionPolicy> TimedStore<B, P> {
             taken: 0,
             taken_bytes: 0,
             not_before: 0,
-            top_valid: false,
+            top_class: 0,
         }
     }
 
@@ -364,7 +365,7 @@ impl<B, P: EvictionPolicy> TimedStore<B, P> {
         let classes = &self.classes;
         self.heap.retain(|t| classes.get(t.size).is_some());
         self.sweep_at = self.classes.len() * 2 + SWEEP_SLACK;
-        self.top_valid = false;
+        self.top_class = 0;
     }
 
     /// The class size and release time of the oldest cached block: brings
@@ -372,7 +373,7 @@ impl<B, P: EvictionPolicy> TimedStore<B, P> {
     /// empty classes.
     #[inline]
     fn oldest(&mut self) -> Option<(usize, u64)> {
-        if self.top_valid {
+        if self.top_class != 0 {
             return self.heap.peek().map(|t| (t.size, t.at));
         }
         loop {
@@ -383,7 +384,7 @@ impl<B, P: EvictionPolicy> TimedStore<B, P> {
                 .expect("a token for a class that is gone");
             match class.items.front() {
                 Some(front) if front.seq == top.seq => {
-                    self.top_valid = true;
+                    self.top_class = top.size;
                     return Some((top.size, top.at));
                 }
                 Some(front) => {
@@ -406,7 +407,7 @@ impl<B, P: EvictionPolicy> TimedStore<B, P> {
         let now = Duration::from_nanos(now);
         self.policy.on_free(now, size, self.bytes() - size, reason);
         self.not_before = 0;
-        self.top_valid = false;
+        self.top_class = 0;
         let items = &mut self
             .classes
             .get_mut(size)
@@ -447,10 +448,10 @@ impl<B, P: EvictionPolicy> Store<B> for TimedStore<B, P> {
         let Some(item) = item else {
             unreachable!("a non-empty class has a block")
         };
-        if self.top_valid && (cls.items.is_empty() || self.reuse == Reuse::Fifo) {
-            // This class's oldest block moved (tested first: no store on
-            // the hit path when there is nothing to forget).
-            self.top_valid = false;
+        if self.top_class == class && (cls.items.is_empty() || self.reuse == Reuse::Fifo) {
+            // The oldest block of all moved (tested first: no store on the
+            // hit path when there is nothing to forget).
+            self.top_class = 0;
         }
         self.taken += 1;
         self.taken_bytes = self.taken_bytes.saturating_add(class as u64);
@@ -562,11 +563,12 @@ impl<B, P: EvictionPolicy> Store<B> for TimedStore<B, P> {
                 assert!(t.at <= front.at, "token time of class {} is late", t.size);
             }
         }
-        if self.top_valid {
+        if self.top_class != 0 {
             let top = self
                 .heap
                 .peek()
                 .expect("a valid top token in an empty heap");
+            assert_eq!(top.size, self.top_class, "the top token's class");
             let front = self
                 .classes
                 .get(top.size)
@@ -597,7 +599,8 @@ impl<B, P: EvictionPolicy> Store<B> for TimedStore<B, P> {
 }
 
 impl<B, P: EvictionPolicy> TimedStore<B, P> {
-    /// The eviction check once its deadline has passed.
+    /// The eviction check once its deadline has passed (every call, for a
+    /// policy without deadlines).
     #[inline(never)]
     fn evict_due_slow(&mut self, now: u64) -> Option<(B, usize)> {
         let (size, at) = self.oldest()?;
