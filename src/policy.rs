@@ -163,9 +163,10 @@ pub trait EvictionPolicy {
     fn must_evict(&mut self, now: Duration, oldest: Oldest, bytes_cached: usize) -> bool;
 
     /// A time before which [`must_evict`](Self::must_evict) answers `false`
-    /// for `oldest` as long as it stays the oldest cached block, whatever
-    /// is released, hit or freed meanwhile; `None` (the default) when there
-    /// is no such time.
+    /// for `oldest`, and for any block released after it that becomes the
+    /// oldest (a hit may take `oldest`), whatever is released or hit
+    /// meanwhile; `None` (the default) when there is no such time. The pool
+    /// asks again after it frees a block.
     ///
     /// The pool then skips the policy check until that time: on the hit
     /// path it becomes one comparison. A deadline that is too early only

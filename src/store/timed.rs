@@ -1,10 +1,13 @@
 //! The timed store, used by every [`EvictionPolicy`].
 //!
-//! - **Classes**: a size-keyed multimap (`hashbrown`), class size → a
-//!   contiguous ring buffer (`ring::Ring`) of that class's cached blocks in release
-//!   order, oldest at the front, each with its release time and release
-//!   number. A hit takes from the back (LIFO) or the front (FIFO) in O(1):
-//!   one map lookup, one buffer.
+//! - **Classes**: a size-keyed multimap (`hashbrown`) of cache-line
+//!   buckets, class size → that class's cached blocks in release order,
+//!   each with its release time and release number. The newest block lives
+//!   in the bucket itself, the older ones in a ring buffer (`ring::Ring`),
+//!   oldest at the front. A hit takes from the back (LIFO) or the front
+//!   (FIFO) in O(1); a LIFO round trip on a class touches its bucket only.
+//!   The release right after a hit of the same size reaches the bucket
+//!   through a pointer the hit's lookup left (see `Classes`).
 //! - **Eviction order**: a binary min-heap with one *token* per class that
 //!   holds blocks, keyed by a release sequence number that is never later
 //!   than the class's oldest block. The token with the smallest key whose
@@ -24,10 +27,11 @@
 //!
 //! The fast path of an eviction check is one comparison: the policy's
 //! [deadline](EvictionPolicy::deadline) for the oldest block, cached until
-//! a block is freed (a hit that takes the oldest block leaves it early,
-//! which is safe). For a policy without deadlines, the top token stays
-//! known to be up to date until a hit moves a class's oldest block or a
-//! block is freed, so the check reads no class.
+//! a block is freed (it also covers any later block that becomes the
+//! oldest, so a hit needs no reset). For a policy without deadlines, the
+//! store remembers which class holds the oldest block until a hit moves
+//! that class's oldest block or a block is freed, so the check reads no
+//! class.
 //!
 //! A class whose queue empties keeps its buffer and token, so a size that
 //! comes back costs no allocation and a hit updates no count of empty

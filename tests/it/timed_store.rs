@@ -58,7 +58,7 @@ fn hundreds_of_emptied_classes_are_swept_and_every_block_comes_back_once() {
     let (mut pool, alloc, clock) = pool(Reuse::Lifo);
     // Fewer under Miri (every step validates the whole store); still enough
     // for the new classes to sweep the empty ones.
-    let (n, m) = if cfg!(miri) { (70, 130) } else { (500, 600) };
+    let (n, m) = if cfg!(miri) { (40, 100) } else { (500, 600) };
     let sizes: Vec<usize> = (1..=n).map(|i| i * 48).collect();
     let blocks: Vec<u64> = sizes.iter().map(|&s| get(&mut pool, s)).collect();
     for (&b, &s) in blocks.iter().zip(&sizes) {
