@@ -47,9 +47,8 @@ use core::time::Duration;
 use std::collections::binary_heap::PeekMut;
 use std::collections::BinaryHeap;
 
-use core::hash::BuildHasher;
 use core::ptr;
-use hashbrown::{DefaultHashBuilder, HashMap, HashTable};
+use hashbrown::{HashMap, HashTable};
 use std::sync::atomic::{AtomicPtr, Ordering::Relaxed};
 
 use super::ring::Ring;
@@ -189,6 +188,16 @@ impl PartialEq for Token {
 
 impl Eq for Token {}
 
+/// The hash of a class size: one folded multiply (the high and low halves
+/// of a 128-bit product), so both ends of the hash, which the table uses
+/// for the bucket and for its tag, depend on every bit of the size. Not
+/// seeded: class sizes come from the program, not from an adversary.
+#[inline(always)]
+fn hash_size(size: usize) -> u64 {
+    let product = u128::from(size as u64) * 0x9E37_79B9_7F4A_7C15;
+    (product as u64) ^ ((product >> 64) as u64)
+}
+
 /// The classes, keyed by size: a `hashbrown` table, and a pointer to the
 /// class the last lookup found.
 ///
@@ -200,7 +209,6 @@ impl Eq for Token {}
 /// clear it while `Classes` stays `Send` and `Sync` like the table.
 struct Classes<B> {
     table: HashTable<Class<B>>,
-    hasher: DefaultHashBuilder,
     /// The class the last lookup found, or null.
     last: AtomicPtr<Class<B>>,
 }
@@ -209,7 +217,6 @@ impl<B> Classes<B> {
     fn new() -> Self {
         Classes {
             table: HashTable::new(),
-            hasher: DefaultHashBuilder::default(),
             last: AtomicPtr::new(ptr::null_mut()),
         }
     }
@@ -248,7 +255,7 @@ impl<B> Classes<B> {
     /// rarely repeats the size before it); remembered for the release.
     #[inline(always)]
     fn find(&mut self, size: usize) -> Option<&mut Class<B>> {
-        let hash = self.hasher.hash_one(size);
+        let hash = hash_size(size);
         let found: *mut Class<B> = self.table.find_mut(hash, |c| c.size == size)?;
         *self.last.get_mut() = found;
         // SAFETY: `found` comes from the `&mut` `find_mut` just returned;
@@ -260,7 +267,7 @@ impl<B> Classes<B> {
     /// The class of `size`, if any.
     fn get(&self, size: usize) -> Option<&Class<B>> {
         self.forget_last();
-        let hash = self.hasher.hash_one(size);
+        let hash = hash_size(size);
         self.table.find(hash, |c| c.size == size)
     }
 
@@ -269,15 +276,14 @@ impl<B> Classes<B> {
     #[inline(never)]
     fn insert(&mut self, size: usize) -> &mut Class<B> {
         self.forget_last();
-        let hash = self.hasher.hash_one(size);
-        let hasher = &self.hasher;
+        let hash = hash_size(size);
         let entry = self.table.insert_unique(
             hash,
             Class {
                 size,
                 items: Blocks::new(),
             },
-            |c| hasher.hash_one(c.size),
+            |c| hash_size(c.size),
         );
         entry.into_mut()
     }
