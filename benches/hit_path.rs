@@ -1,6 +1,6 @@
 //! Hit round trip (allocate + release of a cached class) of the pool
 //! against a hand-written `hashbrown` map-of-vectors cache, at several
-//! scales, in one run.
+//! scales, in one run; and batches (allocate 16, then release them).
 //!
 //! ```text
 //! cargo bench --bench hit_path
@@ -188,5 +188,63 @@ fn hit_round_trip(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, hit_round_trip);
+/// Batches: allocate 16 blocks (classes drawn at random among 8 classes of
+/// 16 cached blocks), then release them; time per block (one allocate and
+/// one release).
+fn batch_round_trip(c: &mut Criterion) {
+    let mut g = c.benchmark_group("batch_round_trip");
+    g.warm_up_time(Duration::from_millis(500));
+    g.measurement_time(Duration::from_secs(2));
+    const BATCH: usize = 16;
+    g.throughput(criterion::Throughput::Elements(BATCH as u64));
+    let (classes, per) = (8usize, 16usize);
+    let sizes = sizes(classes);
+    let walk = order(sizes.len(), 1 << 16);
+
+    let mut hand = HandWritten::default();
+    for &s in &sizes {
+        let held: Vec<_> = (0..per).map(|_| hand.allocate(s)).collect();
+        for b in held {
+            hand.release(b, s);
+        }
+    }
+    let mut held = [(0usize, 0usize); BATCH];
+    let mut i = 0;
+    g.bench_function("hashbrown_map_of_vecs/8x16", |b| {
+        b.iter(|| {
+            for slot in held.iter_mut() {
+                let s = sizes[walk[i]];
+                i = (i + 1) % walk.len();
+                *slot = (hand.allocate(black_box(s)), s);
+            }
+            for &(block, s) in &held {
+                hand.release(black_box(block), s);
+            }
+        })
+    });
+
+    let mut pool = DecayingPool::builder(Null::default())
+        .policy(FixedTime::new(Duration::from_secs(3600)))
+        .clock(ManualClock::new())
+        .build();
+    fill(&mut pool, &sizes, per);
+    let filled = pool.stats().misses;
+    g.bench_function("fixed_time_manual/8x16", |b| {
+        b.iter(|| {
+            for slot in held.iter_mut() {
+                let s = sizes[walk[i]];
+                i = (i + 1) % walk.len();
+                *slot = (pool.allocate(black_box(s)).unwrap(), s);
+            }
+            for &(block, s) in &held {
+                // SAFETY: `block` came from this pool with size `s`.
+                unsafe { pool.release(black_box(block), s) };
+            }
+        })
+    });
+    assert_eq!(pool.stats().misses, filled, "a batch missed");
+    g.finish();
+}
+
+criterion_group!(benches, hit_round_trip, batch_round_trip);
 criterion_main!(benches);
