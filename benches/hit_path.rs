@@ -26,6 +26,18 @@ struct HandWritten {
 }
 
 impl HandWritten {
+    /// A cache holding `per` blocks of each of `sizes`.
+    fn filled(sizes: &[usize], per: usize) -> Self {
+        let mut hand = HandWritten::default();
+        for &s in sizes {
+            let held: Vec<_> = (0..per).map(|_| hand.allocate(s)).collect();
+            for b in held {
+                hand.release(b, s);
+            }
+        }
+        hand
+    }
+
     #[inline]
     fn allocate(&mut self, size: usize) -> usize {
         match self.map.get_mut(&size).and_then(Vec::pop) {
@@ -124,13 +136,7 @@ fn hit_round_trip(c: &mut Criterion) {
         let sizes = sizes(classes);
         let walk = order(sizes.len(), 1 << 16);
 
-        let mut hand = HandWritten::default();
-        for &s in &sizes {
-            let held: Vec<_> = (0..per).map(|_| hand.allocate(s)).collect();
-            for b in held {
-                hand.release(b, s);
-            }
-        }
+        let mut hand = HandWritten::filled(&sizes, per);
         let mut i = 0;
         g.bench_function(BenchmarkId::new("hashbrown_map_of_vecs", &scale), |b| {
             b.iter(|| {
@@ -201,13 +207,7 @@ fn batch_round_trip(c: &mut Criterion) {
     let sizes = sizes(classes);
     let walk = order(sizes.len(), 1 << 16);
 
-    let mut hand = HandWritten::default();
-    for &s in &sizes {
-        let held: Vec<_> = (0..per).map(|_| hand.allocate(s)).collect();
-        for b in held {
-            hand.release(b, s);
-        }
-    }
+    let mut hand = HandWritten::filled(&sizes, per);
     let mut held = [(0usize, 0usize); BATCH];
     let mut i = 0;
     g.bench_function("hashbrown_map_of_vecs/8x16", |b| {

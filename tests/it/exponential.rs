@@ -16,7 +16,7 @@
 //! Hence `round_half_down(N * 2^(-t / h))` of `N` equal blocks released
 //! together remain at time `t`, however often the pool collects.
 
-use crate::support::Lcg;
+use crate::support::{freed_ids, Lcg};
 use core::time::Duration;
 use std::cell::RefCell;
 use std::collections::VecDeque;
@@ -66,18 +66,6 @@ fn release_together(pool: &mut ExpPool, n: usize, size: usize) -> Vec<u64> {
         put(pool, b, size);
     }
     blocks
-}
-
-/// The block ids the backing allocator was given back, in order.
-fn freed_ids(alloc: &CheckingAllocator) -> Vec<u64> {
-    alloc
-        .calls()
-        .into_iter()
-        .filter_map(|c| match c {
-            Call::Deallocate { block, .. } => Some(block),
-            Call::Allocate { .. } => None,
-        })
-        .collect()
 }
 
 /// `round_half_down(x)`: the nearest integer, halves rounded down.

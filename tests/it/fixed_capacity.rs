@@ -8,6 +8,7 @@
 //! the tests below model exactly; larger tables are checked for their
 //! invariants.
 
+use crate::support::freed_ids;
 use crate::support::Lcg;
 use core::time::Duration;
 use std::collections::{HashMap, VecDeque};
@@ -39,18 +40,6 @@ fn fixed_pool(slots: usize, reuse: Reuse) -> (FixedPool, CheckingAllocator) {
         .reuse(reuse)
         .build();
     (pool, alloc)
-}
-
-/// The block ids the backing allocator was given back, in order.
-fn freed_ids(alloc: &CheckingAllocator) -> Vec<u64> {
-    alloc
-        .calls()
-        .into_iter()
-        .filter_map(|c| match c {
-            Call::Deallocate { block, .. } => Some(block),
-            Call::Allocate { .. } => None,
-        })
-        .collect()
 }
 
 /// The last block given back, with its size.

@@ -32,3 +32,16 @@ impl Rng {
         self.next() % n
     }
 }
+
+/// The blocks the backing allocator was given back, in order.
+pub(crate) fn freed_ids(alloc: &decaying_pool::testing::CheckingAllocator) -> Vec<u64> {
+    use decaying_pool::testing::Call;
+    alloc
+        .calls()
+        .into_iter()
+        .filter_map(|c| match c {
+            Call::Deallocate { block, .. } => Some(block),
+            Call::Allocate { .. } => None,
+        })
+        .collect()
+}

@@ -8,7 +8,8 @@
 
 use core::time::Duration;
 
-use decaying_pool::testing::{Call, CheckingAllocator};
+use crate::support::freed_ids;
+use decaying_pool::testing::CheckingAllocator;
 use decaying_pool::{DecayingPool, FixedTime, ManualClock, Reuse};
 
 type Pool = DecayingPool<CheckingAllocator, FixedTime, ManualClock>;
@@ -39,18 +40,6 @@ fn get(pool: &mut Pool, size: usize) -> u64 {
         .expect("the checking allocator never fails");
     pool.validate();
     b
-}
-
-/// The blocks the backing allocator got back, in order.
-fn freed(alloc: &CheckingAllocator) -> Vec<u64> {
-    alloc
-        .calls()
-        .into_iter()
-        .filter_map(|c| match c {
-            Call::Deallocate { block, .. } => Some(block),
-            Call::Allocate { .. } => None,
-        })
-        .collect()
 }
 
 #[test]
@@ -89,7 +78,7 @@ fn hundreds_of_emptied_classes_are_swept_and_every_block_comes_back_once() {
     // Freed in release order: the new sizes, then the first ones reversed.
     let mut want = more.clone();
     want.extend(blocks.iter().rev());
-    assert_eq!(freed(&alloc), want);
+    assert_eq!(freed_ids(&alloc), want);
 }
 
 #[test]
@@ -110,7 +99,7 @@ fn a_token_left_behind_by_fifo_hits_still_finds_the_oldest_block() {
     // The oldest cached block is a[1] (10 ms), then b (15 ms), then a[2].
     assert_eq!(pool.trim(), 400, "bytes freed");
     pool.validate();
-    assert_eq!(freed(&alloc), vec![a[1], b, a[2]]);
+    assert_eq!(freed_ids(&alloc), vec![a[1], b, a[2]]);
 }
 
 #[test]
@@ -135,13 +124,13 @@ fn expiry_is_exact_when_tokens_lag_behind_their_classes() {
     assert_eq!(pool.collect(), 0);
     clock.set(Duration::from_millis(1400));
     assert_eq!(pool.collect(), 1);
-    assert_eq!(freed(&alloc), vec![z]);
+    assert_eq!(freed_ids(&alloc), vec![z]);
     clock.set(Duration::from_millis(1499));
     assert_eq!(pool.collect(), 0);
     clock.set(Duration::from_millis(1500));
     assert_eq!(pool.collect(), 1);
     pool.validate();
-    assert_eq!(freed(&alloc), vec![z, y]);
+    assert_eq!(freed_ids(&alloc), vec![z, y]);
     // x is in use: the pool holds nothing, and gives x back on release.
     assert_eq!(pool.stats().blocks_cached, 0);
     put(&mut pool, x, 64);
