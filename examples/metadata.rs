@@ -17,9 +17,7 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use decaying_pool::{
-    DecayingPool, Exponential, FixedCapacity, FixedTime, ManualClock, Policy, RawAllocator,
-};
+use decaying_pool::{DecayingPool, Exponential, FixedCapacity, FixedTime, ManualClock, Policy};
 
 /// `std::alloc::System`, keeping count of the bytes currently allocated.
 struct Counting;
@@ -74,19 +72,11 @@ fn current() -> usize {
     CURRENT.load(Ordering::Relaxed)
 }
 
-/// A backing allocator that does nothing: hands out numbers, no heap.
-#[derive(Default)]
-struct Null(usize);
-
-impl RawAllocator for Null {
-    type Block = usize;
-    type Error = core::convert::Infallible;
-    fn allocate(&mut self, _size: usize) -> Result<usize, Self::Error> {
-        self.0 += 1;
-        Ok(self.0)
-    }
-    unsafe fn deallocate(&mut self, _block: usize, _size: usize) {}
-}
+// The benchmarks' backing allocator that does nothing: hands out numbers,
+// no heap.
+#[path = "../benches/common/mod.rs"]
+mod common;
+use common::Null;
 
 /// Blocks in every measurement.
 const BLOCKS: usize = 1_000_000;

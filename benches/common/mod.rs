@@ -1,4 +1,4 @@
-//! Shared by the benchmarks.
+//! Shared by the benchmarks and `examples/metadata.rs`.
 
 use decaying_pool::RawAllocator;
 
