@@ -335,6 +335,11 @@ impl<B, P: Policy, C: Clock> Cache<B, P, C> {
     }
 
     #[cfg(any(test, feature = "testing"))]
+    pub(crate) fn footprint(&self) -> usize {
+        self.store.footprint()
+    }
+
+    #[cfg(any(test, feature = "testing"))]
     pub(crate) fn validate(&self) {
         self.store.check();
         let s = self.stats();

@@ -491,6 +491,23 @@ impl<A: RawAllocator, P: Policy, C: Clock> DecayingPool<A, P, C> {
         self.cache.validate();
     }
 
+    /// Bytes of heap memory the pool's bookkeeping holds: the cache
+    /// store's table, queues and eviction heap (not the cached blocks,
+    /// which belong to the backing allocator). Approximate; for tests and
+    /// the `metadata` example.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, FixedTime};
+    /// let pool = DecayingPool::new(CheckingAllocator::new(), FixedTime::default());
+    /// assert_eq!(pool.bookkeeping_bytes(), 0);
+    /// ```
+    #[cfg(any(test, feature = "testing"))]
+    pub fn bookkeeping_bytes(&self) -> usize {
+        self.cache.footprint()
+    }
+
     /// Serves a request the cache could not: the limit, the backing call
     /// and the out-of-memory retry ladder.
     #[inline(never)]

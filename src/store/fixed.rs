@@ -206,6 +206,13 @@ impl<B> Store<B> for FixedStore<B> {
         (self.taken, self.taken_bytes)
     }
 
+    /// The table, allocated once at its full size: it never grows, so
+    /// there is nothing to shrink.
+    #[cfg(any(test, feature = "testing"))]
+    fn footprint(&self) -> usize {
+        core::mem::size_of_val(&*self.table)
+    }
+
     fn check(&self) {
         let (mut len, mut bytes) = (0usize, 0usize);
         for (i, e) in self.table.iter().enumerate() {

@@ -47,6 +47,11 @@ pub trait Store<B> {
     /// `hits` and `bytes_from_pool`, counted where the hit happens.
     fn taken(&self) -> (u64, u64);
 
+    /// Bytes of heap memory the store's own structures hold (its
+    /// bookkeeping, not the cached blocks).
+    #[cfg(any(test, feature = "testing"))]
+    fn footprint(&self) -> usize;
+
     /// Checks every internal invariant; panics with a description of the
     /// first one broken.
     fn check(&self);

@@ -130,12 +130,54 @@ impl<T> Ring<T> {
 
     /// Doubles the capacity (0 becomes 1), moving the values to the front
     /// of the new buffer.
+    /// Slots allocated.
+    #[inline]
+    pub(crate) fn capacity(&self) -> usize {
+        self.buf.len()
+    }
+
     #[cold]
     #[inline(never)]
     fn grow(&mut self) {
         let cap = self.buf.len();
         assert!(cap < 1 << 30, "more than 2^30 cached blocks of one size");
-        let mut buf = Box::new_uninit_slice((cap * 2).max(1));
+        self.resize((cap * 2).max(1));
+    }
+
+    /// Halves the capacity while a quarter of it or less is used (down to
+    /// [`Ring::MIN_KEPT`] slots, or none when empty); O(len), so a caller
+    /// that shrinks after each removal pays for it with the removals since
+    /// the ring was last resized. Returns whether it reallocated.
+    #[inline]
+    pub(crate) fn shrink(&mut self) -> bool {
+        let (cap, len) = (self.buf.len(), self.len());
+        if cap <= Self::MIN_KEPT || len * 4 > cap {
+            return false;
+        }
+        self.shrink_now();
+        true
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn shrink_now(&mut self) {
+        let len = self.len();
+        let new = if len == 0 {
+            0
+        } else {
+            (len * 2).next_power_of_two().max(Self::MIN_KEPT)
+        };
+        self.resize(new);
+    }
+
+    /// A ring this small is never shrunk.
+    pub(crate) const MIN_KEPT: usize = 8;
+
+    /// Moves the contents into a new buffer of `cap` slots (a power of two
+    /// or zero, at least `len`), oldest at slot 0; keeps the flag.
+    fn resize(&mut self, cap: usize) {
+        debug_assert!(cap >= self.len() && (cap == 0 || cap.is_power_of_two()));
+        let mut buf = Box::new_uninit_slice(cap);
         for (k, new) in buf.iter_mut().enumerate().take(self.len()) {
             let i = self.slot(k);
             // SAFETY: slot `k < len` after the head is initialised; the old
@@ -210,6 +252,49 @@ mod tests {
         ring.push_back(6);
         assert_eq!(ring.buf.len(), 8);
         assert!(ring.iter().copied().eq([2, 3, 4, 5, 6]));
+    }
+
+    #[test]
+    fn shrinks_by_halves_below_a_quarter_keeping_order_and_flag() {
+        let mut ring = Ring::new();
+        ring.set_flag(true);
+        for i in 0..1000u32 {
+            ring.push_back(i);
+        }
+        assert_eq!(ring.capacity(), 1024);
+        // A quarter used or more: kept.
+        while ring.len() > 257 {
+            ring.pop_front();
+        }
+        assert!(!ring.shrink());
+        assert_eq!(ring.capacity(), 1024);
+        // A quarter: halved.
+        ring.pop_front();
+        assert!(ring.shrink());
+        assert_eq!(ring.capacity(), 512);
+        assert!(ring.iter().copied().eq(744..1000));
+        assert!(ring.flag());
+        while ring.len() > 3 {
+            ring.pop_front();
+            ring.shrink();
+        }
+        assert_eq!(ring.capacity(), Ring::<u32>::MIN_KEPT);
+        assert!(ring.iter().copied().eq(997..1000));
+        ring.push_back(1000);
+        assert_eq!(ring.pop_back(), Some(1000));
+        while ring.pop_back().is_some() {}
+        assert!(!ring.shrink(), "a small ring is kept");
+        assert_eq!(ring.capacity(), Ring::<u32>::MIN_KEPT);
+        // A large ring emptied at once goes altogether.
+        for i in 0..100 {
+            ring.push_back(i);
+        }
+        while ring.pop_back().is_some() {}
+        assert!(ring.shrink());
+        assert_eq!(ring.capacity(), 0);
+        assert!(ring.flag());
+        ring.push_back(7);
+        assert_eq!(ring.front(), Some(&7));
     }
 
     #[test]

@@ -151,3 +151,132 @@ fn a_class_that_keeps_emptying_costs_one_buffer_not_one_per_round_trip() {
     assert_eq!(pool.stats().hits, 10_000);
     assert_eq!(alloc.allocs(), 1);
 }
+
+/// A backing allocator that hands out numbers and keeps no record, so a
+/// million blocks cost the test nothing but the pool's own bookkeeping.
+#[derive(Default)]
+struct Numbers(u64);
+
+impl decaying_pool::RawAllocator for Numbers {
+    type Block = u64;
+    type Error = core::convert::Infallible;
+
+    fn allocate(&mut self, _size: usize) -> Result<u64, Self::Error> {
+        self.0 += 1;
+        Ok(self.0)
+    }
+
+    unsafe fn deallocate(&mut self, _block: u64, _size: usize) {}
+}
+
+/// Distinct sizes in the bookkeeping tests (fewer under Miri).
+const DISTINCT: usize = if cfg!(miri) { 2_000 } else { 1_000_000 };
+
+/// Bookkeeping left once the cache is empty: the table's and heap's
+/// minimum (room for 64 classes), a few kilobytes.
+const NEAR_ZERO: usize = 16 << 10;
+
+fn numbers_pool() -> (DecayingPool<Numbers, FixedTime, ManualClock>, ManualClock) {
+    let clock = ManualClock::new();
+    let pool = DecayingPool::builder(Numbers::default())
+        .policy(FixedTime::new(TTL))
+        .clock(clock.clone())
+        .build();
+    (pool, clock)
+}
+
+/// Allocates one block of each size in `sizes`, then releases them all.
+fn fill(
+    pool: &mut DecayingPool<Numbers, FixedTime, ManualClock>,
+    sizes: impl Iterator<Item = usize>,
+) {
+    let held: Vec<(u64, usize)> = sizes.map(|s| (pool.allocate(s).unwrap(), s)).collect();
+    for (b, s) in held {
+        // SAFETY: each block came from this pool with this size, once.
+        unsafe { pool.release(b, s) };
+    }
+}
+
+#[test]
+fn bookkeeping_shrinks_after_a_million_distinct_sizes_decay_or_are_trimmed() {
+    let (mut pool, clock) = numbers_pool();
+    assert_eq!(pool.bookkeeping_bytes(), 0);
+    fill(&mut pool, 1..=DISTINCT);
+    let peak = pool.bookkeeping_bytes();
+    // A 64-byte bucket per class at least.
+    assert!(peak >= DISTINCT * 64, "{peak} bytes for {DISTINCT} classes");
+    clock.advance(TTL);
+    assert_eq!(pool.collect(), DISTINCT);
+    pool.validate();
+    let decayed = pool.bookkeeping_bytes();
+    assert!(
+        decayed <= NEAR_ZERO,
+        "{decayed} bytes of bookkeeping left after every class decayed (peak {peak})"
+    );
+    // The same through `trim` (a quarter as many sizes: debug builds are
+    // slow).
+    fill(&mut pool, 1..=DISTINCT / 4);
+    assert!(pool.bookkeeping_bytes() >= DISTINCT / 4 * 64);
+    pool.trim();
+    pool.validate();
+    let trimmed = pool.bookkeeping_bytes();
+    assert!(
+        trimmed <= NEAR_ZERO,
+        "{trimmed} bytes of bookkeeping left after a trim (peak {peak})"
+    );
+}
+
+#[test]
+fn bookkeeping_follows_a_partial_decay_down() {
+    let sizes = DISTINCT / 4;
+    let (mut pool, clock) = numbers_pool();
+    // Seven eighths of the classes released at 0, the rest half a TTL
+    // later: the first decay leaves an eighth.
+    fill(&mut pool, 1..=sizes / 8 * 7);
+    let early = pool.bookkeeping_bytes();
+    clock.advance(TTL / 2);
+    fill(&mut pool, sizes / 8 * 7 + 1..=sizes);
+    let peak = pool.bookkeeping_bytes();
+    assert!(peak >= early);
+    clock.advance(TTL / 2);
+    assert_eq!(pool.collect(), sizes / 8 * 7);
+    pool.validate();
+    let left = pool.bookkeeping_bytes();
+    assert!(
+        left <= peak / 3,
+        "{left} bytes of bookkeeping for an eighth of the classes (peak {peak})"
+    );
+    // The cache still serves what it holds.
+    let b = pool.allocate(sizes).unwrap();
+    assert_eq!(pool.stats().hits, 1);
+    // SAFETY: `b` came from this pool with this size.
+    unsafe { pool.release(b, sizes) };
+    pool.validate();
+}
+
+#[test]
+fn a_class_queue_shrinks_as_its_blocks_decay() {
+    let (mut pool, clock) = numbers_pool();
+    let n = DISTINCT / 10;
+    // One size, n blocks, released a tick apart.
+    let held: Vec<u64> = (0..n).map(|_| pool.allocate(100).unwrap()).collect();
+    let step = TTL / (2 * n as u32);
+    for b in held {
+        // SAFETY: each block came from this pool with size 100, once.
+        unsafe { pool.release(b, 100) };
+        clock.advance(step);
+    }
+    let peak = pool.bookkeeping_bytes();
+    assert!(peak >= n * 16, "{peak} bytes for {n} queued blocks");
+    // Past the TTL of all but the last few.
+    clock.advance(TTL - step * 8);
+    let freed = pool.collect();
+    assert!(freed >= n - 10 && freed < n, "{freed} of {n} freed");
+    pool.validate();
+    let left = pool.bookkeeping_bytes();
+    assert!(
+        left <= NEAR_ZERO,
+        "{left} bytes of bookkeeping for {} blocks (peak {peak})",
+        n - freed
+    );
+}
