@@ -613,20 +613,25 @@ where
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 ///
-/// The pool cannot be replaced:
+/// The pool cannot be replaced (when `with` handed out `&mut
+/// DecayingPool`, this compiled, and `block` went back to `other`, to be
+/// freed by its allocator):
 ///
 /// ```compile_fail,E0596
 /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, FixedTime, SharedPool};
 /// let pool = SharedPool::new(DecayingPool::new(CheckingAllocator::new(), FixedTime::default()));
 /// let block = pool.allocate(3000).unwrap();
 /// let other = DecayingPool::new(CheckingAllocator::new(), FixedTime::default());
-/// // `block` would go back to `other` and be freed by its allocator.
-/// drop(pool.with(|p| core::mem::replace(&mut **p, other)));
+/// let old = pool.with(|p| {
+///     let p: &mut DecayingPool<_, _, _> = &mut *p; // no `DerefMut`
+///     core::mem::replace(p, other)
+/// });
+/// drop(block);
 /// ```
 ///
 /// nor swapped with another shared pool's:
 ///
-/// ```compile_fail
+/// ```compile_fail,E0521
 /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, FixedTime, SharedPool};
 /// let a = SharedPool::new(DecayingPool::new(CheckingAllocator::new(), FixedTime::default()));
 /// let b = SharedPool::new(DecayingPool::new(CheckingAllocator::new(), FixedTime::default()));
