@@ -13,7 +13,7 @@
 
 use std::path::{Path, PathBuf};
 
-use decaying_pool::fuzzing::{self, Kind, Summary};
+use decaying_pool::fuzzing::{self, Kind, Summary, FAULTS};
 use decaying_pool::FixedCapacity;
 
 // --- the input layout (see `decaying_pool::fuzzing::{Config, Op, SharedOp}`) ---
@@ -37,6 +37,8 @@ struct Cfg {
     /// Indices into `SIZES` (1 to 5).
     palette: Vec<u8>,
     trim_before_drop: bool,
+    /// Panic injection on.
+    faults: bool,
     drop_seed: u8,
 }
 
@@ -70,6 +72,7 @@ fn cfg(kind: u8, param: u8) -> Cfg {
         capacity: None,
         palette: vec![S64, S100, S1000],
         trim_before_drop: false,
+        faults: false,
         drop_seed: 0,
     }
 }
@@ -87,7 +90,7 @@ impl Cfg {
             (self.palette.len() - 1) as u8,
         ];
         b.extend(&self.palette);
-        b.push(u8::from(self.trim_before_drop));
+        b.push(u8::from(self.trim_before_drop) | u8::from(self.faults) << 1);
         b.push(self.drop_seed);
         b
     }
@@ -113,6 +116,10 @@ impl Cfg {
     }
     fn trim(mut self) -> Self {
         self.trim_before_drop = true;
+        self
+    }
+    fn faults(mut self) -> Self {
+        self.faults = true;
         self
     }
     fn drop_seed(mut self, s: u8) -> Self {
@@ -144,6 +151,11 @@ mod op {
     }
     pub(super) fn fail(n: u8) -> Vec<u8> {
         vec![27, n]
+    }
+    /// Panic injection: `fault` (an index into `FAULTS`) on the `nth`
+    /// call from now.
+    pub(super) fn inject(fault: u8, nth: u8) -> Vec<u8> {
+        vec![27, 128 + fault, nth - 1]
     }
     pub(super) fn collect() -> Vec<u8> {
         vec![29]
@@ -184,6 +196,10 @@ mod sop {
     }
     pub(super) fn fail(n: u8) -> Vec<u8> {
         vec![23, n]
+    }
+    /// As `op::inject`.
+    pub(super) fn inject(fault: u8, nth: u8) -> Vec<u8> {
+        vec![23, 128 + fault, nth - 1]
     }
     pub(super) fn collect() -> Vec<u8> {
         vec![24]
@@ -375,6 +391,183 @@ fn errors() -> Vec<Vec<u8>> {
     ]
 }
 
+/// Indices into `FAULTS`.
+const ALLOCATE: u8 = 0;
+const DEALLOCATE: u8 = 1;
+const CLOCK: u8 = 2;
+const ON_RELEASE: u8 = 3;
+const ON_HIT: u8 = 4;
+const ON_FREE: u8 = 5;
+const MUST_EVICT: u8 = 6;
+const DEADLINE: u8 = 7;
+
+/// Two blocks, the first released and expired: the next release runs the
+/// policy, which evicts it, before caching the second.
+fn release_after_expiry(fault: u8) -> Vec<Vec<u8>> {
+    vec![
+        op::alloc(0),
+        op::alloc(1),
+        op::release(0),
+        op::advance(4, 0),
+        op::inject(fault, 1),
+        op::release(0),
+        op::alloc(1),
+        op::collect(),
+    ]
+}
+
+/// The `pool_ops` seeds that reach each injected panic, by name.
+fn pool_panic_seeds() -> Vec<(&'static str, Vec<u8>)> {
+    let ft = || cfg(0, P4).faults();
+    let limit_1000 = || ft().limit(4).palette(&[S1000]);
+    let oom = |limit: u8, fault: u8| {
+        seed(
+            &ft().capacity(2).limit(limit).palette(&[S500, S100, S1000]),
+            [
+                op::alloc(0),
+                op::alloc(1),
+                op::release(0),
+                op::release(0),
+                op::inject(fault, 1),
+                op::alloc(2),
+                op::alloc(2),
+            ],
+        )
+    };
+    let burst_then = |c: Cfg, fault: u8, nth: u8, tail: Vec<Vec<u8>>| {
+        seed(
+            &c,
+            [burst(4, false), vec![op::inject(fault, nth)], tail].concat(),
+        )
+    };
+    vec![
+        // The booking of a miss whose backing allocate panics is dropped:
+        // four more blocks of 1000 fit a limit of 4096.
+        (
+            "panic-allocate-limit",
+            seed(
+                &limit_1000(),
+                [vec![op::inject(ALLOCATE, 1)], vec![op::alloc(0); 5]].concat(),
+            ),
+        ),
+        // A release whose clock panics frees its block: room under the
+        // limit again.
+        (
+            "panic-release-clock",
+            seed(
+                &limit_1000(),
+                [
+                    vec![op::alloc(0); 4],
+                    vec![op::inject(CLOCK, 1), op::release(0), op::alloc(0)],
+                ]
+                .concat(),
+            ),
+        ),
+        // A release whose policy run panics caches its block.
+        (
+            "panic-release-deallocate",
+            seed(&ft(), release_after_expiry(DEALLOCATE)),
+        ),
+        (
+            "panic-release-must-evict",
+            seed(&ft(), release_after_expiry(MUST_EVICT)),
+        ),
+        (
+            "panic-release-on-free",
+            seed(&ft(), release_after_expiry(ON_FREE)),
+        ),
+        (
+            "panic-release-exponential-on-free",
+            seed(&cfg(1, P4).faults(), release_after_expiry(ON_FREE)),
+        ),
+        (
+            "panic-on-release",
+            seed(
+                &ft(),
+                [
+                    op::inject(ON_RELEASE, 1),
+                    op::alloc(0),
+                    op::release(0),
+                    op::alloc(0),
+                ],
+            ),
+        ),
+        (
+            "panic-on-hit",
+            seed(
+                &cfg(1, P16).faults(),
+                [
+                    op::alloc(0),
+                    op::release(0),
+                    op::inject(ON_HIT, 1),
+                    op::alloc(0),
+                    op::alloc(0),
+                ],
+            ),
+        ),
+        (
+            "panic-collect-deadline",
+            seed(
+                &ft(),
+                [
+                    op::alloc(0),
+                    op::release(0),
+                    op::inject(DEADLINE, 1),
+                    op::collect(),
+                    op::collect(),
+                    op::advance(4, 0),
+                    op::collect(),
+                ],
+            ),
+        ),
+        (
+            "panic-collect-exponential-must-evict",
+            burst_then(
+                cfg(1, P16).faults(),
+                MUST_EVICT,
+                2,
+                vec![op::advance(8, 0), op::collect(), op::collect()],
+            ),
+        ),
+        // The limit frees a cached block to make room; `on_free` panics:
+        // nothing is booked.
+        ("panic-limit-on-free", oom(3, ON_FREE)),
+        // The out-of-memory retry frees cached blocks; they panic: the
+        // booking is dropped.
+        ("panic-oom-retry-on-free", oom(7, ON_FREE)),
+        ("panic-oom-retry-deallocate", oom(7, DEALLOCATE)),
+        (
+            "panic-trim-deallocate",
+            burst_then(ft(), DEALLOCATE, 2, vec![op::trim(), op::trim()]),
+        ),
+        (
+            "panic-fixed-capacity-eviction-deallocate",
+            seed(
+                &cfg(2, 3).faults(),
+                [
+                    vec![op::alloc(0), op::alloc(1), op::alloc(2), op::alloc(0)],
+                    vec![op::release(0); 3],
+                    vec![op::inject(DEALLOCATE, 1), op::release(0), op::alloc(0)],
+                ]
+                .concat(),
+            ),
+        ),
+        // Dropping the pool: every block offered though one panics.
+        (
+            "panic-drop-deallocate",
+            burst_then(cfg(0, P64).faults(), DEALLOCATE, 2, vec![]),
+        ),
+        (
+            "panic-drop-on-free",
+            burst_then(cfg(1, P64).faults(), ON_FREE, 2, vec![]),
+        ),
+        (
+            "panic-drop-clock",
+            burst_then(cfg(0, P64).faults(), CLOCK, 1, vec![]),
+        ),
+    ]
+}
+
 /// The `pool_ops` seeds, by name.
 fn pool_seeds() -> Vec<(String, Vec<u8>)> {
     let mut seeds = Vec::new();
@@ -465,6 +658,13 @@ fn pool_seeds() -> Vec<(String, Vec<u8>)> {
             .palette(&[S64, S500, S1000, S3000])
             .class(i as u8, 4);
         add(&format!("noise-{i}"), seed(&c, [noise(i as u64 + 1, 400)]));
+        add(
+            &format!("noise-panics-{i}"),
+            seed(&c.faults(), [noise(i as u64 + 51, 400)]),
+        );
+    }
+    for (name, bytes) in pool_panic_seeds() {
+        add(name, bytes);
     }
     seeds
 }
@@ -551,6 +751,130 @@ fn shared_seeds() -> Vec<(String, Vec<u8>)> {
             &format!("noise-{i}"),
             seed(&c, [noise(u64::from(i) + 100, 300)]),
         );
+        add(
+            &format!("noise-panics-{i}"),
+            seed(&c.faults(), [noise(u64::from(i) + 150, 300)]),
+        );
+    }
+    let ft = || cfg(0, P4).faults();
+    let limit_1000 = || ft().limit(4).palette(&[S1000]);
+    let panics: [(&str, Cfg, Vec<Vec<u8>>); 10] = [
+        (
+            "panic-allocate-limit",
+            limit_1000(),
+            [vec![sop::inject(ALLOCATE, 1)], vec![sop::alloc(0, 0); 5]].concat(),
+        ),
+        (
+            "panic-pooled-clock",
+            limit_1000(),
+            [
+                vec![sop::alloc(0, 0); 4],
+                vec![sop::inject(CLOCK, 1), sop::release(0, 0), sop::alloc(0, 0)],
+            ]
+            .concat(),
+        ),
+        (
+            "panic-pooled-must-evict",
+            ft(),
+            vec![
+                sop::alloc(0, 0),
+                sop::alloc(0, 1),
+                sop::release(0, 0),
+                sop::advance(4, 0),
+                sop::inject(MUST_EVICT, 1),
+                sop::release(0, 0),
+                sop::collect(),
+            ],
+        ),
+        (
+            "panic-pooled-on-release",
+            ft(),
+            vec![
+                sop::inject(ON_RELEASE, 1),
+                sop::alloc(0, 0),
+                sop::release(0, 0),
+                sop::alloc(0, 0),
+            ],
+        ),
+        (
+            "panic-on-hit",
+            cfg(1, P16).faults(),
+            vec![
+                sop::alloc(0, 0),
+                sop::release(0, 0),
+                sop::inject(ON_HIT, 1),
+                sop::alloc(0, 0),
+                sop::alloc(0, 0),
+            ],
+        ),
+        (
+            "panic-collect-deadline-on-free",
+            ft(),
+            vec![
+                sop::alloc(0, 0),
+                sop::release(0, 0),
+                sop::inject(DEADLINE, 1),
+                sop::collect(),
+                sop::advance(4, 0),
+                sop::inject(ON_FREE, 1),
+                sop::collect(),
+                sop::collect(),
+            ],
+        ),
+        (
+            "panic-trim-deallocate",
+            ft(),
+            vec![
+                sop::alloc(0, 0),
+                sop::alloc(0, 1),
+                sop::alloc(0, 2),
+                sop::release(0, 0),
+                sop::release(0, 0),
+                sop::release(0, 0),
+                sop::inject(DEALLOCATE, 2),
+                sop::trim(),
+                sop::trim(),
+            ],
+        ),
+        // Through `with`: the frees are not deferred.
+        (
+            "panic-with-release-deallocate",
+            ft(),
+            vec![
+                sop::with_alloc(0),
+                sop::with_alloc(1),
+                sop::release(0, 1),
+                sop::advance(4, 0),
+                sop::inject(DEALLOCATE, 1),
+                sop::release(0, 1),
+                sop::with_alloc(1),
+            ],
+        ),
+        (
+            "panic-with-allocate-clock",
+            ft(),
+            vec![
+                sop::inject(CLOCK, 1),
+                sop::with_alloc(0),
+                sop::with_alloc(0),
+            ],
+        ),
+        (
+            "panic-oom-retry-on-free",
+            ft().capacity(2).limit(7).palette(&[S500, S100, S1000]),
+            vec![
+                sop::alloc(0, 0),
+                sop::alloc(0, 1),
+                sop::release(0, 0),
+                sop::release(0, 0),
+                sop::inject(ON_FREE, 1),
+                sop::alloc(0, 2),
+                sop::alloc(0, 2),
+            ],
+        ),
+    ];
+    for (name, c, ops) in panics {
+        add(name, seed(&c, ops));
     }
     seeds
 }
@@ -642,6 +966,16 @@ fn assert_reaches_everything(summaries: &[Summary]) {
     }
 }
 
+/// Every fault the harness can inject fires somewhere.
+fn assert_injects_every_fault(summaries: &[Summary]) {
+    for (i, fault) in FAULTS.iter().enumerate() {
+        assert!(
+            summaries.iter().any(|s| s.injected[i] > 0),
+            "no corpus input injects a panic in {fault:?}"
+        );
+    }
+}
+
 #[test]
 #[cfg_attr(miri, ignore)] // reads files: Miri isolates the file system
 fn pool_ops_corpus_replays() {
@@ -650,6 +984,7 @@ fn pool_ops_corpus_replays() {
     let summaries = replay("pool_ops", fuzzing::pool_ops);
     assert!(summaries.len() >= seeds.len());
     assert_reaches_everything(&summaries);
+    assert_injects_every_fault(&summaries);
 }
 
 #[test]
@@ -660,6 +995,7 @@ fn shared_ops_corpus_replays() {
     let summaries = replay("shared_ops", fuzzing::shared_ops);
     assert!(summaries.len() >= seeds.len());
     assert!(summaries.iter().any(|s| s.second_rung > 0));
+    assert_injects_every_fault(&summaries);
 }
 
 /// Seeds Miri runs (it is too slow for all of them): every policy, both

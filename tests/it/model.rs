@@ -7,7 +7,9 @@
 //! `FailingAllocator<CheckingAllocator>`, and after every step the block
 //! handed out (or the exact error), the whole `Stats`, the backing call log
 //! and the failing allocator's counters must agree, and `validate()` must
-//! hold. At the end every block must have gone back exactly once. See the
+//! hold. At the end every block must have gone back exactly once. The
+//! backing allocator, the clock and the policy panic where an inject
+//! operation says: the model predicts each panic and the state it leaves. See the
 //! module docs there for the model's rules (including `Exponential`'s
 //! allowance and what is predicted for `FixedCapacity` windows).
 //!
@@ -15,7 +17,7 @@
 //! per case) and shrinks a failure to a minimal sequence.
 
 use decaying_pool::fuzzing::{
-    model_round, run_pool, Config, Kind, Op, PoolInput, Size, HUGE, SIZES,
+    model_round, run_pool, Config, Kind, Op, PoolInput, Size, FAULTS, HUGE, SIZES,
 };
 use decaying_pool::{Reuse, SizeClass};
 use proptest::prelude::*;
@@ -71,6 +73,7 @@ fn config(kind: impl Strategy<Value = Kind>) -> impl Strategy<Value = Config> {
                 capacity,
                 palette,
                 trim_before_drop,
+                faults: true,
                 drop_seed: 0,
             },
         )
@@ -85,6 +88,7 @@ fn op() -> impl Strategy<Value = Op> {
         8 => any::<u8>().prop_map(Op::ReleaseAllocate),
         16 => (0u8..=12, -1i8..=1).prop_map(|(quarters, jitter)| Op::Advance { quarters, jitter }),
         4 => (0u32..=3).prop_map(Op::FailNext),
+        3 => (0..FAULTS.len(), 1u8..=4).prop_map(|(f, nth)| Op::Inject { fault: FAULTS[f], nth }),
         6 => Just(Op::Collect),
         2 => Just(Op::Trim),
     ]
@@ -99,6 +103,7 @@ fn steady_op() -> impl Strategy<Value = Op> {
         40 => any::<u8>().prop_map(Op::ReleaseAllocate),
         6 => (0u8..=2, -1i8..=1).prop_map(|(quarters, jitter)| Op::Advance { quarters, jitter }),
         1 => (0u32..=3).prop_map(Op::FailNext),
+        1 => (0..FAULTS.len(), 1u8..=4).prop_map(|(f, nth)| Op::Inject { fault: FAULTS[f], nth }),
         2 => Just(Op::Collect),
     ]
 }
