@@ -758,7 +758,41 @@ fn shared_seeds() -> Vec<(String, Vec<u8>)> {
     }
     let ft = || cfg(0, P4).faults();
     let limit_1000 = || ft().limit(4).palette(&[S1000]);
-    let panics: [(&str, Cfg, Vec<Vec<u8>>); 10] = [
+    let panics: [(&str, Cfg, Vec<Vec<u8>>); 12] = [
+        // A hit whose cache step evicted an expired block, whose
+        // `deallocate` panics (reached only with
+        // `SHARED_ALLOCATE_DEALLOCATE_PANICS` on).
+        (
+            "panic-allocate-hit-eviction-deallocate",
+            ft().palette(&[S64, S100]),
+            vec![
+                sop::alloc(0, 0),
+                sop::release(0, 0),
+                sop::advance(2, 0),
+                sop::alloc(0, 1),
+                sop::release(0, 0),
+                sop::advance(2, 0),
+                sop::inject(DEALLOCATE, 1),
+                sop::alloc(0, 1),
+                sop::alloc(0, 1),
+            ],
+        ),
+        // The same before a miss: its booking against the limit.
+        (
+            "panic-allocate-miss-eviction-deallocate",
+            ft().limit(4).palette(&[S1000]),
+            vec![
+                sop::alloc(0, 0),
+                sop::release(0, 0),
+                sop::advance(4, 0),
+                sop::inject(DEALLOCATE, 1),
+                sop::alloc(0, 0),
+                sop::alloc(0, 0),
+                sop::alloc(0, 0),
+                sop::alloc(0, 0),
+                sop::alloc(0, 0),
+            ],
+        ),
         (
             "panic-allocate-limit",
             limit_1000(),
