@@ -509,7 +509,9 @@ impl<B, P: Policy, C: Clock, F: FnMut(B, usize) + ?Sized> Releasing<'_, B, P, C,
 }
 
 impl<B, P: Policy, C: Clock, F: FnMut(B, usize) + ?Sized> Drop for Releasing<'_, B, P, C, F> {
-    #[inline(never)]
+    // Inlined into the landing pads, so the guard's fields stay in
+    // registers on the path that does not unwind; `rescue` is the cold call.
+    #[inline(always)]
     fn drop(&mut self) {
         // SAFETY: `drop` runs once (`finish` forgets the guard instead), and
         // `self.block` is not used afterwards.
