@@ -17,6 +17,28 @@
 //! dropped, after which every backing block must have been freed exactly
 //! once.
 //!
+//! # Injected panics
+//!
+//! With flag `& 2` in the [`Config`], an [`Op::Inject`] arms one
+//! [`Fault`]: the backing `allocate` (which then allocates nothing), the
+//! backing `deallocate` (after the block is given back), the clock, or an
+//! `EvictionPolicy` hook (the policy runs behind
+//! [`PanickingPolicy`]) panics on the n-th such call from then on. The
+//! harness catches the panic around the pool operation; the model counts
+//! the same calls, so it says which operation must panic and what that
+//! leaves, and the usual checks (the whole [`Stats`], the backing call log,
+//! `validate()`, which holds `bytes_reserved + pending <= limit`) follow.
+//! What the model expects is the pool's documented behaviour under panics:
+//! a release's block is cached, or freed (counted trimmed) when the clock
+//! panicked; a miss's booking against the limit is dropped; blocks freed on
+//! the way count as freed; a policy hook that panics changes nothing; a
+//! `SharedPool` handle operation finishes its cache step and offers every
+//! block it let go before passing the panic on; dropping the pool offers
+//! every block. A fault may stay armed through the final releases, trim and
+//! drop of a `pool_ops` run. A panic that is not injected (a failed check,
+//! a double free) is never caught. See [`SHARED_ALLOCATE_DEALLOCATE_PANICS`]
+//! for the one fault held back.
+//!
 //! The model:
 //! - the cache is a `Vec` of (block, class, release time), oldest first;
 //!   a hit takes the newest (`Lifo`) or oldest (`Fifo`) block of its class;
@@ -37,7 +59,13 @@
 //!   call log and checks it may be the one (it was cached with that size,
 //!   its window could be full, it is the oldest of its class when it shares
 //!   the released block's class);
-//! - the limit rule, then the out-of-memory retry ladder, on a miss.
+//! - the limit rule, then the out-of-memory retry ladder, on a miss;
+//! - the calls the pool makes, for the fault countdowns: one clock read
+//!   per operation (timed policies only); `must_evict` for each eviction
+//!   check not skipped by the cached deadline (`FixedTime`: the oldest
+//!   block's release plus the ttl, reset by every free), `deadline` when it
+//!   says no, `on_free` before every free, `on_hit` before a hit takes its
+//!   block, `on_release` after a release caches it.
 //!
 //! # Input layout
 //!
