@@ -1033,13 +1033,18 @@ fn shared_ops_corpus_replays() {
 }
 
 /// Seeds Miri runs (it is too slow for all of them): every policy, both
-/// retry rungs, `SharedPool` handles, raw blocks and drop order.
-const MIRI_SEEDS: [&str; 5] = [
+/// retry rungs, `SharedPool` handles, raw blocks and drop order, and
+/// panics unwinding through a release, a miss and a drop.
+const MIRI_SEEDS: [&str; 9] = [
     "seed-fixed-time-4-oom",
     "seed-exponential-16-decay",
     "seed-fixed-capacity-3-oom",
     "seed-fixed-capacity-16-handles",
     "seed-exponential-16-handles",
+    "seed-panic-release-deallocate",
+    "seed-panic-oom-retry-on-free",
+    "seed-panic-drop-on-free",
+    "seed-panic-pooled-clock",
 ];
 
 /// The hand-written seeds, without the file system (so Miri runs them,
