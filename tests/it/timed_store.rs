@@ -169,12 +169,12 @@ impl decaying_pool::RawAllocator for Numbers {
     unsafe fn deallocate(&mut self, _block: u64, _size: usize) {}
 }
 
-/// Distinct sizes in the bookkeeping tests (fewer under Miri).
-const DISTINCT: usize = if cfg!(miri) { 2_000 } else { 1_000_000 };
+/// Distinct sizes in the bookkeeping tests.
+const DISTINCT: usize = 1_000_000;
 
-/// Bookkeeping left once the cache is empty: the table's and heap's
-/// minimum (room for 64 classes), a few kilobytes.
-const NEAR_ZERO: usize = 16 << 10;
+/// Bookkeeping left once the cache is empty: the table and heap keep room
+/// for 64 to 256 classes (they shrink once a quarter full), at most 23 KB.
+const NEAR_ZERO: usize = 32 << 10;
 
 fn numbers_pool() -> (DecayingPool<Numbers, FixedTime, ManualClock>, ManualClock) {
     let clock = ManualClock::new();
@@ -198,6 +198,7 @@ fn fill(
 }
 
 #[test]
+#[cfg_attr(miri, ignore)] // a million classes; the ring's shrinking is checked below
 fn bookkeeping_shrinks_after_a_million_distinct_sizes_decay_or_are_trimmed() {
     let (mut pool, clock) = numbers_pool();
     assert_eq!(pool.bookkeeping_bytes(), 0);
@@ -227,6 +228,7 @@ fn bookkeeping_shrinks_after_a_million_distinct_sizes_decay_or_are_trimmed() {
 }
 
 #[test]
+#[cfg_attr(miri, ignore)] // a quarter of a million classes
 fn bookkeeping_follows_a_partial_decay_down() {
     let sizes = DISTINCT / 4;
     let (mut pool, clock) = numbers_pool();
@@ -257,7 +259,7 @@ fn bookkeeping_follows_a_partial_decay_down() {
 #[test]
 fn a_class_queue_shrinks_as_its_blocks_decay() {
     let (mut pool, clock) = numbers_pool();
-    let n = DISTINCT / 10;
+    let n = if cfg!(miri) { 200 } else { DISTINCT / 10 };
     // One size, n blocks, released a tick apart.
     let held: Vec<u64> = (0..n).map(|_| pool.allocate(100).unwrap()).collect();
     let step = TTL / (2 * n as u32);
