@@ -55,6 +55,7 @@ mod clock;
 mod error;
 #[cfg(feature = "fuzzing")]
 pub mod fuzzing;
+mod packing;
 pub mod policy;
 mod pool;
 mod raw;
@@ -74,6 +75,7 @@ pub use backend::SystemAllocator;
 pub use class::SizeClass;
 pub use clock::{Clock, ManualClock, MonotonicClock, PreciseClock};
 pub use error::PoolError;
+pub use packing::{Packable, PackedBuilder, PackedPool, Packing, PackingStats, ParsePackingError};
 pub use policy::{EvictionPolicy, Exponential, FixedCapacity, FixedTime, Policy, Reuse};
 pub use pool::{Builder, DecayingPool};
 pub use raw::{RawAllocator, SendBlock};

@@ -275,7 +275,9 @@ impl CostModel {
     }
 }
 
-/// A backing allocator that allocates nothing: it numbers blocks, keeps
+/// A backing allocator that allocates nothing: it hands out addresses
+/// (512-aligned, never reused, so blocks can be carved: it is
+/// [`Packable`](crate::Packable)), keeps
 /// count, charges every call the [`CostModel`]'s cost and fails past the
 /// model's capacity.
 ///
@@ -347,7 +349,7 @@ impl ModelledAllocator {
     pub fn new(model: CostModel) -> Self {
         ModelledAllocator {
             model,
-            next: 0,
+            next: 1 << 21,
             used: 0,
             seconds: 0.0,
             allocs: 0,
@@ -445,14 +447,27 @@ impl RawAllocator for ModelledAllocator {
         self.used = self.used.saturating_add(size);
         self.allocs += 1;
         self.seconds += self.model.alloc.seconds(size);
-        self.next += 1;
-        Ok(self.next)
+        // Blocks are addresses, 512-aligned and disjoint, so the packing
+        // layer can carve them.
+        let at = self.next;
+        self.next = at.saturating_add((size.max(1) as u64).div_ceil(512).saturating_mul(512));
+        Ok(at)
     }
 
     unsafe fn deallocate(&mut self, _block: u64, size: usize) {
         self.used = self.used.saturating_sub(size);
         self.frees += 1;
         self.seconds += self.model.free.seconds(size);
+    }
+}
+
+impl crate::Packable for ModelledAllocator {
+    fn carve(segment: &u64, offset: usize) -> u64 {
+        crate::packing::carve_u64(segment, offset)
+    }
+
+    fn address(block: &u64) -> usize {
+        crate::packing::address_u64(block)
     }
 }
 

@@ -1,0 +1,281 @@
+//! The packing layer's settings.
+
+use core::fmt;
+use core::str::FromStr;
+
+const KIB: usize = 1 << 10;
+const MIB: usize = 1 << 20;
+
+/// How a [`PackedPool`](crate::PackedPool) packs: thresholds, segment
+/// sizes, and the cap on a segment as a fraction of the device or limit.
+///
+/// - a request of at most `small_threshold` bytes is carved from a *small*
+///   segment, one of at most `medium_threshold` bytes from a *medium*
+///   segment; larger requests are exact blocks of the pool underneath,
+///   never split;
+/// - carved blocks are rounded up to `granularity` bytes (which is also
+///   their alignment within the segment);
+/// - a new segment is sized by the footprint it joins: the power of two at
+///   least `1 / growth` of the bytes already in segments of its kind, and
+///   at least the request, no smaller than `min_segment` and no larger
+///   than `max_segment`;
+/// - and never larger than `1 / cap_fraction` of the device `capacity`
+///   (or of the pool's limit when no capacity is set), so a tight device
+///   never fails for want of a whole segment. A request that no allowed
+///   segment can hold is an exact block.
+///
+/// # Examples
+///
+/// ```
+/// use decaying_pool::Packing;
+/// let p = Packing::default().medium_threshold(32 << 20).capacity(8 << 30);
+/// assert_eq!(p.medium_threshold, 32 << 20);
+/// assert_eq!(p.segment_cap(None), (8usize << 30) / p.cap_fraction);
+/// let q: Packing = "medium_threshold=32M,capacity=8G".parse().unwrap();
+/// assert_eq!(p, q);
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub struct Packing {
+    /// Requests up to this many bytes are carved from small segments
+    /// (default 1 MiB, PyTorch's small-block threshold).
+    pub small_threshold: usize,
+    /// Requests up to this many bytes (and above `small_threshold`) are
+    /// carved from medium segments; larger ones are exact blocks
+    /// (default 64 MiB).
+    pub medium_threshold: usize,
+    /// The smallest segment (default 2 MiB, PyTorch's small segment).
+    pub min_segment: usize,
+    /// The largest segment (default 512 MiB).
+    pub max_segment: usize,
+    /// A new segment is at least the bytes already in segments of its kind
+    /// divided by this (default 4; at least 1).
+    pub growth: usize,
+    /// No segment is larger than the capacity (or limit) divided by this
+    /// (default 32; at least 1).
+    pub cap_fraction: usize,
+    /// The device's size in bytes, if known (default: none; the pool's
+    /// limit is used instead, if any).
+    pub capacity: Option<usize>,
+    /// Carved blocks are rounded up to, and aligned to, this many bytes
+    /// within their segment (default 512; a power of two).
+    pub granularity: usize,
+}
+
+impl Default for Packing {
+    fn default() -> Self {
+        Packing {
+            small_threshold: MIB,
+            medium_threshold: 64 * MIB,
+            min_segment: 2 * MIB,
+            max_segment: 512 * MIB,
+            growth: 4,
+            cap_fraction: 32,
+            capacity: None,
+            granularity: 512,
+        }
+    }
+}
+
+macro_rules! setter {
+    ($(#[$doc:meta])* $name:ident: $t:ty) => {
+        $(#[$doc])*
+        #[must_use]
+        pub fn $name(mut self, value: $t) -> Self {
+            self.$name = value;
+            self
+        }
+    };
+}
+
+impl Packing {
+    setter!(
+        /// Sets [`small_threshold`](Self::small_threshold).
+        ///
+        /// ```
+        /// assert_eq!(decaying_pool::Packing::default().small_threshold(4096).small_threshold, 4096);
+        /// ```
+        small_threshold: usize
+    );
+    setter!(
+        /// Sets [`medium_threshold`](Self::medium_threshold).
+        ///
+        /// ```
+        /// assert_eq!(decaying_pool::Packing::default().medium_threshold(1 << 20).medium_threshold, 1 << 20);
+        /// ```
+        medium_threshold: usize
+    );
+    setter!(
+        /// Sets [`min_segment`](Self::min_segment).
+        ///
+        /// ```
+        /// assert_eq!(decaying_pool::Packing::default().min_segment(1 << 20).min_segment, 1 << 20);
+        /// ```
+        min_segment: usize
+    );
+    setter!(
+        /// Sets [`max_segment`](Self::max_segment).
+        ///
+        /// ```
+        /// assert_eq!(decaying_pool::Packing::default().max_segment(1 << 28).max_segment, 1 << 28);
+        /// ```
+        max_segment: usize
+    );
+    setter!(
+        /// Sets [`growth`](Self::growth).
+        ///
+        /// ```
+        /// assert_eq!(decaying_pool::Packing::default().growth(8).growth, 8);
+        /// ```
+        growth: usize
+    );
+    setter!(
+        /// Sets [`cap_fraction`](Self::cap_fraction).
+        ///
+        /// ```
+        /// assert_eq!(decaying_pool::Packing::default().cap_fraction(16).cap_fraction, 16);
+        /// ```
+        cap_fraction: usize
+    );
+    setter!(
+        /// Sets [`granularity`](Self::granularity) (rounded up to a power
+        /// of two when the pool is built).
+        ///
+        /// ```
+        /// assert_eq!(decaying_pool::Packing::default().granularity(256).granularity, 256);
+        /// ```
+        granularity: usize
+    );
+
+    /// Sets [`capacity`](Self::capacity): the device's size in bytes.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// assert_eq!(decaying_pool::Packing::default().capacity(8 << 30).capacity, Some(8 << 30));
+    /// ```
+    #[must_use]
+    pub fn capacity(mut self, bytes: usize) -> Self {
+        self.capacity = Some(bytes);
+        self
+    }
+
+    /// No packing at all: every request is an exact block (thresholds 0).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// assert_eq!(decaying_pool::Packing::off().medium_threshold, 0);
+    /// ```
+    pub fn off() -> Self {
+        Packing::default().small_threshold(0).medium_threshold(0)
+    }
+
+    /// The largest segment allowed with this setting over a pool whose
+    /// limit is `limit`: `max_segment`, capped at `capacity / cap_fraction`
+    /// (or `limit / cap_fraction` without a capacity).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use decaying_pool::Packing;
+    /// assert_eq!(Packing::default().segment_cap(None), 512 << 20);
+    /// assert_eq!(Packing::default().segment_cap(Some(1 << 30)), 32 << 20);
+    /// assert_eq!(Packing::default().capacity(2 << 30).segment_cap(Some(1 << 30)), 64 << 20);
+    /// ```
+    pub fn segment_cap(&self, limit: Option<usize>) -> usize {
+        let bound = self
+            .capacity
+            .or(limit)
+            .map_or(usize::MAX, |c| c / self.cap_fraction.max(1));
+        self.max_segment.min(bound)
+    }
+
+    /// Checks the setting: a description of the first problem found.
+    pub(crate) fn normalised(mut self) -> Self {
+        self.granularity = self
+            .granularity
+            .max(1)
+            .checked_next_power_of_two()
+            .unwrap_or(1 << (usize::BITS - 1));
+        self.growth = self.growth.max(1);
+        self.cap_fraction = self.cap_fraction.max(1);
+        self.small_threshold = self.small_threshold.min(self.medium_threshold);
+        self
+    }
+}
+
+/// Why a [`Packing`] could not be parsed from `key=value,...`.
+///
+/// # Examples
+///
+/// ```
+/// let e = "nope=1".parse::<decaying_pool::Packing>().unwrap_err();
+/// assert!(e.to_string().contains("nope"));
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ParsePackingError(String);
+
+impl fmt::Display for ParsePackingError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for ParsePackingError {}
+
+/// A size: a number with an optional `K`, `M`, `G` suffix (binary units,
+/// optionally followed by `iB` or `B`).
+fn parse_size(v: &str) -> Option<usize> {
+    let v = v.trim();
+    let lower = v.to_ascii_lowercase();
+    let digits = lower.trim_end_matches("ib").trim_end_matches('b');
+    let (num, unit) = match digits.chars().last()? {
+        'k' => (&digits[..digits.len() - 1], KIB),
+        'm' => (&digits[..digits.len() - 1], MIB),
+        'g' => (&digits[..digits.len() - 1], 1 << 30),
+        _ => (digits, 1),
+    };
+    let x: f64 = num.trim().parse().ok()?;
+    if !(x.is_finite() && x >= 0.0) {
+        return None;
+    }
+    let bytes = x * unit as f64;
+    (bytes < usize::MAX as f64).then_some(bytes as usize)
+}
+
+impl FromStr for Packing {
+    type Err = ParsePackingError;
+
+    /// `key=value` pairs separated by commas, over the defaults. Keys:
+    /// `small_threshold` (`small`), `medium_threshold` (`medium`),
+    /// `min_segment`, `max_segment`, `growth`, `cap_fraction` (`cap`),
+    /// `capacity`, `granularity`. Sizes take `K`, `M`, `G` suffixes; `off`
+    /// alone turns packing off.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let mut p = Packing::default();
+        for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            if part == "off" {
+                p = Packing::off();
+                continue;
+            }
+            let (k, v) = part
+                .split_once('=')
+                .ok_or_else(|| ParsePackingError(format!("`{part}`: expected key=value")))?;
+            let size =
+                || parse_size(v).ok_or_else(|| ParsePackingError(format!("`{part}`: not a size")));
+            match k.trim() {
+                "small_threshold" | "small" => p.small_threshold = size()?,
+                "medium_threshold" | "medium" => p.medium_threshold = size()?,
+                "min_segment" => p.min_segment = size()?,
+                "max_segment" => p.max_segment = size()?,
+                "growth" => p.growth = size()?,
+                "cap_fraction" | "cap" => p.cap_fraction = size()?,
+                "capacity" => p.capacity = Some(size()?),
+                "granularity" => p.granularity = size()?,
+                other => return Err(ParsePackingError(format!("unknown packing key `{other}`"))),
+            }
+        }
+        Ok(p)
+    }
+}

@@ -1,0 +1,726 @@
+//! Packing: small and medium requests carved from segments of the exact
+//! pool, large requests exact.
+//!
+//! ```text
+//! caller ─▶ PackedPool ─ size ≤ medium threshold ─▶ carve from a segment (O(1) sub-allocator)
+//!              │                                      │ segment needed / emptied
+//!              │ size > medium threshold              ▼
+//!              └─────────────────────────────────▶ DecayingPool (exact, never split) ─▶ RawAllocator
+//! ```
+
+mod carve;
+mod config;
+mod segment;
+mod stats;
+
+use core::fmt;
+
+use hashbrown::HashMap;
+use offset_allocator::{Allocation, Allocator};
+
+#[cfg(feature = "cuda")]
+pub(crate) use carve::carve_ptr;
+pub use carve::Packable;
+pub(crate) use carve::{address_u64, carve_u64};
+pub use config::{Packing, ParsePackingError};
+use segment::{sub_allocator, Segment};
+pub use stats::PackingStats;
+
+use crate::clock::{Clock, MonotonicClock};
+use crate::error::PoolError;
+use crate::policy::{FixedTime, Policy};
+use crate::pool::{Builder, DecayingPool};
+use crate::raw::RawAllocator;
+use crate::stats::Stats;
+
+const SMALL: usize = 0;
+const MEDIUM: usize = 1;
+/// Empty sub-allocators kept for the next segment of the same size.
+const SPARES: usize = 4;
+
+/// A [`DecayingPool`] with packing: requests up to a threshold are carved
+/// from *segments* (blocks of the pool), larger ones are the pool's exact
+/// blocks, never split. From [`Builder::packing`].
+///
+/// - requests up to [`Packing::small_threshold`] are carved from small
+///   segments, those up to [`Packing::medium_threshold`] from medium
+///   segments: the segment whose largest free range fits most tightly,
+///   then within it by an O(1) two-level bins sub-allocator
+///   ([`offset-allocator`](https://crates.io/crates/offset-allocator));
+///   freed ranges coalesce at once and are reusable by any size;
+/// - a segment that empties goes back to the pool, where it decays like
+///   any cached block (and is trimmed, or freed by the out-of-memory
+///   retry); a later segment of the same size is a cache hit;
+/// - segments grow with the footprint and are capped by
+///   [`Packing::segment_cap`]; when the pool cannot supply a segment (the
+///   backing allocator fails after the pool's retry ladder, or the limit
+///   refuses it) the request falls back to an exact block.
+///
+/// On drop, segments with no block handed out go back to the pool, which
+/// frees its cache; as with [`DecayingPool`], blocks still handed out (and
+/// so their segments) are not freed: release every block first.
+///
+/// # Examples
+///
+/// ```
+/// use core::time::Duration;
+/// use decaying_pool::{DecayingPool, FixedTime, ManualClock, Packing, SystemAllocator};
+///
+/// let clock = ManualClock::new();
+/// let mut pool = DecayingPool::builder(SystemAllocator::new())
+///     .policy(FixedTime::new(Duration::from_secs(1)))
+///     .clock(clock.clone())
+///     .packing(Packing::default())
+///     .build();
+/// let sizes = [100, 7_000, 300_000, 3 << 20, 100 << 20];
+/// let blocks: Vec<_> = sizes.iter().map(|&s| pool.allocate(s)).collect::<Result<_, _>>()?;
+/// // one small segment, one medium segment, one exact block
+/// assert_eq!(pool.stats().backing_allocs, 3);
+/// for (b, s) in blocks.into_iter().zip(sizes) {
+///     // SAFETY: each block came from this pool with this size and is not used again.
+///     unsafe { pool.release(b, s) };
+/// }
+/// clock.advance(Duration::from_secs(1));
+/// pool.collect();
+/// assert_eq!(pool.stats().bytes_reserved, 0);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub struct PackedPool<A: Packable, P: Policy = FixedTime, C: Clock = MonotonicClock> {
+    pool: DecayingPool<A, P, C>,
+    packing: Packing,
+    /// log2 of the granularity.
+    shift: u32,
+    /// The largest segment, bytes.
+    cap: usize,
+    slots: Vec<Option<Segment<A::Block>>>,
+    free_slots: Vec<u32>,
+    /// Per kind: (largest free range in units, slot).
+    lists: [Vec<(u32, u32)>; 2],
+    /// Per kind: bytes in segments.
+    kind_bytes: [usize; 2],
+    spares: Vec<Allocator>,
+    /// Carved blocks handed out, by address.
+    live: HashMap<usize, Live>,
+    st: PackingStats,
+}
+
+#[derive(Clone, Copy)]
+struct Live {
+    slot: u32,
+    units: u32,
+    size: usize,
+    alloc: Allocation,
+}
+
+/// Configures a [`PackedPool`]; from [`Builder::packing`].
+#[must_use = "a builder does nothing until `build` is called"]
+pub struct PackedBuilder<A, P = FixedTime, C = MonotonicClock> {
+    inner: Builder<A, P, C>,
+    packing: Packing,
+}
+
+impl<A, P, C> Builder<A, P, C> {
+    /// Packs small and medium requests into segments as `packing` says:
+    /// `build` then makes a [`PackedPool`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, Packing};
+    /// let pool = DecayingPool::builder(CheckingAllocator::with_addresses())
+    ///     .limit(1 << 30)
+    ///     .packing(Packing::default())
+    ///     .build();
+    /// assert_eq!(pool.segment_cap(), 32 << 20); // 1/32 of the limit
+    /// ```
+    pub fn packing(self, packing: Packing) -> PackedBuilder<A, P, C> {
+        PackedBuilder {
+            inner: self,
+            packing,
+        }
+    }
+}
+
+impl<A: Packable, P: Policy, C: Clock> PackedBuilder<A, P, C> {
+    /// Builds the pool.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, Packing};
+    /// let pool = DecayingPool::builder(CheckingAllocator::with_addresses()).packing(Packing::default()).build();
+    /// assert_eq!(pool.packing_stats().segments, 0);
+    /// ```
+    pub fn build(self) -> PackedPool<A, P, C> {
+        PackedPool::from_pool(self.inner.build(), self.packing)
+    }
+}
+
+impl<A: Packable, P: Policy, C: Clock> PackedPool<A, P, C> {
+    /// Packing over an existing pool.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, FixedTime, PackedPool, Packing};
+    /// let pool = DecayingPool::new(CheckingAllocator::with_addresses(), FixedTime::default());
+    /// let packed = PackedPool::from_pool(pool, Packing::default());
+    /// assert_eq!(packed.packing(), Packing::default());
+    /// ```
+    pub fn from_pool(pool: DecayingPool<A, P, C>, packing: Packing) -> Self {
+        let normal = packing.normalised();
+        let shift = normal.granularity.trailing_zeros();
+        // A segment's size in units fits the sub-allocator's u32 offsets.
+        let unit_max = (u32::MAX as usize).saturating_mul(normal.granularity);
+        let cap = normal
+            .segment_cap(pool.limit())
+            .min(unit_max)
+            .min(usize::MAX >> 1);
+        let cap = cap >> shift << shift;
+        PackedPool {
+            pool,
+            packing,
+            shift,
+            cap,
+            slots: Vec::new(),
+            free_slots: Vec::new(),
+            lists: [Vec::new(), Vec::new()],
+            kind_bytes: [0, 0],
+            spares: Vec::new(),
+            live: HashMap::new(),
+            st: PackingStats::default(),
+        }
+    }
+
+    /// Hands out a block of at least `size` bytes: carved from a segment
+    /// when `size` is at most the medium threshold (rounded up to the
+    /// granularity), else an exact block of the pool.
+    ///
+    /// # Errors
+    ///
+    /// As [`DecayingPool::allocate`]: [`PoolError::ZeroSize`] for `size ==
+    /// 0`, and the pool's errors for the segment or exact block it needs
+    /// (only when the exact fallback fails too).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, Packing, PoolError};
+    /// let mut pool = DecayingPool::builder(CheckingAllocator::with_addresses()).packing(Packing::default()).build();
+    /// let a = pool.allocate(100).unwrap();
+    /// let b = pool.allocate(100).unwrap();
+    /// assert_eq!(b - a, 512); // carved side by side from one segment
+    /// assert!(matches!(pool.allocate(0), Err(PoolError::ZeroSize)));
+    /// unsafe { pool.release(a, 100); pool.release(b, 100) };
+    /// ```
+    pub fn allocate(&mut self, size: usize) -> Result<A::Block, PoolError<A::Error>> {
+        if size == 0 {
+            return Err(PoolError::ZeroSize);
+        }
+        if size > self.packing.medium_threshold {
+            return self.exact(size, false);
+        }
+        let units = self.units_of(size);
+        let Ok(units32) = u32::try_from(units) else {
+            return self.exact(size, false);
+        };
+        if units > self.cap >> self.shift {
+            return self.exact(size, false);
+        }
+        // Bring decay up to date, as every pool call does.
+        self.pool.collect();
+        let kind = if size <= self.packing.small_threshold {
+            SMALL
+        } else {
+            MEDIUM
+        };
+        let slot = match self.best_fit(kind, units32) {
+            Some(slot) => slot,
+            None => match self.new_segment(kind, units) {
+                Some(slot) => slot,
+                None => return self.exact(size, true),
+            },
+        };
+        let Some(seg) = self.slots[slot as usize].as_mut() else {
+            unreachable!("a listed segment is held")
+        };
+        let Some(alloc) = seg.carve(units32) else {
+            unreachable!("the segment's largest free range fits the request")
+        };
+        let offset = (alloc.offset as usize) << self.shift;
+        let block = A::carve(&seg.block, offset);
+        let (kind, pos, largest) = (seg.kind, seg.pos, seg.largest_free());
+        self.lists[kind][pos as usize].0 = largest;
+        let bytes = units << self.shift;
+        let prev = self.live.insert(
+            A::address(&block),
+            Live {
+                slot,
+                units: units32,
+                size,
+                alloc,
+            },
+        );
+        debug_assert!(prev.is_none(), "two live carved blocks at one address");
+        let st = &mut self.st;
+        st.requests += 1;
+        st.carved += 1;
+        st.packed_blocks += 1;
+        st.packed_bytes += bytes;
+        st.free_segment_bytes -= bytes;
+        self.requested(size);
+        Ok(block)
+    }
+
+    /// Gives `block` back: to its segment if it was carved (the segment
+    /// goes back to the pool when it empties), else to the pool.
+    ///
+    /// # Safety
+    ///
+    /// - `block` came from `self.allocate(size)` on this pool, with this
+    ///   same `size`;
+    /// - it has not been released since, and is not used after this call.
+    ///
+    /// # Panics
+    ///
+    /// When `block` was carved with another size, or (as
+    /// [`DecayingPool::release`]) when an exact block's `size` could not
+    /// have been allocated or more is released than is in use: all break
+    /// the safety contract, and the pool refuses rather than corrupt its
+    /// state.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, Packing};
+    /// let mut pool = DecayingPool::builder(CheckingAllocator::with_addresses()).packing(Packing::default()).build();
+    /// let a = pool.allocate(100).unwrap();
+    /// // SAFETY: `a` came from `pool.allocate(100)` and is not used again.
+    /// unsafe { pool.release(a, 100) };
+    /// assert_eq!(pool.packing_stats().packed_blocks, 0);
+    /// ```
+    pub unsafe fn release(&mut self, block: A::Block, size: usize) {
+        let addr = A::address(&block);
+        let Some(live) = self.live.remove(&addr) else {
+            // An exact block: the pool checks the size.
+            // SAFETY: the caller's contract; the block was not carved, so it
+            // came from `self.pool.allocate(size)`.
+            unsafe { self.pool.release(block, size) };
+            self.st.bytes_requested = self.st.bytes_requested.saturating_sub(size);
+            return;
+        };
+        if live.size != size {
+            self.live.insert(addr, live);
+            panic!(
+                "PackedPool::release: a block carved for {} bytes released as {size} bytes",
+                live.size
+            );
+        }
+        drop(block);
+        self.pool.collect();
+        let Some(seg) = self.slots[live.slot as usize].as_mut() else {
+            unreachable!("a live block's segment is held")
+        };
+        seg.free(live.alloc, live.units);
+        let bytes = (live.units as usize) << self.shift;
+        let st = &mut self.st;
+        st.packed_blocks -= 1;
+        st.packed_bytes -= bytes;
+        st.free_segment_bytes += bytes;
+        st.bytes_requested -= size;
+        if seg.live == 0 {
+            self.release_segment(live.slot);
+        } else {
+            let (kind, pos, largest) = (seg.kind, seg.pos, seg.largest_free());
+            self.lists[kind][pos as usize].0 = largest;
+        }
+    }
+
+    /// Runs the pool's policy now (see [`DecayingPool::collect`]).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, Packing};
+    /// let mut pool = DecayingPool::builder(CheckingAllocator::with_addresses()).packing(Packing::default()).build();
+    /// assert_eq!(pool.collect(), 0);
+    /// ```
+    pub fn collect(&mut self) -> usize {
+        self.pool.collect()
+    }
+
+    /// Frees every block cached in the pool, emptied segments included (see
+    /// [`DecayingPool::trim`]). Returns the bytes freed.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, Packing};
+    /// let mut pool = DecayingPool::builder(CheckingAllocator::with_addresses()).packing(Packing::default()).build();
+    /// let a = pool.allocate(100).unwrap();
+    /// unsafe { pool.release(a, 100) };
+    /// assert_eq!(pool.trim(), 2 << 20); // the emptied 2 MiB segment
+    /// ```
+    pub fn trim(&mut self) -> usize {
+        self.pool.trim()
+    }
+
+    /// The exact pool's counters: segments and exact blocks are its blocks.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, Packing};
+    /// let mut pool = DecayingPool::builder(CheckingAllocator::with_addresses()).packing(Packing::default()).build();
+    /// let (a, b) = (pool.allocate(100).unwrap(), pool.allocate(200).unwrap());
+    /// assert_eq!(pool.stats().backing_allocs, 1); // one segment
+    /// unsafe { pool.release(a, 100); pool.release(b, 200) };
+    /// ```
+    pub fn stats(&self) -> Stats {
+        self.pool.stats()
+    }
+
+    /// The packing counters.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, Packing};
+    /// let pool = DecayingPool::builder(CheckingAllocator::with_addresses()).packing(Packing::default()).build();
+    /// assert_eq!(pool.packing_stats(), decaying_pool::PackingStats::default());
+    /// ```
+    pub fn packing_stats(&self) -> PackingStats {
+        self.st
+    }
+
+    /// The exact pool underneath.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, Packing};
+    /// let pool = DecayingPool::builder(CheckingAllocator::with_addresses()).limit(1 << 30).packing(Packing::default()).build();
+    /// assert_eq!(pool.pool().limit(), Some(1 << 30));
+    /// ```
+    pub fn pool(&self) -> &DecayingPool<A, P, C> {
+        &self.pool
+    }
+
+    /// The packing setting, as given.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, Packing};
+    /// let p = Packing::default().medium_threshold(16 << 20);
+    /// let pool = DecayingPool::builder(CheckingAllocator::with_addresses()).packing(p).build();
+    /// assert_eq!(pool.packing(), p);
+    /// ```
+    pub fn packing(&self) -> Packing {
+        self.packing
+    }
+
+    /// The largest segment this pool makes, bytes.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, Packing};
+    /// let pool = DecayingPool::builder(CheckingAllocator::with_addresses())
+    ///     .packing(Packing::default().capacity(8 << 30))
+    ///     .build();
+    /// assert_eq!(pool.segment_cap(), 256 << 20);
+    /// ```
+    pub fn segment_cap(&self) -> usize {
+        self.cap
+    }
+
+    /// Checks that no two live carved blocks overlap, that every unit of
+    /// every segment is either handed out or free in its sub-allocator, and
+    /// that the counters agree with the structures (and the pool's own
+    /// [`validate`](DecayingPool::validate)).
+    ///
+    /// # Panics
+    ///
+    /// With a description of the first inconsistency found (a bug in this
+    /// crate).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, Packing};
+    /// let mut pool = DecayingPool::builder(CheckingAllocator::with_addresses()).packing(Packing::default()).build();
+    /// let a = pool.allocate(100).unwrap();
+    /// pool.validate();
+    /// unsafe { pool.release(a, 100) };
+    /// pool.validate();
+    /// ```
+    #[cfg(any(test, feature = "testing"))]
+    pub fn validate(&self) {
+        self.pool.validate();
+        let mut per_slot: Vec<Vec<(u32, u32)>> = vec![Vec::new(); self.slots.len()];
+        let mut packed_bytes = 0usize;
+        let mut requested_packed = 0usize;
+        for (&addr, l) in &self.live {
+            let seg = self.slots[l.slot as usize]
+                .as_ref()
+                .expect("a live block's segment is held");
+            assert_eq!(
+                A::address(&seg.block) + ((l.alloc.offset as usize) << self.shift),
+                addr,
+                "a live block's address is its segment's plus its offset"
+            );
+            assert_eq!(
+                l.units as usize,
+                self.units_of(l.size),
+                "units match the size"
+            );
+            per_slot[l.slot as usize].push((l.alloc.offset, l.units));
+            packed_bytes += (l.units as usize) << self.shift;
+            requested_packed += l.size;
+        }
+        let mut segments = 0u64;
+        let mut segment_bytes = 0usize;
+        let mut kind_bytes = [0usize; 2];
+        for (slot, s) in self.slots.iter().enumerate() {
+            let Some(seg) = s else {
+                assert!(per_slot[slot].is_empty());
+                assert!(
+                    self.free_slots.contains(&(slot as u32)),
+                    "an empty slot is free"
+                );
+                continue;
+            };
+            segments += 1;
+            segment_bytes += seg.bytes;
+            kind_bytes[seg.kind] += seg.bytes;
+            assert_eq!((seg.units as usize) << self.shift, seg.bytes);
+            assert!(seg.bytes <= self.cap, "a segment within the cap");
+            let ranges = &mut per_slot[slot];
+            ranges.sort_unstable();
+            let mut end = 0u64;
+            let mut used = 0u64;
+            for &(off, units) in ranges.iter() {
+                assert!(
+                    u64::from(off) >= end,
+                    "two live blocks overlap in segment {slot}"
+                );
+                end = u64::from(off) + u64::from(units);
+                used += u64::from(units);
+            }
+            assert!(
+                end <= u64::from(seg.units),
+                "a block past its segment's end"
+            );
+            assert_eq!(u64::from(seg.used), used, "segment {slot}: used units");
+            assert_eq!(
+                seg.live as usize,
+                ranges.len(),
+                "segment {slot}: live blocks"
+            );
+            assert!(seg.live > 0, "an empty segment is held");
+            let report = seg.alloc.storage_report();
+            assert_eq!(
+                u64::from(report.total_free_space) + used,
+                u64::from(seg.units),
+                "segment {slot}: every unit used or free"
+            );
+            assert_eq!(
+                self.lists[seg.kind][seg.pos as usize],
+                (seg.largest_free(), slot as u32),
+                "segment {slot}: its list entry"
+            );
+        }
+        assert_eq!(
+            self.lists[0].len() + self.lists[1].len(),
+            segments as usize,
+            "every segment listed once"
+        );
+        assert_eq!(kind_bytes, self.kind_bytes);
+        let st = &self.st;
+        assert_eq!(st.segments, segments);
+        assert_eq!(st.segment_bytes, segment_bytes);
+        assert_eq!(st.packed_blocks, self.live.len() as u64);
+        assert_eq!(st.packed_bytes, packed_bytes);
+        assert_eq!(st.free_segment_bytes, segment_bytes - packed_bytes);
+        assert!(st.bytes_requested >= requested_packed);
+        assert_eq!(st.requests, st.carved + st.exact + st.exact_fallbacks);
+        assert_eq!(st.segments_created - st.segments_released, segments);
+        assert!(self.stats().bytes_in_use >= segment_bytes);
+    }
+
+    #[inline]
+    fn units_of(&self, size: usize) -> usize {
+        let mask = (1usize << self.shift) - 1;
+        (size >> self.shift) + usize::from(size & mask != 0)
+    }
+
+    fn requested(&mut self, size: usize) {
+        let st = &mut self.st;
+        st.bytes_requested = st.bytes_requested.saturating_add(size);
+        st.peak_bytes_requested = st.peak_bytes_requested.max(st.bytes_requested);
+    }
+
+    /// An exact block of the pool.
+    fn exact(&mut self, size: usize, fallback: bool) -> Result<A::Block, PoolError<A::Error>> {
+        let block = self.pool.allocate(size)?;
+        self.st.requests += 1;
+        if fallback {
+            self.st.exact_fallbacks += 1;
+        } else {
+            self.st.exact += 1;
+        }
+        self.requested(size);
+        Ok(block)
+    }
+
+    /// The segment of `kind` whose largest free range fits `units` most
+    /// tightly.
+    #[inline]
+    fn best_fit(&self, kind: usize, units: u32) -> Option<u32> {
+        let mut best: Option<(u32, u32)> = None;
+        for &(largest, slot) in &self.lists[kind] {
+            if largest >= units && best.is_none_or(|(b, _)| largest < b) {
+                best = Some((largest, slot));
+            }
+        }
+        best.map(|(_, slot)| slot)
+    }
+
+    /// The size of a new segment of `kind` for a request of `units`.
+    fn segment_size(&self, kind: usize, units: usize) -> usize {
+        let p = &self.packing;
+        let need = units << self.shift;
+        let grown = (self.kind_bytes[kind] / p.growth.max(1))
+            .checked_next_power_of_two()
+            .unwrap_or(usize::MAX);
+        let want = p
+            .min_segment
+            .max(grown)
+            .max(need.checked_next_power_of_two().unwrap_or(usize::MAX));
+        want.min(self.cap).max(need) >> self.shift << self.shift
+    }
+
+    /// Takes a new segment of `kind` from the pool, big enough for `units`;
+    /// `None` when the pool refuses.
+    fn new_segment(&mut self, kind: usize, units: usize) -> Option<u32> {
+        let bytes = self.segment_size(kind, units);
+        let seg_units = u32::try_from(bytes >> self.shift).ok()?;
+        let block = self.pool.allocate(bytes).ok()?;
+        let alloc = match self
+            .spares
+            .iter()
+            .position(|a| a.storage_report().total_free_space == seg_units)
+        {
+            Some(i) => self.spares.swap_remove(i),
+            None => sub_allocator(seg_units),
+        };
+        let pos = self.lists[kind].len() as u32;
+        let seg = Segment {
+            block,
+            bytes,
+            units: seg_units,
+            alloc,
+            used: 0,
+            live: 0,
+            kind,
+            pos,
+        };
+        let largest = seg.largest_free();
+        let slot = match self.free_slots.pop() {
+            Some(s) => {
+                self.slots[s as usize] = Some(seg);
+                s
+            }
+            None => {
+                self.slots.push(Some(seg));
+                (self.slots.len() - 1) as u32
+            }
+        };
+        self.lists[kind].push((largest, slot));
+        self.kind_bytes[kind] += bytes;
+        let st = &mut self.st;
+        st.segments_created += 1;
+        st.segments += 1;
+        st.segment_bytes += bytes;
+        st.free_segment_bytes += bytes;
+        st.peak_segment_bytes = st.peak_segment_bytes.max(st.segment_bytes);
+        Some(slot)
+    }
+
+    /// Gives an emptied segment back to the pool.
+    fn release_segment(&mut self, slot: u32) {
+        let Some(seg) = self.slots[slot as usize].take() else {
+            unreachable!("releasing a held segment")
+        };
+        debug_assert_eq!(seg.live, 0);
+        self.free_slots.push(slot);
+        let list = &mut self.lists[seg.kind];
+        list.swap_remove(seg.pos as usize);
+        if let Some(&(_, moved)) = list.get(seg.pos as usize) {
+            if let Some(m) = self.slots[moved as usize].as_mut() {
+                m.pos = seg.pos;
+            }
+        }
+        self.kind_bytes[seg.kind] -= seg.bytes;
+        let st = &mut self.st;
+        st.segments_released += 1;
+        st.segments -= 1;
+        st.segment_bytes -= seg.bytes;
+        st.free_segment_bytes -= seg.bytes;
+        if self.spares.len() < SPARES {
+            self.spares.push(seg.alloc);
+        }
+        // SAFETY: the segment came from `self.pool.allocate(seg.bytes)`, and
+        // leaves the segment table here, once; no carved block of it is live.
+        unsafe { self.pool.release(seg.block, seg.bytes) };
+    }
+}
+
+impl<A: Packable, P: Policy, C: Clock> Drop for PackedPool<A, P, C> {
+    fn drop(&mut self) {
+        // Segments still carved are leaked to the pool's in-use count, as
+        // blocks handed out are; the others cannot exist (an emptied
+        // segment goes back at once), but are returned if they did.
+        for slot in 0..self.slots.len() as u32 {
+            if self.slots[slot as usize]
+                .as_ref()
+                .is_some_and(|s| s.live == 0)
+            {
+                self.release_segment(slot);
+            }
+        }
+    }
+}
+
+impl<A: Packable, P: Policy, C: Clock> RawAllocator for PackedPool<A, P, C> {
+    type Block = A::Block;
+    type Error = PoolError<A::Error>;
+
+    #[inline]
+    fn allocate(&mut self, size: usize) -> Result<Self::Block, Self::Error> {
+        PackedPool::allocate(self, size)
+    }
+
+    #[inline]
+    unsafe fn deallocate(&mut self, block: Self::Block, size: usize) {
+        // SAFETY: `deallocate`'s contract is `release`'s.
+        unsafe { self.release(block, size) }
+    }
+}
+
+impl<A, P, C> fmt::Debug for PackedPool<A, P, C>
+where
+    A: Packable + fmt::Debug,
+    P: Policy,
+    C: Clock + fmt::Debug,
+{
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PackedPool")
+            .field("pool", &self.pool)
+            .field("packing", &self.packing)
+            .field("segment_cap", &self.cap)
+            .field("packing_stats", &self.st)
+            .finish_non_exhaustive()
+    }
+}
