@@ -199,7 +199,9 @@ impl Packing {
     /// limit is `limit`: `max_segment`, capped at `capacity / cap_fraction`
     /// (or `limit / cap_fraction` without a capacity) rounded down to a
     /// power of two (so that segments hold whole numbers of the
-    /// power-of-two sizes tensors come in, rather than strand a tail each).
+    /// power-of-two sizes tensors come in, rather than strand a tail each),
+    /// and never below `small_segment` (on a device so small that 1/32 of
+    /// it is less, small segments keep their size).
     ///
     /// # Examples
     ///
@@ -209,16 +211,18 @@ impl Packing {
     /// assert_eq!(Packing::default().segment_cap(Some(1 << 30)), 32 << 20);
     /// assert_eq!(Packing::default().segment_cap(Some(5 << 30)), 128 << 20); // 160 MiB, rounded down
     /// assert_eq!(Packing::default().capacity(2 << 30).segment_cap(Some(1 << 30)), 64 << 20);
+    /// assert_eq!(Packing::default().segment_cap(Some(32 << 20)), 2 << 20);
     /// ```
     pub fn segment_cap(&self, limit: Option<usize>) -> usize {
         let bound = self
             .capacity
             .or(limit)
             .map_or(usize::MAX, |c| floor_pow2(c / self.cap_fraction.max(1)));
-        self.max_segment.min(bound)
+        self.max_segment.min(bound.max(self.small_segment))
     }
 
-    /// Checks the setting: a description of the first problem found.
+    /// The setting made usable: a power-of-two granularity, divisors of at
+    /// least 1, the small threshold at most the medium one.
     pub(crate) fn normalised(mut self) -> Self {
         self.granularity = self
             .granularity

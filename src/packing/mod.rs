@@ -669,13 +669,20 @@ impl<A: Packable, P: Policy, C: Clock> PackedPool<A, P, C> {
         let want = crate::SizeClass::PowerOfTwoDivisions(4)
             .round(want)
             .unwrap_or(usize::MAX);
-        // Near a known capacity, segments shrink with the room left, so the
-        // last ones strand little free space.
+        let size = want.min(self.cap).max(need);
+        // Near a known capacity, segments shrink with the room left (half
+        // of it, rounded down to a power of two): the last segments strand
+        // little free space.
         let room = match self.packing.capacity.or(self.pool.limit()) {
-            Some(c) => config::floor_pow2(c.saturating_sub(self.pool.stats().bytes_reserved) / 2),
+            Some(c) => c.saturating_sub(self.pool.stats().bytes_reserved) / 2,
             None => usize::MAX,
         };
-        want.min(self.cap).min(room).max(need) >> self.shift << self.shift
+        let size = if size > room {
+            config::floor_pow2(room).max(need)
+        } else {
+            size
+        };
+        size >> self.shift << self.shift
     }
 
     /// A segment size for `units` that the pool likely holds cached (a
