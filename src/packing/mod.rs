@@ -334,7 +334,8 @@ impl<A: Packable, P: Policy, C: Clock> PackedPool<A, P, C> {
             );
         }
         drop(block);
-        self.pool.collect();
+        // The range goes back first: a panic in the policy run below (a
+        // clock's, a policy's) must not strand it.
         let Some(seg) = self.slots[live.slot as usize].as_mut() else {
             unreachable!("a live block's segment is held")
         };
@@ -346,9 +347,12 @@ impl<A: Packable, P: Policy, C: Clock> PackedPool<A, P, C> {
         st.free_segment_bytes += bytes;
         st.bytes_requested -= size;
         if seg.live == 0 {
+            // Releasing the segment runs the policy.
             self.release_segment(live.slot);
         } else {
             self.refile(live.slot);
+            // Bring decay up to date, as every pool call does.
+            self.pool.collect();
         }
     }
 
