@@ -66,6 +66,11 @@ pub struct Packing {
     /// Carved blocks are rounded up to, and aligned to, this many bytes
     /// within their segment (default 512; a power of two).
     pub granularity: usize,
+    /// Requests above the medium threshold are exact blocks of this
+    /// multiple (default 2 MiB, as PyTorch rounds large blocks, and the page
+    /// size CUDA maps large allocations with), so sizes a few bytes apart
+    /// share cached blocks; 1 keeps them exact to the byte.
+    pub large_rounding: usize,
 }
 
 impl Default for Packing {
@@ -81,6 +86,7 @@ impl Default for Packing {
             cap_fraction: 32,
             capacity: None,
             granularity: 512,
+            large_rounding: 2 * MIB,
         }
     }
 }
@@ -154,6 +160,14 @@ impl Packing {
         segment_multiple: usize
     );
     setter!(
+        /// Sets [`large_rounding`](Self::large_rounding).
+        ///
+        /// ```
+        /// assert_eq!(decaying_pool::Packing::default().large_rounding(1).large_rounding, 1);
+        /// ```
+        large_rounding: usize
+    );
+    setter!(
         /// Sets [`cap_fraction`](Self::cap_fraction).
         ///
         /// ```
@@ -184,7 +198,8 @@ impl Packing {
         self
     }
 
-    /// No packing at all: every request is an exact block (thresholds 0).
+    /// No packing at all: every request is an exact block of its own size
+    /// (thresholds 0, no large rounding), as from the pool alone.
     ///
     /// # Examples
     ///
@@ -192,7 +207,10 @@ impl Packing {
     /// assert_eq!(decaying_pool::Packing::off().medium_threshold, 0);
     /// ```
     pub fn off() -> Self {
-        Packing::default().small_threshold(0).medium_threshold(0)
+        Packing::default()
+            .small_threshold(0)
+            .medium_threshold(0)
+            .large_rounding(1)
     }
 
     /// The largest segment allowed with this setting over a pool whose
@@ -232,6 +250,7 @@ impl Packing {
         self.growth = self.growth.max(1);
         self.segment_multiple = self.segment_multiple.max(1);
         self.cap_fraction = self.cap_fraction.max(1);
+        self.large_rounding = self.large_rounding.max(1);
         self.small_threshold = self.small_threshold.min(self.medium_threshold);
         self
     }
@@ -283,7 +302,7 @@ impl FromStr for Packing {
     /// `small_threshold` (`small`), `medium_threshold` (`medium`),
     /// `small_segment`, `medium_segment`, `max_segment`, `growth`,
     /// `segment_multiple`
-    /// (`multiple`), `cap_fraction` (`cap`),
+    /// (`multiple`), `cap_fraction` (`cap`), `large_rounding`,
     /// `capacity`, `granularity`. Sizes take `K`, `M`, `G` suffixes; `off`
     /// alone turns packing off.
     fn from_str(s: &str) -> Result<Self, Self::Err> {
@@ -309,6 +328,7 @@ impl FromStr for Packing {
                 "cap_fraction" | "cap" => p.cap_fraction = size()?,
                 "capacity" => p.capacity = Some(size()?),
                 "granularity" => p.granularity = size()?,
+                "large_rounding" => p.large_rounding = size()?,
                 other => return Err(ParsePackingError(format!("unknown packing key `{other}`"))),
             }
         }

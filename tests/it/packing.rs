@@ -90,7 +90,11 @@ fn freed_ranges_coalesce_and_serve_any_packed_size() {
 fn requests_above_the_medium_threshold_are_exact_blocks() {
     let (mut pool, alloc, _) = packed(Packing::default().medium_threshold(8 * MIB));
     let big = pool.allocate(8 * MIB + 1).unwrap();
-    assert_eq!(alloc.size_of(big), Some(8 * MIB + 1), "exact, never split");
+    assert_eq!(
+        alloc.size_of(big),
+        Some(10 * MIB),
+        "its own block, 2 MiB pages"
+    );
     let medium = pool.allocate(8 * MIB).unwrap();
     assert_ne!(
         alloc.size_of(medium),
@@ -106,10 +110,22 @@ fn requests_above_the_medium_threshold_are_exact_blocks() {
     }
     // The exact block went back to the pool's cache as itself.
     assert_eq!(pool.stats().blocks_cached, 2);
-    let again = pool.allocate(8 * MIB + 1).unwrap();
+    // A size a few bytes off shares the cached block.
+    let again = pool.allocate(9 * MIB).unwrap();
     assert_eq!(again, big, "an exact hit");
     // SAFETY: each block came from this pool with this size and is released once.
-    unsafe { pool.release(again, 8 * MIB + 1) };
+    unsafe { pool.release(again, 9 * MIB) };
+    pool.validate();
+    // Exact to the byte when asked.
+    let (mut pool, alloc, _) = packed(
+        Packing::default()
+            .medium_threshold(8 * MIB)
+            .large_rounding(1),
+    );
+    let big = pool.allocate(8 * MIB + 1).unwrap();
+    assert_eq!(alloc.size_of(big), Some(8 * MIB + 1));
+    // SAFETY: each block came from this pool with this size and is released once.
+    unsafe { pool.release(big, 8 * MIB + 1) };
     pool.validate();
 }
 
