@@ -11,19 +11,25 @@ const MIB: usize = 1 << 20;
 ///
 /// - a request of at most `small_threshold` bytes is carved from a *small*
 ///   segment, one of at most `medium_threshold` bytes from a *medium*
-///   segment; larger requests are exact blocks of the pool underneath,
-///   never split;
+///   segment; larger requests are blocks of their own in the pool
+///   underneath (rounded up to `large_rounding`), never split;
 /// - carved blocks are rounded up to `granularity` bytes (which is also
 ///   their alignment within the segment);
-/// - a new segment is sized by the footprint it joins: the power of two at
-///   least `1 / growth` of the bytes already in segments of its kind, and
-///   at least `segment_multiple` times the request, no smaller than
-///   `small_segment` (small) or `medium_segment` (medium) and no larger
-///   than `max_segment`;
+/// - a new segment is sized by the footprint it joins: at least
+///   `1 / growth` of the bytes already in segments of its kind, at least
+///   `segment_multiple` times the request (as far as those bytes justify),
+///   no smaller than `small_segment` (small) or `medium_segment` (medium),
+///   rounded up to one of four sizes per power of two, no larger than
+///   `max_segment`; the size of a segment emptied lately (likely still
+///   cached in the pool) is taken instead when one fits;
 /// - and never larger than `1 / cap_fraction` of the device `capacity`
-///   (or of the pool's limit when no capacity is set), so a tight device
-///   never fails for want of a whole segment. A request that no allowed
-///   segment can hold is an exact block.
+///   (or of the pool's limit when no capacity is set), see
+///   [`segment_cap`](Self::segment_cap); near a known capacity, no larger
+///   than half the room left. A request that no allowed segment can hold is
+///   an exact block, and so is one whose segment the pool cannot supply.
+///
+/// The defaults were chosen on real training and inference traces (see the
+/// README's Packing section for the figures and the grid tried).
 ///
 /// # Examples
 ///
@@ -31,7 +37,7 @@ const MIB: usize = 1 << 20;
 /// use decaying_pool::Packing;
 /// let p = Packing::default().medium_threshold(32 << 20).capacity(8 << 30);
 /// assert_eq!(p.medium_threshold, 32 << 20);
-/// assert_eq!(p.segment_cap(None), (8usize << 30) / p.cap_fraction);
+/// assert_eq!(p.segment_cap(None), 256 << 20); // 8 GiB / 32
 /// let q: Packing = "medium_threshold=32M,capacity=8G".parse().unwrap();
 /// assert_eq!(p, q);
 /// ```
