@@ -329,6 +329,7 @@ fn churn(seed: u64, steps: usize, pool: &mut Checked) {
 }
 
 #[test]
+#[cfg_attr(miri, ignore)] // thousands of steps: too slow under Miri
 fn random_churn_keeps_blocks_disjoint_and_every_byte_accounted() {
     for seed in 1..=4 {
         let (mut pool, alloc, _) = packed(Packing::default());
@@ -354,6 +355,7 @@ fn random_churn_keeps_blocks_disjoint_and_every_byte_accounted() {
 }
 
 #[test]
+#[cfg_attr(miri, ignore)] // writes megabytes byte by byte: too slow
 fn carved_host_memory_is_disjoint() {
     // Real memory: each live block is filled with its own byte; none is
     // overwritten by a neighbour.
@@ -390,6 +392,7 @@ fn carved_host_memory_is_disjoint() {
 }
 
 #[test]
+#[cfg_attr(miri, ignore)] // hundreds of steps: too slow under Miri
 fn after_the_workload_stops_reserved_bytes_decay_to_zero() {
     let (mut pool, alloc, clock) = packed(Packing::default());
     let mut rng = Rng(3);
@@ -420,6 +423,7 @@ fn after_the_workload_stops_reserved_bytes_decay_to_zero() {
 }
 
 #[test]
+#[cfg_attr(miri, ignore)] // hundreds of steps: too slow under Miri
 fn dropping_the_pool_frees_every_segment_exactly_once() {
     let (mut pool, alloc, _) = packed(Packing::default());
     churn(11, 300, &mut pool);
@@ -470,6 +474,7 @@ fn stats_agree_with_each_other_and_with_the_pool() {
 }
 
 #[test]
+#[cfg_attr(miri, ignore)] // Miri aborts on a huge allocation instead of failing it
 fn bad_input_gives_errors_not_panics() {
     let (mut pool, _, _) = packed(Packing::default());
     assert!(matches!(pool.allocate(0), Err(PoolError::ZeroSize)));
@@ -659,6 +664,7 @@ fn a_new_segment_reuses_one_lately_emptied_before_asking_for_more() {
 }
 
 #[test]
+#[cfg_attr(miri, ignore)] // 800 blocks: too slow under Miri
 fn segments_grow_with_the_footprint_up_to_the_largest() {
     let (mut pool, alloc, _) = packed(Packing::default());
     let blocks: Vec<u64> = (0..800).map(|_| pool.allocate(4 * MIB).unwrap()).collect();
