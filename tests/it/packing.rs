@@ -2,7 +2,6 @@
 //! exact pool, caps, fallback, accounting, bad input.
 
 use core::time::Duration;
-use std::collections::HashMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use decaying_pool::testing::{CheckingAllocator, FailingAllocator};
@@ -585,6 +584,7 @@ fn the_packed_row_meets_its_targets_on_the_shared_traces() {
     use decaying_pool::trace::{
         Config, CostModel, ReadOptions, ReplayOptions, Replayer, Report, TraceReader,
     };
+    use std::collections::HashMap;
     let dir = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared/workloads");
     // (trace, PyTorch's cudaMalloc calls, PyTorch's peak reserved MiB)
     let targets = [
