@@ -25,8 +25,10 @@ const MIB: usize = 1 << 20;
 /// - and never larger than `1 / cap_fraction` of the device `capacity`
 ///   (or of the pool's limit when no capacity is set), see
 ///   [`segment_cap`](Self::segment_cap); near a known capacity, no larger
-///   than half the room left. A request that no allowed segment can hold is
-///   an exact block, and so is one whose segment the pool cannot supply.
+///   than half the room left, and leaving free inside segments no more than
+///   `1 / slack_fraction` of the device. A request that no allowed segment
+///   can hold is an exact block, and so is one whose segment the pool
+///   cannot supply.
 ///
 /// The defaults were chosen on real training and inference traces (see the
 /// README's Packing section for the figures and the grid tried).
@@ -66,6 +68,12 @@ pub struct Packing {
     /// No segment is larger than the capacity (or limit) divided by this
     /// (default 32; at least 1).
     pub cap_fraction: usize,
+    /// On a known capacity (or limit), a new segment leaves at most this
+    /// fraction of it free inside segments, all segments together: it
+    /// shrinks towards the size of the request that asks for it as free
+    /// space accumulates, since free space that live blocks pin is what can
+    /// make a request fail on a full device (default 64: 1.6%; at least 1).
+    pub slack_fraction: usize,
     /// The device's size in bytes, if known (default: none; the pool's
     /// limit is used instead, if any).
     pub capacity: Option<usize>,
@@ -90,6 +98,7 @@ impl Default for Packing {
             growth: 8,
             segment_multiple: 4,
             cap_fraction: 32,
+            slack_fraction: 64,
             capacity: None,
             granularity: 512,
             large_rounding: 2 * MIB,
@@ -164,6 +173,14 @@ impl Packing {
         /// assert_eq!(decaying_pool::Packing::default().segment_multiple(2).segment_multiple, 2);
         /// ```
         segment_multiple: usize
+    );
+    setter!(
+        /// Sets [`slack_fraction`](Self::slack_fraction).
+        ///
+        /// ```
+        /// assert_eq!(decaying_pool::Packing::default().slack_fraction(32).slack_fraction, 32);
+        /// ```
+        slack_fraction: usize
     );
     setter!(
         /// Sets [`large_rounding`](Self::large_rounding).
@@ -256,6 +273,7 @@ impl Packing {
         self.growth = self.growth.max(1);
         self.segment_multiple = self.segment_multiple.max(1);
         self.cap_fraction = self.cap_fraction.max(1);
+        self.slack_fraction = self.slack_fraction.max(1);
         self.large_rounding = self.large_rounding.max(1);
         self.small_threshold = self.small_threshold.min(self.medium_threshold);
         self
@@ -308,7 +326,8 @@ impl FromStr for Packing {
     /// `small_threshold` (`small`), `medium_threshold` (`medium`),
     /// `small_segment`, `medium_segment`, `max_segment`, `growth`,
     /// `segment_multiple`
-    /// (`multiple`), `cap_fraction` (`cap`), `large_rounding`,
+    /// (`multiple`), `cap_fraction` (`cap`), `slack_fraction` (`slack`),
+    /// `large_rounding`,
     /// `capacity`, `granularity`. Sizes take `K`, `M`, `G` suffixes; `off`
     /// alone turns packing off.
     fn from_str(s: &str) -> Result<Self, Self::Err> {
@@ -335,6 +354,7 @@ impl FromStr for Packing {
                 "capacity" => p.capacity = Some(size()?),
                 "granularity" => p.granularity = size()?,
                 "large_rounding" => p.large_rounding = size()?,
+                "slack_fraction" | "slack" => p.slack_fraction = size()?,
                 other => return Err(ParsePackingError(format!("unknown packing key `{other}`"))),
             }
         }

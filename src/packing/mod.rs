@@ -697,15 +697,22 @@ impl<A: Packable, P: Policy, C: Clock> PackedPool<A, P, C> {
         // Near a known capacity, segments shrink with the room left (half
         // of it, rounded down to a power of two): the last segments strand
         // little free space.
-        let room = match self.packing.capacity.or(self.pool.limit()) {
-            Some(c) => c.saturating_sub(self.pool.stats().bytes_reserved) / 2,
-            None => usize::MAX,
+        let Some(c) = self.packing.capacity.or(self.pool.limit()) else {
+            return size >> self.shift << self.shift;
         };
+        let room = c.saturating_sub(self.pool.stats().bytes_reserved) / 2;
         let size = if size > room {
             config::floor_pow2(room).max(need)
         } else {
             size
         };
+        // Free space inside segments is what can make a request fail on a
+        // full device (live blocks cannot move): on a known capacity, new
+        // segments shrink towards the request's size so that it stays
+        // within 1/slack_fraction of the device.
+        let slack =
+            (c / self.packing.slack_fraction.max(1)).saturating_sub(self.st.free_segment_bytes);
+        let size = size.min(need.saturating_add(slack)).max(need);
         size >> self.shift << self.shift
     }
 

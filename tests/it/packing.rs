@@ -724,7 +724,12 @@ fn near_a_full_device_segments_shrink_with_the_room_left() {
     let dev = FailingAllocator::new(CheckingAllocator::with_addresses());
     dev.set_capacity(Some(128 * MIB));
     let mut pool = DecayingPool::builder(dev.clone())
-        .packing(Packing::default().capacity(128 * MIB).cap_fraction(2))
+        .packing(
+            Packing::default()
+                .capacity(128 * MIB)
+                .cap_fraction(2)
+                .slack_fraction(1),
+        )
         .build();
     assert_eq!(pool.segment_cap(), 64 * MIB);
     let blocks: Vec<u64> = (0..31).map(|_| pool.allocate(4 * MIB).unwrap()).collect();
@@ -751,4 +756,37 @@ fn near_a_full_device_segments_shrink_with_the_room_left() {
     }
     drop(pool);
     dev.inner().assert_all_freed();
+}
+
+#[test]
+fn on_a_known_capacity_free_space_inside_segments_stays_within_the_slack() {
+    // 1 GiB device, 1/64 of it (16 MiB) may sit free inside segments:
+    // 24 MiB blocks leave 8 MiB in each 32 MiB segment, so the third
+    // segment is cut to the request's size.
+    let (mut pool, alloc, _) = packed(Packing::default().capacity(1 << 30).cap_fraction(8));
+    let blocks: Vec<u64> = (0..3).map(|_| pool.allocate(24 * MIB).unwrap()).collect();
+    let sizes: Vec<usize> = blocks
+        .iter()
+        .map(|&b| alloc.size_of(b).unwrap() / MIB)
+        .collect();
+    assert_eq!(sizes, [32, 32, 24]);
+    assert_eq!(pool.packing_stats().free_segment_bytes, 16 * MIB);
+    // Without a capacity, nothing is cut.
+    let (mut free, alloc, _) = packed(Packing::default());
+    let more: Vec<u64> = (0..3).map(|_| free.allocate(24 * MIB).unwrap()).collect();
+    let sizes: Vec<usize> = more
+        .iter()
+        .map(|&b| alloc.size_of(b).unwrap() / MIB)
+        .collect();
+    assert_eq!(sizes, [32, 32, 64]);
+    for b in blocks {
+        // SAFETY: each block came from this pool with this size and is released once.
+        unsafe { pool.release(b, 24 * MIB) };
+    }
+    for b in more {
+        // SAFETY: each block came from this pool with this size and is released once.
+        unsafe { free.release(b, 24 * MIB) };
+    }
+    pool.validate();
+    free.validate();
 }
