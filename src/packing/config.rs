@@ -51,7 +51,7 @@ pub struct Packing {
     pub small_threshold: usize,
     /// Requests up to this many bytes (and above `small_threshold`) are
     /// carved from medium segments; larger ones are exact blocks
-    /// (default 64 MiB).
+    /// (default 128 MiB).
     pub medium_threshold: usize,
     /// The smallest small segment (default 2 MiB, PyTorch's small segment).
     pub small_segment: usize,
@@ -91,7 +91,7 @@ impl Default for Packing {
     fn default() -> Self {
         Packing {
             small_threshold: MIB,
-            medium_threshold: 64 * MIB,
+            medium_threshold: 128 * MIB,
             small_segment: 2 * MIB,
             medium_segment: 32 * MIB,
             max_segment: 256 * MIB,

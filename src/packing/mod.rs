@@ -78,7 +78,7 @@ const RECENT: usize = 16;
 ///     .clock(clock.clone())
 ///     .packing(Packing::default())
 ///     .build();
-/// let sizes = [100, 7_000, 300_000, 3 << 20, 100 << 20];
+/// let sizes = [100, 7_000, 300_000, 3 << 20, 200 << 20];
 /// let blocks: Vec<_> = sizes.iter().map(|&s| pool.allocate(s)).collect::<Result<_, _>>()?;
 /// // one small segment, one medium segment, one exact block
 /// assert_eq!(pool.stats().backing_allocs, 3);

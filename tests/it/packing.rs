@@ -305,7 +305,7 @@ fn churn(seed: u64, steps: usize, pool: &mut Checked) {
             let size = match rng.below(10) {
                 0..=5 => 1 + rng.below(MIB as u64) as usize,
                 6..=8 => MIB + 1 + rng.below(40 * MIB as u64) as usize,
-                _ => 64 * MIB + 1 + rng.below(64 * MIB as u64) as usize,
+                _ => 128 * MIB + 1 + rng.below(128 * MIB as u64) as usize,
             };
             let b = pool.allocate(size).unwrap();
             live.push((b, size));
@@ -427,7 +427,7 @@ fn dropping_the_pool_frees_every_segment_exactly_once() {
     let (mut pool, alloc, _) = packed(Packing::default());
     churn(11, 300, &mut pool);
     // Leave a few blocks of each kind cached in the pool.
-    let blocks: Vec<(u64, usize)> = [10, 2 * MIB, 100 * MIB]
+    let blocks: Vec<(u64, usize)> = [10, 2 * MIB, 200 * MIB]
         .iter()
         .map(|&s| (pool.allocate(s).unwrap(), s))
         .collect();
@@ -445,23 +445,23 @@ fn stats_agree_with_each_other_and_with_the_pool() {
     let (mut pool, _, _) = packed(Packing::default());
     let a = pool.allocate(3000).unwrap();
     let b = pool.allocate(5 * MIB).unwrap();
-    let c = pool.allocate(100 * MIB).unwrap();
+    let c = pool.allocate(200 * MIB).unwrap();
     let (s, ps) = (pool.stats(), pool.packing_stats());
     assert_eq!(ps.requests, 3);
     assert_eq!((ps.carved, ps.exact, ps.exact_fallbacks), (2, 1, 0));
     assert_eq!(ps.segments, 2, "a small and a medium segment");
     assert_eq!(ps.packed_bytes, 3072 + 5 * MIB);
     assert_eq!(ps.segment_bytes, ps.packed_bytes + ps.free_segment_bytes);
-    assert_eq!(ps.bytes_requested, 3000 + 5 * MIB + 100 * MIB);
+    assert_eq!(ps.bytes_requested, 3000 + 5 * MIB + 200 * MIB);
     assert_eq!(ps.peak_bytes_requested, ps.bytes_requested);
-    assert_eq!(s.bytes_in_use, ps.segment_bytes + 100 * MIB);
+    assert_eq!(s.bytes_in_use, ps.segment_bytes + 200 * MIB);
     assert_eq!(s.blocks_in_use, 3);
     assert_eq!(s.backing_allocs, 3);
     // SAFETY: each block came from this pool with this size and is released once.
     unsafe {
         pool.release(a, 3000);
         pool.release(b, 5 * MIB);
-        pool.release(c, 100 * MIB);
+        pool.release(c, 200 * MIB);
     }
     let ps = pool.packing_stats();
     assert_eq!(
