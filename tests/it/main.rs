@@ -9,6 +9,7 @@ mod fuzz_corpus;
 mod limit_retry;
 mod model;
 mod packing;
+mod robustness;
 mod semantics;
 mod shared;
 mod size_class;
