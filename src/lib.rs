@@ -13,6 +13,10 @@
 //! [`EvictionPolicy`]. It never splits a block, so
 //! it never fragments the backing allocator.
 //!
+//! With [`Builder::packing`], a [`PackedPool`] carves small and medium
+//! requests from segments (blocks of the pool) in O(1), so they share
+//! backing allocations, while large requests stay exact blocks.
+//!
 //! # Examples
 //!
 //! ```
@@ -55,6 +59,7 @@ mod clock;
 mod error;
 #[cfg(feature = "fuzzing")]
 pub mod fuzzing;
+mod packing;
 pub mod policy;
 mod pool;
 mod raw;
@@ -74,6 +79,7 @@ pub use backend::SystemAllocator;
 pub use class::SizeClass;
 pub use clock::{Clock, ManualClock, MonotonicClock, PreciseClock};
 pub use error::PoolError;
+pub use packing::{Packable, PackedBuilder, PackedPool, Packing, PackingStats, ParsePackingError};
 pub use policy::{EvictionPolicy, Exponential, FixedCapacity, FixedTime, Policy, Reuse};
 pub use pool::{Builder, DecayingPool};
 pub use raw::{RawAllocator, SendBlock};

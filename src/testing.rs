@@ -56,6 +56,8 @@ pub enum Call {
 #[derive(Debug, Default)]
 struct CheckState {
     next: u64,
+    /// Hand out addresses (`with_addresses`) rather than numbers.
+    addressed: bool,
     live: HashMap<u64, usize>,
     live_bytes: usize,
     peak_live_bytes: usize,
@@ -101,6 +103,32 @@ impl CheckingAllocator {
     /// ```
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// An allocator whose blocks are addresses rather than numbers: each
+    /// block starts past the end of the previous one (the first at 4096,
+    /// every block 4096-aligned), so a block plus an offset inside it
+    /// identifies one byte. This is the mode a
+    /// [`PackedPool`](crate::PackedPool) needs: its [`Packable`](crate::Packable) impl
+    /// carves blocks as `segment + offset`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use decaying_pool::{testing::CheckingAllocator, RawAllocator};
+    /// let mut a = CheckingAllocator::with_addresses();
+    /// assert_eq!(a.allocate(100).unwrap(), 4096);
+    /// assert_eq!(a.allocate(5000).unwrap(), 8192);
+    /// assert_eq!(a.allocate(1).unwrap(), 16384);
+    /// ```
+    pub fn with_addresses() -> Self {
+        let a = Self::default();
+        {
+            let mut s = a.state();
+            s.addressed = true;
+            s.next = 4096;
+        }
+        a
     }
 
     fn state(&self) -> MutexGuard<'_, CheckState> {
@@ -243,8 +271,15 @@ impl RawAllocator for CheckingAllocator {
     fn allocate(&mut self, size: usize) -> Result<u64, Infallible> {
         assert!(size > 0, "CheckingAllocator: allocate(0)");
         let mut s = self.state();
-        s.next += 1;
-        let block = s.next;
+        let block = if s.addressed {
+            let at = s.next;
+            let span = (size as u64).div_ceil(4096).saturating_mul(4096);
+            s.next = at.saturating_add(span);
+            at
+        } else {
+            s.next += 1;
+            s.next
+        };
         s.live.insert(block, size);
         s.allocs += 1;
         s.live_bytes = s.live_bytes.saturating_add(size);
@@ -269,7 +304,11 @@ impl RawAllocator for CheckingAllocator {
                 }
             }
             None => {
-                let issued = block != 0 && block <= s.next;
+                let issued = if s.addressed {
+                    block >= 4096 && block < s.next
+                } else {
+                    block != 0 && block <= s.next
+                };
                 drop(s);
                 if issued {
                     panic!("CheckingAllocator: double free of block {block}");
@@ -944,5 +983,37 @@ impl<P: EvictionPolicy> EvictionPolicy for PanickingPolicy<P> {
     fn deadline(&self, oldest: Oldest) -> Option<Duration> {
         self.switches.deadline.hit();
         self.inner.deadline(oldest)
+    }
+}
+
+impl crate::Packable for CheckingAllocator {
+    /// `segment + offset`: meaningful for an allocator made with
+    /// [`CheckingAllocator::with_addresses`] (numbered blocks would collide).
+    fn carve(segment: &u64, offset: usize) -> u64 {
+        crate::packing::carve_u64(segment, offset)
+    }
+
+    fn address(block: &u64) -> usize {
+        crate::packing::address_u64(block)
+    }
+}
+
+impl<A: crate::Packable> crate::Packable for FailingAllocator<A> {
+    fn carve(segment: &A::Block, offset: usize) -> A::Block {
+        A::carve(segment, offset)
+    }
+
+    fn address(block: &A::Block) -> usize {
+        A::address(block)
+    }
+}
+
+impl<A: crate::Packable> crate::Packable for PanickingAllocator<A> {
+    fn carve(segment: &A::Block, offset: usize) -> A::Block {
+        A::carve(segment, offset)
+    }
+
+    fn address(block: &A::Block) -> usize {
+        A::address(block)
     }
 }

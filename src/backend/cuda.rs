@@ -634,3 +634,33 @@ impl<T, P: Policy, C: Clock> Drop for PooledSlice<T, P, C> {
         drop(unsafe { Pooled::from_raw(&self.pool, ptr, self.size) });
     }
 }
+
+impl crate::Packable for DeviceAllocator {
+    fn carve(segment: &CUdeviceptr, offset: usize) -> CUdeviceptr {
+        crate::packing::carve_u64(segment, offset)
+    }
+
+    fn address(block: &CUdeviceptr) -> usize {
+        crate::packing::address_u64(block)
+    }
+}
+
+impl crate::Packable for StreamAllocator {
+    fn carve(segment: &CUdeviceptr, offset: usize) -> CUdeviceptr {
+        crate::packing::carve_u64(segment, offset)
+    }
+
+    fn address(block: &CUdeviceptr) -> usize {
+        crate::packing::address_u64(block)
+    }
+}
+
+impl crate::Packable for PinnedHostAllocator {
+    fn carve(segment: &NonNull<u8>, offset: usize) -> NonNull<u8> {
+        crate::packing::carve_ptr(segment, offset)
+    }
+
+    fn address(block: &NonNull<u8>) -> usize {
+        block.addr().get()
+    }
+}

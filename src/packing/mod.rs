@@ -1,0 +1,871 @@
+//! Packing: small and medium requests carved from segments of the exact
+//! pool, large requests exact.
+//!
+//! ```text
+//! caller ─▶ PackedPool ─ size ≤ medium threshold ─▶ carve from a segment (O(1) sub-allocator)
+//!              │                                      │ segment needed / emptied
+//!              │ size > medium threshold              ▼
+//!              └─────────────────────────────────▶ DecayingPool (exact, never split) ─▶ RawAllocator
+//! ```
+
+mod carve;
+mod config;
+mod index;
+mod segment;
+mod stats;
+
+use core::fmt;
+
+use hashbrown::HashMap;
+use offset_allocator::{Allocation, Allocator};
+
+#[cfg(feature = "cuda")]
+pub(crate) use carve::carve_ptr;
+pub use carve::Packable;
+pub(crate) use carve::{address_u64, carve_u64};
+pub use config::{Packing, ParsePackingError};
+use index::{bin_round_down, bin_round_up, FitIndex};
+use segment::{sub_allocator, Segment};
+pub use stats::PackingStats;
+
+use crate::clock::{Clock, MonotonicClock};
+use crate::error::PoolError;
+use crate::policy::{FixedTime, Policy};
+use crate::pool::{Builder, DecayingPool};
+use crate::raw::RawAllocator;
+use crate::stats::Stats;
+
+const SMALL: usize = 0;
+const MEDIUM: usize = 1;
+/// Empty sub-allocators kept for the next segment of the same size.
+const SPARES: usize = 4;
+/// Sizes of recently emptied segments remembered (likely still cached in
+/// the pool).
+const RECENT: usize = 16;
+
+/// A [`DecayingPool`] with packing: requests up to a threshold are carved
+/// from *segments* (blocks of the pool), larger ones are the pool's exact
+/// blocks, never split (rounded up to [`Packing::large_rounding`], 2 MiB by
+/// default). From [`Builder::packing`].
+///
+/// - requests up to [`Packing::small_threshold`] are carved from small
+///   segments, those up to [`Packing::medium_threshold`] from medium
+///   segments: the segment whose largest free range fits most tightly,
+///   then within it by an O(1) two-level bins sub-allocator
+///   ([`offset-allocator`](https://crates.io/crates/offset-allocator));
+///   freed ranges coalesce at once and are reusable by any size;
+/// - a segment that empties goes back to the pool, where it decays like
+///   any cached block (and is trimmed, or freed by the out-of-memory
+///   retry); a later segment of the same size is a cache hit;
+/// - segments grow with the footprint and are capped by
+///   [`Packing::segment_cap`]; when the pool cannot supply a segment (the
+///   backing allocator fails after the pool's retry ladder, or the limit
+///   refuses it) the request falls back to an exact block.
+///
+/// On drop, segments with no block handed out go back to the pool, which
+/// frees its cache; as with [`DecayingPool`], blocks still handed out (and
+/// so their segments) are not freed: release every block first.
+///
+/// # Examples
+///
+/// ```
+/// use core::time::Duration;
+/// use decaying_pool::{DecayingPool, FixedTime, ManualClock, Packing, SystemAllocator};
+///
+/// let clock = ManualClock::new();
+/// let mut pool = DecayingPool::builder(SystemAllocator::new())
+///     .policy(FixedTime::new(Duration::from_secs(1)))
+///     .clock(clock.clone())
+///     .packing(Packing::default())
+///     .build();
+/// let sizes = [100, 7_000, 300_000, 3 << 20, 200 << 20];
+/// let blocks: Vec<_> = sizes.iter().map(|&s| pool.allocate(s)).collect::<Result<_, _>>()?;
+/// // one small segment, one medium segment, one exact block
+/// assert_eq!(pool.stats().backing_allocs, 3);
+/// for (b, s) in blocks.into_iter().zip(sizes) {
+///     // SAFETY: each block came from this pool with this size and is not used again.
+///     unsafe { pool.release(b, s) };
+/// }
+/// clock.advance(Duration::from_secs(1));
+/// pool.collect();
+/// assert_eq!(pool.stats().bytes_reserved, 0);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub struct PackedPool<A: Packable, P: Policy = FixedTime, C: Clock = MonotonicClock> {
+    pool: DecayingPool<A, P, C>,
+    packing: Packing,
+    /// log2 of the granularity.
+    shift: u32,
+    /// The largest segment, bytes.
+    cap: usize,
+    slots: Vec<Option<Segment<A::Block>>>,
+    free_slots: Vec<u32>,
+    /// Per kind: the segments by their largest free range.
+    index: [FitIndex; 2],
+    /// Per kind: bytes in segments.
+    kind_bytes: [usize; 2],
+    spares: Vec<Allocator>,
+    /// Sizes of segments given back to the pool since it last freed a
+    /// cached block: a new segment of one of them is a cache hit.
+    recent: Vec<usize>,
+    /// The pool's `evictions + trimmed` when `recent` was last checked.
+    freed_mark: u64,
+    /// Carved blocks handed out, by address.
+    live: HashMap<usize, Live>,
+    st: PackingStats,
+}
+
+#[derive(Clone, Copy)]
+struct Live {
+    slot: u32,
+    units: u32,
+    size: usize,
+    alloc: Allocation,
+}
+
+/// Configures a [`PackedPool`]; from [`Builder::packing`].
+#[must_use = "a builder does nothing until `build` is called"]
+pub struct PackedBuilder<A, P = FixedTime, C = MonotonicClock> {
+    inner: Builder<A, P, C>,
+    packing: Packing,
+}
+
+impl<A, P, C> Builder<A, P, C> {
+    /// Packs small and medium requests into segments as `packing` says:
+    /// `build` then makes a [`PackedPool`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, Packing};
+    /// let pool = DecayingPool::builder(CheckingAllocator::with_addresses())
+    ///     .limit(1 << 30)
+    ///     .packing(Packing::default())
+    ///     .build();
+    /// assert_eq!(pool.segment_cap(), 32 << 20); // 1/32 of the limit
+    /// ```
+    pub fn packing(self, packing: Packing) -> PackedBuilder<A, P, C> {
+        PackedBuilder {
+            inner: self,
+            packing,
+        }
+    }
+}
+
+impl<A: Packable, P: Policy, C: Clock> PackedBuilder<A, P, C> {
+    /// Builds the pool.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, Packing};
+    /// let pool = DecayingPool::builder(CheckingAllocator::with_addresses()).packing(Packing::default()).build();
+    /// assert_eq!(pool.packing_stats().segments, 0);
+    /// ```
+    pub fn build(self) -> PackedPool<A, P, C> {
+        PackedPool::from_pool(self.inner.build(), self.packing)
+    }
+}
+
+impl<A: Packable, P: Policy, C: Clock> PackedPool<A, P, C> {
+    /// Packing over an existing pool.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, FixedTime, PackedPool, Packing};
+    /// let pool = DecayingPool::new(CheckingAllocator::with_addresses(), FixedTime::default());
+    /// let packed = PackedPool::from_pool(pool, Packing::default());
+    /// assert_eq!(packed.packing(), Packing::default());
+    /// ```
+    pub fn from_pool(pool: DecayingPool<A, P, C>, packing: Packing) -> Self {
+        let normal = packing.normalised();
+        let shift = normal.granularity.trailing_zeros();
+        // A segment's size in units fits the sub-allocator's u32 offsets.
+        let unit_max = (u32::MAX as usize).saturating_mul(normal.granularity);
+        let cap = normal
+            .segment_cap(pool.limit())
+            .min(unit_max)
+            .min(usize::MAX >> 1);
+        let cap = cap >> shift << shift;
+        PackedPool {
+            pool,
+            packing,
+            shift,
+            cap,
+            slots: Vec::new(),
+            free_slots: Vec::new(),
+            index: [FitIndex::new(), FitIndex::new()],
+            kind_bytes: [0, 0],
+            spares: Vec::new(),
+            recent: Vec::new(),
+            freed_mark: 0,
+            live: HashMap::new(),
+            st: PackingStats::default(),
+        }
+    }
+
+    /// Hands out a block of at least `size` bytes: carved from a segment
+    /// when `size` is at most the medium threshold (rounded up to the
+    /// granularity), else an exact block of the pool.
+    ///
+    /// # Errors
+    ///
+    /// As [`DecayingPool::allocate`]: [`PoolError::ZeroSize`] for `size ==
+    /// 0`, and the pool's errors for the segment or exact block it needs
+    /// (only when the exact fallback fails too).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, Packing, PoolError};
+    /// let mut pool = DecayingPool::builder(CheckingAllocator::with_addresses()).packing(Packing::default()).build();
+    /// let a = pool.allocate(100).unwrap();
+    /// let b = pool.allocate(100).unwrap();
+    /// assert_eq!(b - a, 512); // carved side by side from one segment
+    /// assert!(matches!(pool.allocate(0), Err(PoolError::ZeroSize)));
+    /// unsafe { pool.release(a, 100); pool.release(b, 100) };
+    /// ```
+    pub fn allocate(&mut self, size: usize) -> Result<A::Block, PoolError<A::Error>> {
+        if size == 0 {
+            return Err(PoolError::ZeroSize);
+        }
+        if size > self.packing.medium_threshold {
+            let large = self.large_size(size);
+            return self.exact(large, size, false);
+        }
+        let units = self.units_of(size);
+        let Ok(units32) = u32::try_from(units) else {
+            return self.exact(size, size, false);
+        };
+        if self.fitting(units) > self.cap {
+            return self.exact(size, size, false);
+        }
+        // Bring decay up to date, as every pool call does.
+        self.pool.collect();
+        let kind = if size <= self.packing.small_threshold {
+            SMALL
+        } else {
+            MEDIUM
+        };
+        let slot = match self.best_fit(kind, units32) {
+            Some(slot) => slot,
+            None => match self.new_segment(kind, units) {
+                Some(slot) => slot,
+                None => return self.exact(size, size, true),
+            },
+        };
+        let Some(seg) = self.slots[slot as usize].as_mut() else {
+            unreachable!("a listed segment is held")
+        };
+        let Some(alloc) = seg.carve(units32) else {
+            // Not expected: a chosen segment's largest free range fits, and
+            // a new segment is sized for the request. Stay correct anyway.
+            debug_assert!(false, "a chosen segment could not serve the request");
+            if seg.live == 0 {
+                self.release_segment(slot);
+            }
+            return self.exact(size, size, true);
+        };
+        let offset = (alloc.offset as usize) << self.shift;
+        let block = A::carve(&seg.block, offset);
+        self.refile(slot);
+        let bytes = units << self.shift;
+        let prev = self.live.insert(
+            A::address(&block),
+            Live {
+                slot,
+                units: units32,
+                size,
+                alloc,
+            },
+        );
+        debug_assert!(prev.is_none(), "two live carved blocks at one address");
+        let st = &mut self.st;
+        st.requests += 1;
+        st.carved += 1;
+        st.packed_blocks += 1;
+        st.packed_bytes += bytes;
+        st.free_segment_bytes -= bytes;
+        self.requested(size);
+        Ok(block)
+    }
+
+    /// Gives `block` back: to its segment if it was carved (the segment
+    /// goes back to the pool when it empties), else to the pool.
+    ///
+    /// # Safety
+    ///
+    /// - `block` came from `self.allocate(size)` on this pool, with this
+    ///   same `size`;
+    /// - it has not been released since, and is not used after this call.
+    ///
+    /// # Panics
+    ///
+    /// When `block` was carved with another size, or (as
+    /// [`DecayingPool::release`]) when an exact block's `size` could not
+    /// have been allocated or more is released than is in use: all break
+    /// the safety contract, and the pool refuses rather than corrupt its
+    /// state.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, Packing};
+    /// let mut pool = DecayingPool::builder(CheckingAllocator::with_addresses()).packing(Packing::default()).build();
+    /// let a = pool.allocate(100).unwrap();
+    /// // SAFETY: `a` came from `pool.allocate(100)` and is not used again.
+    /// unsafe { pool.release(a, 100) };
+    /// assert_eq!(pool.packing_stats().packed_blocks, 0);
+    /// ```
+    pub unsafe fn release(&mut self, block: A::Block, size: usize) {
+        let addr = A::address(&block);
+        let Some(live) = self.live.remove(&addr) else {
+            // An exact block: the pool checks the size.
+            let bytes = if size > self.packing.medium_threshold {
+                self.large_size(size)
+            } else {
+                size
+            };
+            // SAFETY: the caller's contract; the block was not carved, so it
+            // came from `self.pool.allocate(bytes)` (`allocate` asks for
+            // `large_size(size)` above the medium threshold).
+            unsafe { self.pool.release(block, bytes) };
+            self.st.bytes_requested = self.st.bytes_requested.saturating_sub(size);
+            return;
+        };
+        if live.size != size {
+            self.live.insert(addr, live);
+            panic!(
+                "PackedPool::release: a block carved for {} bytes released as {size} bytes",
+                live.size
+            );
+        }
+        drop(block);
+        // The range goes back first: a panic in the policy run below (a
+        // clock's, a policy's) must not strand it.
+        let Some(seg) = self.slots[live.slot as usize].as_mut() else {
+            unreachable!("a live block's segment is held")
+        };
+        seg.free(live.alloc, live.units);
+        let bytes = (live.units as usize) << self.shift;
+        let st = &mut self.st;
+        st.packed_blocks -= 1;
+        st.packed_bytes -= bytes;
+        st.free_segment_bytes += bytes;
+        st.bytes_requested -= size;
+        if seg.live == 0 {
+            // Releasing the segment runs the policy.
+            self.release_segment(live.slot);
+        } else {
+            self.refile(live.slot);
+            // Bring decay up to date, as every pool call does.
+            self.pool.collect();
+        }
+    }
+
+    /// Runs the pool's policy now (see [`DecayingPool::collect`]).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, Packing};
+    /// let mut pool = DecayingPool::builder(CheckingAllocator::with_addresses()).packing(Packing::default()).build();
+    /// assert_eq!(pool.collect(), 0);
+    /// ```
+    pub fn collect(&mut self) -> usize {
+        self.pool.collect()
+    }
+
+    /// Frees every block cached in the pool, emptied segments included (see
+    /// [`DecayingPool::trim`]). Returns the bytes freed.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, Packing};
+    /// let mut pool = DecayingPool::builder(CheckingAllocator::with_addresses()).packing(Packing::default()).build();
+    /// let a = pool.allocate(100).unwrap();
+    /// unsafe { pool.release(a, 100) };
+    /// assert_eq!(pool.trim(), 2 << 20); // the emptied 2 MiB segment
+    /// ```
+    pub fn trim(&mut self) -> usize {
+        self.pool.trim()
+    }
+
+    /// The exact pool's counters: segments and exact blocks are its blocks.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, Packing};
+    /// let mut pool = DecayingPool::builder(CheckingAllocator::with_addresses()).packing(Packing::default()).build();
+    /// let (a, b) = (pool.allocate(100).unwrap(), pool.allocate(200).unwrap());
+    /// assert_eq!(pool.stats().backing_allocs, 1); // one segment
+    /// unsafe { pool.release(a, 100); pool.release(b, 200) };
+    /// ```
+    pub fn stats(&self) -> Stats {
+        self.pool.stats()
+    }
+
+    /// The packing counters.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, Packing};
+    /// let pool = DecayingPool::builder(CheckingAllocator::with_addresses()).packing(Packing::default()).build();
+    /// assert_eq!(pool.packing_stats(), decaying_pool::PackingStats::default());
+    /// ```
+    pub fn packing_stats(&self) -> PackingStats {
+        self.st
+    }
+
+    /// The exact pool underneath.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, Packing};
+    /// let pool = DecayingPool::builder(CheckingAllocator::with_addresses()).limit(1 << 30).packing(Packing::default()).build();
+    /// assert_eq!(pool.pool().limit(), Some(1 << 30));
+    /// ```
+    pub fn pool(&self) -> &DecayingPool<A, P, C> {
+        &self.pool
+    }
+
+    /// The packing setting, as given.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, Packing};
+    /// let p = Packing::default().medium_threshold(16 << 20);
+    /// let pool = DecayingPool::builder(CheckingAllocator::with_addresses()).packing(p).build();
+    /// assert_eq!(pool.packing(), p);
+    /// ```
+    pub fn packing(&self) -> Packing {
+        self.packing
+    }
+
+    /// The largest segment this pool makes, bytes.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, Packing};
+    /// let pool = DecayingPool::builder(CheckingAllocator::with_addresses())
+    ///     .packing(Packing::default().capacity(8 << 30))
+    ///     .build();
+    /// assert_eq!(pool.segment_cap(), 256 << 20);
+    /// ```
+    pub fn segment_cap(&self) -> usize {
+        self.cap
+    }
+
+    /// Checks that no two live carved blocks overlap, that every unit of
+    /// every segment is either handed out or free in its sub-allocator, and
+    /// that the counters agree with the structures (and the pool's own
+    /// [`validate`](DecayingPool::validate)).
+    ///
+    /// # Panics
+    ///
+    /// With a description of the first inconsistency found (a bug in this
+    /// crate).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, Packing};
+    /// let mut pool = DecayingPool::builder(CheckingAllocator::with_addresses()).packing(Packing::default()).build();
+    /// let a = pool.allocate(100).unwrap();
+    /// pool.validate();
+    /// unsafe { pool.release(a, 100) };
+    /// pool.validate();
+    /// ```
+    #[cfg(any(test, feature = "testing"))]
+    pub fn validate(&self) {
+        self.pool.validate();
+        let mut per_slot: Vec<Vec<(u32, u32)>> = vec![Vec::new(); self.slots.len()];
+        let mut packed_bytes = 0usize;
+        let mut requested_packed = 0usize;
+        for (&addr, l) in &self.live {
+            let seg = self.slots[l.slot as usize]
+                .as_ref()
+                .expect("a live block's segment is held");
+            assert_eq!(
+                A::address(&seg.block) + ((l.alloc.offset as usize) << self.shift),
+                addr,
+                "a live block's address is its segment's plus its offset"
+            );
+            assert_eq!(
+                l.units as usize,
+                self.units_of(l.size),
+                "units match the size"
+            );
+            per_slot[l.slot as usize].push((l.alloc.offset, l.units));
+            packed_bytes += (l.units as usize) << self.shift;
+            requested_packed += l.size;
+        }
+        let mut segments = 0u64;
+        let mut segment_bytes = 0usize;
+        let mut kind_bytes = [0usize; 2];
+        for (slot, s) in self.slots.iter().enumerate() {
+            let Some(seg) = s else {
+                assert!(per_slot[slot].is_empty());
+                assert!(
+                    self.free_slots.contains(&(slot as u32)),
+                    "an empty slot is free"
+                );
+                continue;
+            };
+            segments += 1;
+            segment_bytes += seg.bytes;
+            kind_bytes[seg.kind] += seg.bytes;
+            assert_eq!((seg.units as usize) << self.shift, seg.bytes);
+            assert!(seg.bytes <= self.cap, "a segment within the cap");
+            let ranges = &mut per_slot[slot];
+            ranges.sort_unstable();
+            let mut end = 0u64;
+            let mut used = 0u64;
+            for &(off, units) in ranges.iter() {
+                assert!(
+                    u64::from(off) >= end,
+                    "two live blocks overlap in segment {slot}"
+                );
+                end = u64::from(off) + u64::from(units);
+                used += u64::from(units);
+            }
+            assert!(
+                end <= u64::from(seg.units),
+                "a block past its segment's end"
+            );
+            assert_eq!(u64::from(seg.used), used, "segment {slot}: used units");
+            assert_eq!(
+                seg.live as usize,
+                ranges.len(),
+                "segment {slot}: live blocks"
+            );
+            assert!(seg.live > 0, "an empty segment is held");
+            let report = seg.alloc.storage_report();
+            assert_eq!(
+                u64::from(report.total_free_space) + used,
+                u64::from(seg.units),
+                "segment {slot}: every unit used or free"
+            );
+            assert_eq!(
+                seg.bin,
+                bin_round_down(seg.largest_free()),
+                "segment {slot}: its bin"
+            );
+            assert_eq!(
+                self.index[seg.kind].at(seg.bin, seg.pos),
+                Some(slot as u32),
+                "segment {slot}: its index entry"
+            );
+        }
+        assert_eq!(
+            self.index[0].len() + self.index[1].len(),
+            segments as usize,
+            "every segment listed once"
+        );
+        assert_eq!(kind_bytes, self.kind_bytes);
+        let st = &self.st;
+        assert_eq!(st.segments, segments);
+        assert_eq!(st.segment_bytes, segment_bytes);
+        assert_eq!(st.packed_blocks, self.live.len() as u64);
+        assert_eq!(st.packed_bytes, packed_bytes);
+        assert_eq!(st.free_segment_bytes, segment_bytes - packed_bytes);
+        assert!(st.bytes_requested >= requested_packed);
+        assert_eq!(st.requests, st.carved + st.exact + st.exact_fallbacks);
+        assert_eq!(st.segments_created - st.segments_released, segments);
+        assert!(self.stats().bytes_in_use >= segment_bytes);
+    }
+
+    /// Per segment held: (medium?, bytes, bytes handed out, largest free
+    /// range in bytes, blocks handed out). For diagnostics.
+    #[doc(hidden)]
+    pub fn segments(&self) -> Vec<(bool, usize, usize, usize, u32)> {
+        self.slots
+            .iter()
+            .flatten()
+            .map(|s| {
+                (
+                    s.kind == MEDIUM,
+                    s.bytes,
+                    (s.used as usize) << self.shift,
+                    (s.largest_free() as usize) << self.shift,
+                    s.live,
+                )
+            })
+            .collect()
+    }
+
+    /// What a request above the medium threshold asks of the pool.
+    #[inline]
+    fn large_size(&self, size: usize) -> usize {
+        size.checked_next_multiple_of(self.packing.large_rounding.max(1))
+            .unwrap_or(size)
+    }
+
+    #[inline]
+    fn units_of(&self, size: usize) -> usize {
+        let mask = (1usize << self.shift) - 1;
+        (size >> self.shift) + usize::from(size & mask != 0)
+    }
+
+    fn requested(&mut self, size: usize) {
+        let st = &mut self.st;
+        st.bytes_requested = st.bytes_requested.saturating_add(size);
+        st.peak_bytes_requested = st.peak_bytes_requested.max(st.bytes_requested);
+    }
+
+    /// An exact block of `bytes` for a request of `size`.
+    fn exact(
+        &mut self,
+        bytes: usize,
+        size: usize,
+        fallback: bool,
+    ) -> Result<A::Block, PoolError<A::Error>> {
+        let block = self.pool.allocate(bytes)?;
+        self.st.requests += 1;
+        if fallback {
+            self.st.exact_fallbacks += 1;
+        } else {
+            self.st.exact += 1;
+        }
+        self.requested(size);
+        Ok(block)
+    }
+
+    /// The segment of `kind` whose largest free range fits `units` most
+    /// tightly (to the sub-allocator's bins), in O(1).
+    #[inline]
+    fn best_fit(&self, kind: usize, units: u32) -> Option<u32> {
+        self.index[kind].find(bin_round_up(units))
+    }
+
+    /// Files a segment whose largest free range changed under its new bin.
+    #[inline]
+    fn refile(&mut self, slot: u32) {
+        let Some(seg) = self.slots[slot as usize].as_mut() else {
+            return;
+        };
+        let bin = bin_round_down(seg.largest_free());
+        if bin == seg.bin {
+            return;
+        }
+        let (kind, old, pos) = (seg.kind, seg.bin, seg.pos);
+        let ix = &mut self.index[kind];
+        seg.bin = bin;
+        seg.pos = ix.insert(bin, slot);
+        if let Some(moved) = ix.remove(old, pos) {
+            if let Some(m) = self.slots[moved as usize].as_mut() {
+                m.pos = pos;
+            }
+        }
+    }
+
+    /// The smallest segment, in bytes, whose sub-allocator serves a
+    /// request of `units` (its bins are a 3-bit-mantissa float: a range is
+    /// filed under the bin its size rounds down to).
+    fn fitting(&self, units: usize) -> usize {
+        let units = u32::try_from(units).unwrap_or(u32::MAX);
+        (offset_allocator::ext::min_allocator_size(units) as usize) << self.shift
+    }
+
+    /// The size of a new segment of `kind` for a request of `units`.
+    fn segment_size(&self, kind: usize, units: usize) -> usize {
+        let p = &self.packing;
+        let need = self.fitting(units);
+        let held = self.kind_bytes[kind];
+        let grown = held / p.growth.max(1);
+        // Room for a few such requests, as far as the footprint justifies.
+        let several = need.saturating_mul(p.segment_multiple.max(1)).min(held);
+        let floor = if kind == SMALL {
+            p.small_segment
+        } else {
+            p.medium_segment
+        };
+        let want = floor.max(need).max(grown).max(several);
+        // Four sizes per power of two: few distinct sizes (cache hits in
+        // the pool), at most 25% over.
+        let want = crate::SizeClass::PowerOfTwoDivisions(4)
+            .round(want)
+            .unwrap_or(usize::MAX);
+        let size = want.min(self.cap).max(need);
+        // Near a known capacity, segments shrink with the room left (half
+        // of it, rounded down to a power of two): the last segments strand
+        // little free space.
+        let Some(c) = self.packing.capacity.or(self.pool.limit()) else {
+            return size >> self.shift << self.shift;
+        };
+        let room = c.saturating_sub(self.pool.stats().bytes_reserved) / 2;
+        let size = if size > room {
+            config::floor_pow2(room).max(need)
+        } else {
+            size
+        };
+        // Free space inside segments is what can make a request fail on a
+        // full device (live blocks cannot move): on a known capacity, new
+        // segments shrink towards the request's size so that it stays
+        // within 1/slack_fraction of the device.
+        let slack =
+            (c / self.packing.slack_fraction.max(1)).saturating_sub(self.st.free_segment_bytes);
+        let size = size.min(need.saturating_add(slack)).max(need);
+        size >> self.shift << self.shift
+    }
+
+    /// A segment size for `units` that the pool likely holds cached (a
+    /// segment emptied lately): reusing it reserves nothing more. The
+    /// largest that fits within the cap is taken.
+    fn cached_size(&mut self, units: usize) -> Option<usize> {
+        let s = self.pool.stats();
+        let freed = s.evictions + s.trimmed;
+        if freed != self.freed_mark {
+            // The pool freed cached blocks: which ones is not known.
+            self.freed_mark = freed;
+            self.recent.clear();
+        }
+        let need = self.fitting(units);
+        let (i, &size) = self
+            .recent
+            .iter()
+            .enumerate()
+            .filter(|&(_, &r)| r >= need && r <= self.cap)
+            .max_by_key(|&(_, &r)| r)?;
+        self.recent.swap_remove(i);
+        Some(size)
+    }
+
+    /// Takes a new segment of `kind` from the pool, big enough for `units`;
+    /// `None` when the pool refuses.
+    fn new_segment(&mut self, kind: usize, units: usize) -> Option<u32> {
+        let bytes = match self.cached_size(units) {
+            Some(b) => b,
+            None => self.segment_size(kind, units),
+        };
+        let seg_units = u32::try_from(bytes >> self.shift).ok()?;
+        let block = self.pool.allocate(bytes).ok()?;
+        let alloc = match self
+            .spares
+            .iter()
+            .position(|a| a.storage_report().total_free_space == seg_units)
+        {
+            Some(i) => self.spares.swap_remove(i),
+            None => sub_allocator(seg_units),
+        };
+        let seg = Segment {
+            block,
+            bytes,
+            units: seg_units,
+            alloc,
+            used: 0,
+            live: 0,
+            kind,
+            bin: 0,
+            pos: 0,
+        };
+        let bin = bin_round_down(seg.largest_free());
+        let slot = match self.free_slots.pop() {
+            Some(s) => {
+                self.slots[s as usize] = Some(seg);
+                s
+            }
+            None => {
+                self.slots.push(Some(seg));
+                (self.slots.len() - 1) as u32
+            }
+        };
+        let pos = self.index[kind].insert(bin, slot);
+        if let Some(seg) = self.slots[slot as usize].as_mut() {
+            (seg.bin, seg.pos) = (bin, pos);
+        }
+        self.kind_bytes[kind] += bytes;
+        let st = &mut self.st;
+        st.segments_created += 1;
+        st.segments += 1;
+        st.segment_bytes += bytes;
+        st.free_segment_bytes += bytes;
+        st.peak_segment_bytes = st.peak_segment_bytes.max(st.segment_bytes);
+        Some(slot)
+    }
+
+    /// Gives an emptied segment back to the pool.
+    fn release_segment(&mut self, slot: u32) {
+        let Some(seg) = self.slots[slot as usize].take() else {
+            unreachable!("releasing a held segment")
+        };
+        debug_assert_eq!(seg.live, 0);
+        self.free_slots.push(slot);
+        if let Some(moved) = self.index[seg.kind].remove(seg.bin, seg.pos) {
+            if let Some(m) = self.slots[moved as usize].as_mut() {
+                m.pos = seg.pos;
+            }
+        }
+        self.kind_bytes[seg.kind] -= seg.bytes;
+        let st = &mut self.st;
+        st.segments_released += 1;
+        st.segments -= 1;
+        st.segment_bytes -= seg.bytes;
+        st.free_segment_bytes -= seg.bytes;
+        if self.spares.len() < SPARES {
+            self.spares.push(seg.alloc);
+        }
+        if self.recent.len() == RECENT {
+            self.recent.remove(0);
+        }
+        self.recent.push(seg.bytes);
+        // SAFETY: the segment came from `self.pool.allocate(seg.bytes)`, and
+        // leaves the segment table here, once; no carved block of it is live.
+        unsafe { self.pool.release(seg.block, seg.bytes) };
+    }
+}
+
+impl<A: Packable, P: Policy, C: Clock> Drop for PackedPool<A, P, C> {
+    fn drop(&mut self) {
+        // Segments still carved are leaked to the pool's in-use count, as
+        // blocks handed out are; the others cannot exist (an emptied
+        // segment goes back at once), but are returned if they did.
+        for slot in 0..self.slots.len() as u32 {
+            if self.slots[slot as usize]
+                .as_ref()
+                .is_some_and(|s| s.live == 0)
+            {
+                self.release_segment(slot);
+            }
+        }
+    }
+}
+
+impl<A: Packable, P: Policy, C: Clock> RawAllocator for PackedPool<A, P, C> {
+    type Block = A::Block;
+    type Error = PoolError<A::Error>;
+
+    #[inline]
+    fn allocate(&mut self, size: usize) -> Result<Self::Block, Self::Error> {
+        PackedPool::allocate(self, size)
+    }
+
+    #[inline]
+    unsafe fn deallocate(&mut self, block: Self::Block, size: usize) {
+        // SAFETY: `deallocate`'s contract is `release`'s.
+        unsafe { self.release(block, size) }
+    }
+}
+
+impl<A, P, C> fmt::Debug for PackedPool<A, P, C>
+where
+    A: Packable + fmt::Debug,
+    P: Policy,
+    C: Clock + fmt::Debug,
+{
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PackedPool")
+            .field("pool", &self.pool)
+            .field("packing", &self.packing)
+            .field("segment_cap", &self.cap)
+            .field("packing_stats", &self.st)
+            .finish_non_exhaustive()
+    }
+}
