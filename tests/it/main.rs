@@ -10,6 +10,7 @@ mod limit_retry;
 mod model;
 mod packing_corpus;
 mod packing_model;
+mod packing_shared;
 mod semantics;
 mod shared;
 mod size_class;
