@@ -4,7 +4,7 @@
 //!
 //! ```text
 //! cargo run --release --example replay -- [--json] [--repeat N --gap MS]
-//!     [--reaper MS] [--capacity GIB] [--strict]
+//!     [--reaper MS] [--capacity GIB] [--strict] [--packing KEY=VALUE,...]
 //!     [--chrome-trace OUT.json] [--svg OUT.svg] [TRACE ...]
 //! ```
 //!
@@ -24,6 +24,12 @@
 //! - `--strict`: a free of an address the trace never allocated is an
 //!   error. By default such frees (blocks allocated before the trace
 //!   began) are skipped and counted.
+//! - `--packing KEY=VALUE,...`: one more row, `packed KEY=VALUE,...`: the
+//!   `packed` row's packing with these settings changed (keys as
+//!   `decaying_pool::Packing`'s fields: `small_threshold`,
+//!   `medium_threshold`, `min_segment`, `max_segment`, `growth`,
+//!   `cap_fraction`, `capacity`, `granularity`; sizes take K/M/G). May be
+//!   given several times.
 //! - `--chrome-trace OUT.json`, `--svg OUT.svg`: the pool's counters over
 //!   time for every configuration (with several workloads, the workload's
 //!   name is added to the file name).
@@ -37,8 +43,10 @@ use std::time::Duration;
 
 use decaying_pool::trace::{
     format_table, reports_to_json, workloads, write_chrome_trace, write_svg, Config, CostModel,
-    Event, Op, ReadOptions, ReadStats, Recorder, ReplayOptions, Replayer, Report, TraceReader,
+    Event, Op, PolicyKind, ReadOptions, ReadStats, Recorder, ReplayOptions, Replayer, Report,
+    TraceReader,
 };
+use decaying_pool::Packing;
 use indicatif::{ProgressBar, ProgressStyle};
 
 #[derive(Default)]
@@ -52,10 +60,25 @@ struct Args {
     chrome: Option<PathBuf>,
     svg: Option<PathBuf>,
     traces: Vec<PathBuf>,
+    /// Extra packed rows: (the flag's value, the setting).
+    packings: Vec<(String, Packing)>,
+}
+
+/// The rows to replay: the defaults and one per `--packing`.
+fn configs(args: &Args) -> Vec<Config> {
+    let mut c = Config::defaults();
+    for (text, p) in &args.packings {
+        c.push(
+            Config::new(PolicyKind::FixedTime(Duration::from_secs(1)))
+                .packing(*p)
+                .named(format!("packed {text}")),
+        );
+    }
+    c
 }
 
 const USAGE: &str = "usage: replay [--json] [--repeat N --gap MS] [--reaper MS] [--capacity GIB] \
-                     [--strict] [--chrome-trace OUT.json] [--svg OUT.svg] [TRACE ...]";
+                     [--strict] [--packing KEY=VALUE,...] [--chrome-trace OUT.json] [--svg OUT.svg] [TRACE ...]";
 
 fn parse_args() -> Result<Args, String> {
     let mut a = Args {
@@ -106,6 +129,12 @@ fn parse_args() -> Result<Args, String> {
                 a.chrome = Some(it.next().ok_or("--chrome-trace needs a path")?.into())
             }
             "--svg" => a.svg = Some(it.next().ok_or("--svg needs a path")?.into()),
+            "--packing" => {
+                let v = it.next().ok_or("--packing needs KEY=VALUE,...")?;
+                let v = v.to_string_lossy().into_owned();
+                let p: Packing = v.parse().map_err(|e| format!("--packing: {e}"))?;
+                a.packings.push((v, p));
+            }
             "-h" | "--help" => return Err(USAGE.into()),
             s if s.starts_with("--") => return Err(format!("unknown option {s}\n{USAGE}")),
             _ => a.traces.push(arg.into()),
@@ -171,7 +200,7 @@ fn replay_file(args: &Args, path: &Path) -> Result<Outcome, Box<dyn Error>> {
         // Long traces: one sample per 100 µs keeps the recording small.
         opts.record_resolution = Duration::from_micros(100);
     }
-    let mut replayer = Replayer::new(&Config::defaults(), opts);
+    let mut replayer = Replayer::new(&configs(args), opts);
     let bar = ProgressBar::new(len * u64::from(args.repeat));
     bar.set_style(
         ProgressStyle::with_template(
@@ -231,7 +260,7 @@ fn replay_file(args: &Args, path: &Path) -> Result<Outcome, Box<dyn Error>> {
 }
 
 fn replay_builtin(args: &Args, w: &workloads::Workload) -> Outcome {
-    let mut replayer = Replayer::new(&Config::defaults(), options(args, w.capacity));
+    let mut replayer = Replayer::new(&configs(args), options(args, w.capacity));
     let mut floor = Floor::default();
     for pass in 0..args.repeat {
         replayer.begin_pass();

@@ -17,7 +17,8 @@ const MIB: usize = 1 << 20;
 ///   their alignment within the segment);
 /// - a new segment is sized by the footprint it joins: the power of two at
 ///   least `1 / growth` of the bytes already in segments of its kind, and
-///   at least the request, no smaller than `min_segment` and no larger
+///   at least `segment_multiple` times the request, no smaller than
+///   `small_segment` (small) or `medium_segment` (medium) and no larger
 ///   than `max_segment`;
 /// - and never larger than `1 / cap_fraction` of the device `capacity`
 ///   (or of the pool's limit when no capacity is set), so a tight device
@@ -44,13 +45,18 @@ pub struct Packing {
     /// carved from medium segments; larger ones are exact blocks
     /// (default 64 MiB).
     pub medium_threshold: usize,
-    /// The smallest segment (default 2 MiB, PyTorch's small segment).
-    pub min_segment: usize,
+    /// The smallest small segment (default 2 MiB, PyTorch's small segment).
+    pub small_segment: usize,
+    /// The smallest medium segment (default 16 MiB; PyTorch's is 20 MiB).
+    pub medium_segment: usize,
     /// The largest segment (default 512 MiB).
     pub max_segment: usize,
     /// A new segment is at least the bytes already in segments of its kind
     /// divided by this (default 4; at least 1).
     pub growth: usize,
+    /// A new segment holds at least this many requests of the size that
+    /// asks for it (default 4; at least 1).
+    pub segment_multiple: usize,
     /// No segment is larger than the capacity (or limit) divided by this
     /// (default 32; at least 1).
     pub cap_fraction: usize,
@@ -67,9 +73,11 @@ impl Default for Packing {
         Packing {
             small_threshold: MIB,
             medium_threshold: 64 * MIB,
-            min_segment: 2 * MIB,
+            small_segment: 2 * MIB,
+            medium_segment: 16 * MIB,
             max_segment: 512 * MIB,
             growth: 4,
+            segment_multiple: 4,
             cap_fraction: 32,
             capacity: None,
             granularity: 512,
@@ -106,12 +114,20 @@ impl Packing {
         medium_threshold: usize
     );
     setter!(
-        /// Sets [`min_segment`](Self::min_segment).
+        /// Sets [`small_segment`](Self::small_segment).
         ///
         /// ```
-        /// assert_eq!(decaying_pool::Packing::default().min_segment(1 << 20).min_segment, 1 << 20);
+        /// assert_eq!(decaying_pool::Packing::default().small_segment(1 << 20).small_segment, 1 << 20);
         /// ```
-        min_segment: usize
+        small_segment: usize
+    );
+    setter!(
+        /// Sets [`medium_segment`](Self::medium_segment).
+        ///
+        /// ```
+        /// assert_eq!(decaying_pool::Packing::default().medium_segment(1 << 25).medium_segment, 1 << 25);
+        /// ```
+        medium_segment: usize
     );
     setter!(
         /// Sets [`max_segment`](Self::max_segment).
@@ -128,6 +144,14 @@ impl Packing {
         /// assert_eq!(decaying_pool::Packing::default().growth(8).growth, 8);
         /// ```
         growth: usize
+    );
+    setter!(
+        /// Sets [`segment_multiple`](Self::segment_multiple).
+        ///
+        /// ```
+        /// assert_eq!(decaying_pool::Packing::default().segment_multiple(2).segment_multiple, 2);
+        /// ```
+        segment_multiple: usize
     );
     setter!(
         /// Sets [`cap_fraction`](Self::cap_fraction).
@@ -199,6 +223,7 @@ impl Packing {
             .checked_next_power_of_two()
             .unwrap_or(1 << (usize::BITS - 1));
         self.growth = self.growth.max(1);
+        self.segment_multiple = self.segment_multiple.max(1);
         self.cap_fraction = self.cap_fraction.max(1);
         self.small_threshold = self.small_threshold.min(self.medium_threshold);
         self
@@ -249,7 +274,9 @@ impl FromStr for Packing {
 
     /// `key=value` pairs separated by commas, over the defaults. Keys:
     /// `small_threshold` (`small`), `medium_threshold` (`medium`),
-    /// `min_segment`, `max_segment`, `growth`, `cap_fraction` (`cap`),
+    /// `small_segment`, `medium_segment`, `max_segment`, `growth`,
+    /// `segment_multiple`
+    /// (`multiple`), `cap_fraction` (`cap`),
     /// `capacity`, `granularity`. Sizes take `K`, `M`, `G` suffixes; `off`
     /// alone turns packing off.
     fn from_str(s: &str) -> Result<Self, Self::Err> {
@@ -267,9 +294,11 @@ impl FromStr for Packing {
             match k.trim() {
                 "small_threshold" | "small" => p.small_threshold = size()?,
                 "medium_threshold" | "medium" => p.medium_threshold = size()?,
-                "min_segment" => p.min_segment = size()?,
+                "small_segment" => p.small_segment = size()?,
+                "medium_segment" => p.medium_segment = size()?,
                 "max_segment" => p.max_segment = size()?,
                 "growth" => p.growth = size()?,
+                "segment_multiple" | "multiple" => p.segment_multiple = size()?,
                 "cap_fraction" | "cap" => p.cap_fraction = size()?,
                 "capacity" => p.capacity = Some(size()?),
                 "granularity" => p.granularity = size()?,

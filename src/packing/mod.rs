@@ -37,6 +37,9 @@ const SMALL: usize = 0;
 const MEDIUM: usize = 1;
 /// Empty sub-allocators kept for the next segment of the same size.
 const SPARES: usize = 4;
+/// Sizes of recently emptied segments remembered (likely still cached in
+/// the pool).
+const RECENT: usize = 16;
 
 /// A [`DecayingPool`] with packing: requests up to a threshold are carved
 /// from *segments* (blocks of the pool), larger ones are the pool's exact
@@ -99,6 +102,11 @@ pub struct PackedPool<A: Packable, P: Policy = FixedTime, C: Clock = MonotonicCl
     /// Per kind: bytes in segments.
     kind_bytes: [usize; 2],
     spares: Vec<Allocator>,
+    /// Sizes of segments given back to the pool since it last freed a
+    /// cached block: a new segment of one of them is a cache hit.
+    recent: Vec<usize>,
+    /// The pool's `evictions + trimmed` when `recent` was last checked.
+    freed_mark: u64,
     /// Carved blocks handed out, by address.
     live: HashMap<usize, Live>,
     st: PackingStats,
@@ -187,6 +195,8 @@ impl<A: Packable, P: Policy, C: Clock> PackedPool<A, P, C> {
             lists: [Vec::new(), Vec::new()],
             kind_bytes: [0, 0],
             spares: Vec::new(),
+            recent: Vec::new(),
+            freed_mark: 0,
             live: HashMap::new(),
             st: PackingStats::default(),
         }
@@ -591,20 +601,50 @@ impl<A: Packable, P: Policy, C: Clock> PackedPool<A, P, C> {
     fn segment_size(&self, kind: usize, units: usize) -> usize {
         let p = &self.packing;
         let need = units << self.shift;
-        let grown = (self.kind_bytes[kind] / p.growth.max(1))
+        let grown = self.kind_bytes[kind] / p.growth.max(1);
+        let several = need.saturating_mul(p.segment_multiple.max(1));
+        let floor = if kind == SMALL {
+            p.small_segment
+        } else {
+            p.medium_segment
+        };
+        let want = floor
+            .max(grown)
+            .max(several)
             .checked_next_power_of_two()
             .unwrap_or(usize::MAX);
-        let want = p
-            .min_segment
-            .max(grown)
-            .max(need.checked_next_power_of_two().unwrap_or(usize::MAX));
         want.min(self.cap).max(need) >> self.shift << self.shift
+    }
+
+    /// A segment size for `units` that the pool likely holds cached (a
+    /// segment emptied lately): reusing it reserves nothing more. The
+    /// largest that fits within the cap is taken.
+    fn cached_size(&mut self, units: usize) -> Option<usize> {
+        let s = self.pool.stats();
+        let freed = s.evictions + s.trimmed;
+        if freed != self.freed_mark {
+            // The pool freed cached blocks: which ones is not known.
+            self.freed_mark = freed;
+            self.recent.clear();
+        }
+        let need = units << self.shift;
+        let (i, &size) = self
+            .recent
+            .iter()
+            .enumerate()
+            .filter(|&(_, &r)| r >= need && r <= self.cap)
+            .max_by_key(|&(_, &r)| r)?;
+        self.recent.swap_remove(i);
+        Some(size)
     }
 
     /// Takes a new segment of `kind` from the pool, big enough for `units`;
     /// `None` when the pool refuses.
     fn new_segment(&mut self, kind: usize, units: usize) -> Option<u32> {
-        let bytes = self.segment_size(kind, units);
+        let bytes = match self.cached_size(units) {
+            Some(b) => b,
+            None => self.segment_size(kind, units),
+        };
         let seg_units = u32::try_from(bytes >> self.shift).ok()?;
         let block = self.pool.allocate(bytes).ok()?;
         let alloc = match self
@@ -671,6 +711,10 @@ impl<A: Packable, P: Policy, C: Clock> PackedPool<A, P, C> {
         if self.spares.len() < SPARES {
             self.spares.push(seg.alloc);
         }
+        if self.recent.len() == RECENT {
+            self.recent.remove(0);
+        }
+        self.recent.push(seg.bytes);
         // SAFETY: the segment came from `self.pool.allocate(seg.bytes)`, and
         // leaves the segment table here, once; no carved block of it is live.
         unsafe { self.pool.release(seg.block, seg.bytes) };

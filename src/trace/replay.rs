@@ -9,8 +9,8 @@ use std::fmt::Write as _;
 use super::{human_bytes, json_escape, Event, Op, Recorder};
 use crate::policy::Policy;
 use crate::{
-    DecayingPool, Exponential, FixedCapacity, FixedTime, ManualClock, RawAllocator, Reuse,
-    SizeClass, Stats,
+    DecayingPool, Exponential, FixedCapacity, FixedTime, ManualClock, PackedPool, Packing,
+    RawAllocator, Reuse, SizeClass, Stats,
 };
 
 /// A cost as a function of size: piecewise linear between points, flat
@@ -538,6 +538,11 @@ pub struct Config {
     pub size_class: SizeClass,
     /// Which cached block a hit hands out (default LIFO).
     pub reuse: Reuse,
+    /// Pack small and medium requests into segments ([`PackedPool`]) as
+    /// this says (default: no packing). A setting without a
+    /// [`capacity`](Packing::capacity) gets the replay's device capacity
+    /// ([`CostModel::capacity`]), if any.
+    pub packing: Option<Packing>,
 }
 
 impl Config {
@@ -555,7 +560,26 @@ impl Config {
             policy,
             size_class: SizeClass::Exact,
             reuse: Reuse::Lifo,
+            packing: None,
         }
+    }
+
+    /// The same with packing as `packing` says; the name is unchanged.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use core::time::Duration;
+    /// use decaying_pool::trace::{Config, PolicyKind};
+    /// use decaying_pool::Packing;
+    /// let c = Config::new(PolicyKind::FixedTime(Duration::from_secs(1)))
+    ///     .packing(Packing::default())
+    ///     .named("packed");
+    /// assert_eq!(c.packing, Some(Packing::default()));
+    /// ```
+    pub fn packing(mut self, packing: Packing) -> Self {
+        self.packing = Some(packing);
+        self
     }
 
     /// The same with requests rounded by `size_class` (the name says how).
@@ -597,15 +621,18 @@ impl Config {
     /// `keep-all`, `fixed-time` 10 ms and 100 ms (about the p90 and p99 of
     /// the gap from a free to the reuse of its size in PyTorch traces) and
     /// 1 s (the crate's default), `exponential` with a 100 ms half-life,
-    /// `fixed-capacity` 256 slots, and `fixed-time 1s` over PyTorch-style
-    /// size classes (`pow2/4`, [`SizeClass::PowerOfTwoDivisions`]).
+    /// `fixed-capacity` 256 slots, `fixed-time 1s` over PyTorch-style
+    /// size classes (`pow2/4`, [`SizeClass::PowerOfTwoDivisions`]), and
+    /// `packed`: the default [`Packing`] over the default policy
+    /// (`fixed-time 1s`).
     ///
     /// # Examples
     ///
     /// ```
     /// let names: Vec<String> = decaying_pool::trace::Config::defaults().into_iter().map(|c| c.name).collect();
     /// assert_eq!(names[..3], ["no-pool", "keep-all", "fixed-time 10ms"]);
-    /// assert_eq!(names.len(), 8);
+    /// assert_eq!(names.len(), 9);
+    /// assert_eq!(names[8], "packed");
     /// ```
     pub fn defaults() -> Vec<Config> {
         let ms = Duration::from_millis;
@@ -619,6 +646,9 @@ impl Config {
             Config::new(PolicyKind::FixedCapacity(256)),
             Config::new(PolicyKind::FixedTime(ms(1000)))
                 .size_class(SizeClass::PowerOfTwoDivisions(4)),
+            Config::new(PolicyKind::FixedTime(ms(1000)))
+                .packing(Packing::default())
+                .named("packed"),
         ]
     }
 }
@@ -875,7 +905,8 @@ trait Sim {
     fn release_all(&mut self);
     fn stats(&self) -> Stats;
     fn state(&mut self) -> &mut SimState;
-    fn report(&mut self) -> (Stats, f64);
+    /// The counters, the modelled backing seconds, the hits.
+    fn report(&mut self) -> (Stats, f64, u64);
 }
 
 #[derive(Default)]
@@ -889,8 +920,69 @@ struct SimState {
     recorder: Option<Recorder>,
 }
 
-struct PoolSim<P: Policy> {
-    pool: DecayingPool<ModelledAllocator, P, ManualClock>,
+/// What a [`PoolSim`] needs of its pool: a plain or a packed one.
+trait SimPool {
+    fn allocate(&mut self, size: usize) -> Option<u64>;
+    /// # Safety
+    /// As `DecayingPool::release`.
+    unsafe fn release(&mut self, block: u64, size: usize);
+    fn collect(&mut self);
+    fn stats(&self) -> Stats;
+    /// Requests served without a backing call.
+    fn hits(&self) -> u64;
+    fn modelled_seconds(&self) -> f64;
+}
+
+impl<P: Policy> SimPool for DecayingPool<ModelledAllocator, P, ManualClock> {
+    fn allocate(&mut self, size: usize) -> Option<u64> {
+        DecayingPool::allocate(self, size).ok()
+    }
+    unsafe fn release(&mut self, block: u64, size: usize) {
+        // SAFETY: the caller's contract.
+        unsafe { DecayingPool::release(self, block, size) }
+    }
+    fn collect(&mut self) {
+        DecayingPool::collect(self);
+    }
+    fn stats(&self) -> Stats {
+        DecayingPool::stats(self)
+    }
+    fn hits(&self) -> u64 {
+        DecayingPool::stats(self).hits
+    }
+    fn modelled_seconds(&self) -> f64 {
+        self.allocator().modelled_seconds()
+    }
+}
+
+impl<P: Policy> SimPool for PackedPool<ModelledAllocator, P, ManualClock> {
+    fn allocate(&mut self, size: usize) -> Option<u64> {
+        PackedPool::allocate(self, size).ok()
+    }
+    unsafe fn release(&mut self, block: u64, size: usize) {
+        // SAFETY: the caller's contract.
+        unsafe { PackedPool::release(self, block, size) }
+    }
+    fn collect(&mut self) {
+        PackedPool::collect(self);
+    }
+    fn stats(&self) -> Stats {
+        PackedPool::stats(self)
+    }
+    fn hits(&self) -> u64 {
+        // Every successful request made at most one pool miss (a segment
+        // or an exact block).
+        self.packing_stats()
+            .requests
+            .saturating_sub(PackedPool::stats(self).misses)
+    }
+    fn modelled_seconds(&self) -> f64 {
+        self.pool().allocator().modelled_seconds()
+    }
+}
+
+struct PoolSim<T: SimPool> {
+    pool: T,
     /// addr → (block, requested size)
     live: HashMap<u64, (u64, usize)>,
     /// addresses whose allocation failed: their frees are skipped
@@ -898,19 +990,19 @@ struct PoolSim<P: Policy> {
     st: SimState,
 }
 
-impl<P: Policy> Sim for PoolSim<P> {
+impl<T: SimPool> Sim for PoolSim<T> {
     fn alloc(&mut self, addr: u64, size: usize) {
         self.st.allocs += 1;
         // A live address allocated again (only possible when events are fed
         // by hand): the earlier block is released first.
         self.free(addr);
         match self.pool.allocate(size) {
-            Ok(block) => {
+            Some(block) => {
                 self.live.insert(addr, (block, size));
                 self.st.live_bytes = self.st.live_bytes.saturating_add(size);
                 self.st.peak_live_bytes = self.st.peak_live_bytes.max(self.st.live_bytes);
             }
-            Err(_) => {
+            None => {
                 self.st.failures += 1;
                 self.failed.insert(addr);
             }
@@ -948,8 +1040,12 @@ impl<P: Policy> Sim for PoolSim<P> {
         &mut self.st
     }
 
-    fn report(&mut self) -> (Stats, f64) {
-        (self.pool.stats(), self.pool.allocator().modelled_seconds())
+    fn report(&mut self) -> (Stats, f64, u64) {
+        (
+            self.pool.stats(),
+            self.pool.modelled_seconds(),
+            self.pool.hits(),
+        )
     }
 }
 
@@ -959,24 +1055,37 @@ fn sim<P: Policy + 'static>(
     clock: &ManualClock,
     options: &ReplayOptions,
 ) -> Box<dyn Sim> {
-    let pool = DecayingPool::builder(ModelledAllocator::new(options.cost.clone()))
+    let builder = DecayingPool::builder(ModelledAllocator::new(options.cost.clone()))
         .policy(policy)
         .clock(clock.clone())
         .size_class(config.size_class)
-        .reuse(config.reuse)
-        .build();
-    Box::new(PoolSim {
-        pool,
-        live: HashMap::new(),
-        failed: HashSet::new(),
-        st: SimState {
-            name: config.name.clone(),
-            recorder: options
-                .record
-                .then(|| Recorder::with_resolution(&config.name, options.record_resolution)),
-            ..SimState::default()
-        },
-    })
+        .reuse(config.reuse);
+    let st = SimState {
+        name: config.name.clone(),
+        recorder: options
+            .record
+            .then(|| Recorder::with_resolution(&config.name, options.record_resolution)),
+        ..SimState::default()
+    };
+    match config.packing {
+        None => Box::new(PoolSim {
+            pool: builder.build(),
+            live: HashMap::new(),
+            failed: HashSet::new(),
+            st,
+        }),
+        Some(mut packing) => {
+            if packing.capacity.is_none() {
+                packing.capacity = options.cost.capacity();
+            }
+            Box::new(PoolSim {
+                pool: builder.packing(packing).build(),
+                live: HashMap::new(),
+                failed: HashSet::new(),
+                st,
+            })
+        }
+    }
 }
 
 /// Runs a trace through several configurations at once, on trace time.
@@ -1206,13 +1315,13 @@ impl Replayer {
         self.sims
             .iter_mut()
             .map(|s| {
-                let (stats, seconds) = s.report();
+                let (stats, seconds, hits) = s.report();
                 let st = std::mem::take(s.state());
                 Report {
                     workload: workload.to_owned(),
                     policy: st.name,
                     allocs: st.allocs,
-                    hits: stats.hits,
+                    hits,
                     backing_allocs: stats.backing_allocs,
                     backing_frees: stats.backing_deallocs,
                     evictions: stats.evictions,
