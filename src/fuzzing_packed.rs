@@ -89,18 +89,19 @@ pub const MAX_PACKED_OPS: usize = 512;
 /// One tick of the harness clock: 1 ms.
 const TICK: Duration = Duration::from_millis(1);
 
-/// Packing presets: `(small_threshold, medium_threshold, min_segment,
-/// max_segment, growth, granularity)`. Small numbers, so that a case
-/// carves many blocks from few, small segments.
-pub const PRESETS: [(usize, usize, usize, usize, usize, usize); 8] = [
-    (256, 4096, 2048, 16384, 4, 64),
-    (512, 8192, 4096, 65536, 2, 512),
-    (1000, 3000, 1024, 8192, 1, 256),
-    (0, 4096, 4096, 4096, 4, 512),
-    (256, 256, 1024, 1024, 4, 128),
-    (0, 0, 2048, 2048, 4, 512),
-    (4096, 65536, 2048, 32768, 4, 512),
-    (300, 5000, 1000, 3000, 3, 100),
+/// Packing presets: `(small_threshold, medium_threshold, small_segment,
+/// medium_segment, max_segment, growth, segment_multiple, granularity)`.
+/// Small numbers, so that a case carves many blocks from few, small
+/// segments.
+pub const PRESETS: [(usize, usize, usize, usize, usize, usize, usize, usize); 8] = [
+    (256, 4096, 2048, 8192, 16384, 4, 4, 64),
+    (512, 8192, 4096, 16384, 65536, 2, 4, 512),
+    (1000, 3000, 1024, 4096, 8192, 1, 1, 256),
+    (0, 4096, 4096, 4096, 4096, 4, 1, 512),
+    (256, 256, 1024, 1024, 1024, 4, 4, 128),
+    (0, 0, 2048, 2048, 2048, 4, 4, 512),
+    (4096, 65536, 2048, 8192, 32768, 4, 2, 512),
+    (300, 5000, 1000, 2000, 3000, 3, 3, 100),
 ];
 
 /// Cap fractions (a segment is at most the capacity or limit over this).
@@ -174,13 +175,16 @@ fn pick<T: Copy>(table: &[T], b: u8) -> T {
 /// The packing settings of preset `i` with the cap fraction and device
 /// capacity given.
 pub fn preset(i: u8, cap_fraction: usize, device: Option<usize>) -> Packing {
-    let (small, medium, min_seg, max_seg, growth, granularity) = pick(&PRESETS, i);
+    let (small, medium, small_seg, medium_seg, max_seg, growth, multiple, granularity) =
+        pick(&PRESETS, i);
     let p = Packing::default()
         .small_threshold(small)
         .medium_threshold(medium)
-        .min_segment(min_seg)
+        .small_segment(small_seg)
+        .medium_segment(medium_seg)
         .max_segment(max_seg)
         .growth(growth)
+        .segment_multiple(multiple)
         .granularity(granularity)
         .cap_fraction(cap_fraction);
     match device {

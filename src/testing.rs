@@ -3,18 +3,25 @@
 //! - [`CheckingAllocator`] hands out numbered blocks, records every call,
 //!   and panics on a double free, a foreign block or a wrong size;
 //! - [`FailingAllocator`] wraps another allocator and fails on demand or
-//!   past a byte capacity, so the out-of-memory retry can be exercised.
+//!   past a byte capacity, so the out-of-memory retry can be exercised;
+//! - [`PanickingAllocator`], [`PanickingClock`] and [`PanickingPolicy`]
+//!   wrap an allocator, a clock or an eviction policy and panic on demand,
+//!   each call kind behind its own [`PanicSwitch`] ("panic on call N"), so
+//!   the pool's behaviour under a panic can be exercised.
 //!
-//! Both are shared handles: clones see the same state, so a test keeps a
+//! They are shared handles: clones see the same state, so a test keeps a
 //! clone and gives the pool another, and can still look after the pool is
 //! dropped.
 
 use core::convert::Infallible;
 use core::fmt;
+use core::time::Duration;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use crate::clock::{Clock, ManualClock};
+use crate::policy::{EvictionPolicy, FreeReason, Oldest};
 use crate::raw::RawAllocator;
 
 /// One call a [`CheckingAllocator`] received.
@@ -582,5 +589,421 @@ impl<A: crate::Packable> crate::Packable for FailingAllocator<A> {
 
     fn address(block: &A::Block) -> usize {
         A::address(block)
+    }
+}
+
+/// A shared "panic on call N" switch for the panicking test doubles.
+///
+/// Every call the double routes through the switch is counted; once armed
+/// with [`panic_on(n)`](Self::panic_on), the `n`-th call from then on panics
+/// (once: the switch disarms itself as it fires). Clones share the switch,
+/// so a test keeps one and arms it while the pool owns the double.
+///
+/// The panic payload is a `String` that starts with
+/// [`PanicSwitch::MESSAGE`].
+///
+/// # Examples
+///
+/// ```
+/// use decaying_pool::testing::PanicSwitch;
+/// let switch = PanicSwitch::new();
+/// switch.hit(); // not armed: counted, no panic
+/// switch.panic_on(2);
+/// switch.hit();
+/// assert!(std::panic::catch_unwind(|| switch.hit()).is_err());
+/// switch.hit(); // fired once, disarmed
+/// assert_eq!((switch.calls(), switch.fired()), (4, 1));
+/// ```
+#[derive(Clone, Debug, Default)]
+pub struct PanicSwitch {
+    state: Arc<SwitchState>,
+}
+
+#[derive(Debug, Default)]
+struct SwitchState {
+    calls: AtomicU64,
+    /// Calls left before the panic, counting the one that panics; 0: disarmed.
+    countdown: AtomicU64,
+    fired: AtomicU64,
+}
+
+impl PanicSwitch {
+    /// How every injected panic's message starts.
+    pub const MESSAGE: &'static str = "PanicSwitch: injected panic";
+
+    /// A disarmed switch.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// assert_eq!(decaying_pool::testing::PanicSwitch::new().calls(), 0);
+    /// ```
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Arms the switch: the `n`-th call from now panics (`1`: the next one);
+    /// `0` disarms it.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use decaying_pool::testing::PanicSwitch;
+    /// let s = PanicSwitch::new();
+    /// s.panic_on(1);
+    /// s.panic_on(0);
+    /// s.hit(); // disarmed
+    /// ```
+    pub fn panic_on(&self, n: u64) {
+        self.state.countdown.store(n, Ordering::SeqCst);
+    }
+
+    /// Calls counted so far (the panicking ones included).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let s = decaying_pool::testing::PanicSwitch::new();
+    /// s.hit();
+    /// assert_eq!(s.calls(), 1);
+    /// ```
+    pub fn calls(&self) -> u64 {
+        self.state.calls.load(Ordering::SeqCst)
+    }
+
+    /// Panics injected so far.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// assert_eq!(decaying_pool::testing::PanicSwitch::new().fired(), 0);
+    /// ```
+    pub fn fired(&self) -> u64 {
+        self.state.fired.load(Ordering::SeqCst)
+    }
+
+    /// Counts a call, and panics if it is the one the switch is armed for.
+    ///
+    /// # Panics
+    ///
+    /// On the call the switch was armed for, with a message starting with
+    /// [`PanicSwitch::MESSAGE`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let s = decaying_pool::testing::PanicSwitch::new();
+    /// s.panic_on(1);
+    /// assert!(std::panic::catch_unwind(|| s.hit()).is_err());
+    /// ```
+    #[track_caller]
+    pub fn hit(&self) {
+        let call = self.state.calls.fetch_add(1, Ordering::SeqCst) + 1;
+        let fire = self
+            .state
+            .countdown
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            == Ok(1);
+        if fire {
+            self.state.fired.fetch_add(1, Ordering::SeqCst);
+            panic!("{} (call {call})", Self::MESSAGE);
+        }
+    }
+}
+
+/// Wraps an allocator; panics on demand in `allocate` or `deallocate`.
+///
+/// Both panic *before* calling the inner allocator: a panicking
+/// `allocate` allocates nothing, and the block of a panicking `deallocate`
+/// stays live in the inner allocator (so a [`CheckingAllocator`] inside
+/// shows which blocks were given back). Clones share the inner allocator's
+/// state (when it is a shared handle) and the switches.
+///
+/// # Examples
+///
+/// ```
+/// use decaying_pool::testing::{CheckingAllocator, PanickingAllocator};
+/// use decaying_pool::RawAllocator;
+/// let mut a = PanickingAllocator::new(CheckingAllocator::new());
+/// a.on_allocate().panic_on(1);
+/// assert!(std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| a.allocate(8))).is_err());
+/// assert_eq!(a.inner().allocs(), 0);
+/// let b = a.allocate(8).unwrap();
+/// unsafe { a.deallocate(b, 8) };
+/// assert_eq!(a.on_deallocate().calls(), 1);
+/// ```
+#[derive(Clone, Debug, Default)]
+pub struct PanickingAllocator<A = CheckingAllocator> {
+    inner: A,
+    on_allocate: PanicSwitch,
+    on_deallocate: PanicSwitch,
+}
+
+impl<A> PanickingAllocator<A> {
+    /// Wraps `inner`, with both switches disarmed.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use decaying_pool::testing::{CheckingAllocator, PanickingAllocator};
+    /// let a = PanickingAllocator::new(CheckingAllocator::new());
+    /// assert_eq!(a.on_allocate().calls(), 0);
+    /// ```
+    pub fn new(inner: A) -> Self {
+        PanickingAllocator {
+            inner,
+            on_allocate: PanicSwitch::new(),
+            on_deallocate: PanicSwitch::new(),
+        }
+    }
+
+    /// The wrapped allocator.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use decaying_pool::testing::{CheckingAllocator, PanickingAllocator};
+    /// assert_eq!(PanickingAllocator::new(CheckingAllocator::new()).inner().live(), 0);
+    /// ```
+    pub fn inner(&self) -> &A {
+        &self.inner
+    }
+
+    /// The switch `allocate` goes through.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use decaying_pool::testing::{CheckingAllocator, PanickingAllocator};
+    /// PanickingAllocator::new(CheckingAllocator::new()).on_allocate().panic_on(1);
+    /// ```
+    pub fn on_allocate(&self) -> &PanicSwitch {
+        &self.on_allocate
+    }
+
+    /// The switch `deallocate` goes through.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use decaying_pool::testing::{CheckingAllocator, PanickingAllocator};
+    /// PanickingAllocator::new(CheckingAllocator::new()).on_deallocate().panic_on(1);
+    /// ```
+    pub fn on_deallocate(&self) -> &PanicSwitch {
+        &self.on_deallocate
+    }
+}
+
+impl<A: RawAllocator> RawAllocator for PanickingAllocator<A> {
+    type Block = A::Block;
+    type Error = A::Error;
+
+    /// # Panics
+    ///
+    /// When [`on_allocate`](PanickingAllocator::on_allocate) fires, before
+    /// allocating.
+    fn allocate(&mut self, size: usize) -> Result<A::Block, A::Error> {
+        self.on_allocate.hit();
+        self.inner.allocate(size)
+    }
+
+    /// # Panics
+    ///
+    /// When [`on_deallocate`](PanickingAllocator::on_deallocate) fires,
+    /// before deallocating (the block stays live in the inner allocator).
+    unsafe fn deallocate(&mut self, block: A::Block, size: usize) {
+        self.on_deallocate.hit();
+        // SAFETY: the caller upholds the contract for the same block and
+        // size, passed through unchanged from the inner allocator.
+        unsafe { self.inner.deallocate(block, size) }
+    }
+}
+
+/// Wraps a clock (a [`ManualClock`] by default); every read goes through a
+/// [`PanicSwitch`]. Clones share the inner clock (when it is a shared
+/// handle) and the switch.
+///
+/// # Examples
+///
+/// ```
+/// use decaying_pool::testing::PanickingClock;
+/// use decaying_pool::{Clock, ManualClock};
+/// let clock = PanickingClock::new(ManualClock::new());
+/// clock.switch().panic_on(1);
+/// assert!(std::panic::catch_unwind(|| clock.now()).is_err());
+/// assert_eq!(clock.now(), core::time::Duration::ZERO);
+/// ```
+#[derive(Clone, Debug, Default)]
+pub struct PanickingClock<C = ManualClock> {
+    inner: C,
+    switch: PanicSwitch,
+}
+
+impl<C> PanickingClock<C> {
+    /// Wraps `inner`, with the switch disarmed.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use decaying_pool::{testing::PanickingClock, ManualClock};
+    /// let c = PanickingClock::new(ManualClock::new());
+    /// assert_eq!(c.switch().calls(), 0);
+    /// ```
+    pub fn new(inner: C) -> Self {
+        PanickingClock {
+            inner,
+            switch: PanicSwitch::new(),
+        }
+    }
+
+    /// The wrapped clock.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use decaying_pool::{testing::PanickingClock, Clock, ManualClock};
+    /// assert_eq!(PanickingClock::new(ManualClock::new()).inner().now(), core::time::Duration::ZERO);
+    /// ```
+    pub fn inner(&self) -> &C {
+        &self.inner
+    }
+
+    /// The switch every read goes through.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use decaying_pool::{testing::PanickingClock, ManualClock};
+    /// PanickingClock::new(ManualClock::new()).switch().panic_on(3);
+    /// ```
+    pub fn switch(&self) -> &PanicSwitch {
+        &self.switch
+    }
+}
+
+impl<C: Clock> Clock for PanickingClock<C> {
+    /// # Panics
+    ///
+    /// When the switch fires.
+    fn now(&self) -> Duration {
+        self.switch.hit();
+        self.inner.now()
+    }
+
+    /// # Panics
+    ///
+    /// When the switch fires.
+    fn now_nanos(&self) -> u64 {
+        self.switch.hit();
+        self.inner.now_nanos()
+    }
+}
+
+/// The switches of a [`PanickingPolicy`], one per [`EvictionPolicy`] call.
+///
+/// # Examples
+///
+/// ```
+/// use decaying_pool::testing::{PanickingPolicy, PolicySwitches};
+/// use decaying_pool::FixedTime;
+/// let policy = PanickingPolicy::new(FixedTime::default());
+/// let switches: PolicySwitches = policy.switches();
+/// switches.on_free.panic_on(1);
+/// ```
+#[derive(Clone, Debug, Default)]
+pub struct PolicySwitches {
+    /// [`EvictionPolicy::on_release`].
+    pub on_release: PanicSwitch,
+    /// [`EvictionPolicy::on_hit`].
+    pub on_hit: PanicSwitch,
+    /// [`EvictionPolicy::on_free`].
+    pub on_free: PanicSwitch,
+    /// [`EvictionPolicy::must_evict`].
+    pub must_evict: PanicSwitch,
+    /// [`EvictionPolicy::deadline`].
+    pub deadline: PanicSwitch,
+}
+
+/// Wraps an eviction policy; every call goes through its own
+/// [`PanicSwitch`] (see [`PolicySwitches`]) before reaching the inner
+/// policy. Clones share the switches, not the inner policy's state.
+///
+/// # Examples
+///
+/// ```
+/// use core::time::Duration;
+/// use decaying_pool::testing::{CheckingAllocator, PanickingPolicy};
+/// use decaying_pool::{DecayingPool, FixedTime, ManualClock};
+/// let policy = PanickingPolicy::new(FixedTime::new(Duration::from_secs(1)));
+/// let switches = policy.switches();
+/// let mut pool = DecayingPool::builder(CheckingAllocator::new())
+///     .policy(policy)
+///     .clock(ManualClock::new())
+///     .build();
+/// let b = pool.allocate(8).unwrap();
+/// unsafe { pool.release(b, 8) };
+/// assert_eq!(switches.on_release.calls(), 1);
+/// ```
+#[derive(Clone, Debug, Default)]
+pub struct PanickingPolicy<P> {
+    inner: P,
+    switches: PolicySwitches,
+}
+
+impl<P> PanickingPolicy<P> {
+    /// Wraps `inner`, with every switch disarmed.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use decaying_pool::{testing::PanickingPolicy, FixedTime};
+    /// let p = PanickingPolicy::new(FixedTime::default());
+    /// assert_eq!(p.switches().must_evict.calls(), 0);
+    /// ```
+    pub fn new(inner: P) -> Self {
+        PanickingPolicy {
+            inner,
+            switches: PolicySwitches::default(),
+        }
+    }
+
+    /// The switches (shared: arm them after the pool took the policy).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use decaying_pool::{testing::PanickingPolicy, FixedTime};
+    /// let p = PanickingPolicy::new(FixedTime::default());
+    /// p.switches().deadline.panic_on(1);
+    /// ```
+    pub fn switches(&self) -> PolicySwitches {
+        self.switches.clone()
+    }
+}
+
+impl<P: EvictionPolicy> EvictionPolicy for PanickingPolicy<P> {
+    fn on_release(&mut self, now: Duration, size: usize, bytes_cached: usize) {
+        self.switches.on_release.hit();
+        self.inner.on_release(now, size, bytes_cached);
+    }
+
+    fn on_hit(&mut self, now: Duration, size: usize, before: usize, after: usize) {
+        self.switches.on_hit.hit();
+        self.inner.on_hit(now, size, before, after);
+    }
+
+    fn on_free(&mut self, now: Duration, size: usize, after: usize, reason: FreeReason) {
+        self.switches.on_free.hit();
+        self.inner.on_free(now, size, after, reason);
+    }
+
+    fn must_evict(&mut self, now: Duration, oldest: Oldest, bytes_cached: usize) -> bool {
+        self.switches.must_evict.hit();
+        self.inner.must_evict(now, oldest, bytes_cached)
+    }
+
+    fn deadline(&self, oldest: Oldest) -> Option<Duration> {
+        self.switches.deadline.hit();
+        self.inner.deadline(oldest)
     }
 }

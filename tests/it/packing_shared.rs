@@ -19,7 +19,8 @@ fn packing() -> Packing {
     Packing::default()
         .small_threshold(1024)
         .medium_threshold(16 << 10)
-        .min_segment(8 << 10)
+        .small_segment(8 << 10)
+        .medium_segment(32 << 10)
         .max_segment(64 << 10)
         .granularity(64)
 }
