@@ -89,11 +89,15 @@ pub const MAX_PACKED_OPS: usize = 512;
 /// One tick of the harness clock: 1 ms.
 const TICK: Duration = Duration::from_millis(1);
 
+/// A packing preset: `(small_threshold, medium_threshold, small_segment,
+/// medium_segment, max_segment, growth, segment_multiple, granularity)`.
+pub type Preset = (usize, usize, usize, usize, usize, usize, usize, usize);
+
 /// Packing presets: `(small_threshold, medium_threshold, small_segment,
 /// medium_segment, max_segment, growth, segment_multiple, granularity)`.
 /// Small numbers, so that a case carves many blocks from few, small
 /// segments.
-pub const PRESETS: [(usize, usize, usize, usize, usize, usize, usize, usize); 8] = [
+pub const PRESETS: [Preset; 8] = [
     (256, 4096, 2048, 8192, 16384, 4, 4, 64),
     (512, 8192, 4096, 16384, 65536, 2, 4, 512),
     (1000, 3000, 1024, 4096, 8192, 1, 1, 256),
@@ -437,7 +441,7 @@ struct Held {
 
 /// The pool under test: a `PackedPool`, or a `SharedPool` holding one.
 enum Subject {
-    Plain(Packed),
+    Plain(Box<Packed>),
     Shared(Shared),
 }
 
@@ -865,7 +869,7 @@ pub fn run_packed(input: &PackedInput) -> PackedSummary {
     let subject = if cfg.shared {
         Subject::Shared(SharedPool::packed(pool))
     } else {
-        Subject::Plain(pool)
+        Subject::Plain(Box::new(pool))
     };
     let mut h = Harness {
         subject: ManuallyDrop::new(subject),

@@ -151,8 +151,11 @@ struct Inner<A: RawAllocator, P: Policy, C: Clock> {
     cache: Mutex<Option<Cache<A::Block, P, C>>>,
     alloc: Mutex<Option<A>>,
     /// A pool from [`SharedPool::packed`]: every call goes to it.
-    packed: Option<Mutex<Box<dyn PackedLayer<A, P, C>>>>,
+    packed: Option<Layer<A, P, C>>,
 }
+
+/// The packing layer of a packed pool, behind its lock.
+type Layer<A, P, C> = Mutex<Box<dyn PackedLayer<A, P, C>>>;
 
 /// A [`PackedPool`] seen from a [`SharedPool`], whose allocator type need
 /// not be [`Packable`]: the calls a packed `SharedPool` forwards to it.
@@ -482,6 +485,12 @@ impl<A: RawAllocator, P: Policy, C: Clock> SharedPool<A, P, C> {
     /// Every other thread using the pool waits until `f` returns. Using
     /// this pool inside `f` through a handle (or dropping a [`Pooled`] of
     /// it) deadlocks.
+    ///
+    /// # Panics
+    ///
+    /// When `f` panics (the lock is recovered by the next call). The
+    /// packing layer a `SharedPool<A, P, C>` holds is always a
+    /// `PackedPool<A, P, C>`, so the downcast to it cannot fail.
     ///
     /// # Examples
     ///
