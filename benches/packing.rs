@@ -169,7 +169,8 @@ fn round_trip(c: &mut Criterion) {
             .map(|&s| s.div_ceil(granularity) as u32)
             .collect();
         let total: u32 = units.iter().take(64).sum::<u32>() * 4;
-        let mut sub: offset_allocator::Allocator = offset_allocator::Allocator::new(total.max(1 << 16));
+        let mut sub: offset_allocator::Allocator =
+            offset_allocator::Allocator::new(total.max(1 << 16));
         let keep: Vec<_> = units
             .iter()
             .take(64)

@@ -8,6 +8,12 @@
 //! cache lock and deallocates them after releasing it, so a slow backing
 //! call never holds up other threads' hits.
 
+use core::any::Any;
+use core::cell::Cell;
+use core::mem::ManuallyDrop;
+use core::ptr;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
 use crate::class::SizeClass;
 use crate::clock::Clock;
 use crate::error::PoolError;
@@ -239,6 +245,41 @@ impl<B, P: Policy, C: Clock> Cache<B, P, C> {
         self.pending -= class;
     }
 
+    /// A whole release: reads the clock, runs the policy, then caches
+    /// `block` ([`Cache::release`]).
+    ///
+    /// The block is never lost to a panic: if the clock panics, the block
+    /// is counted as trimmed and handed to `free` (the pool knows no time
+    /// to cache it at); if the policy or `free` panics during the policy
+    /// run, the block is cached at the time read. Then the panic goes on.
+    /// A second panic while doing so is discarded (the first is already
+    /// unwinding). A guard does this on unwinding only: nothing is paid
+    /// when nothing panics.
+    ///
+    /// # Panics
+    ///
+    /// As [`Cache::release`], and when the clock, the policy or `free`
+    /// panics.
+    #[inline(always)]
+    pub(crate) fn release_now<F: FnMut(B, usize) + ?Sized>(
+        &mut self,
+        block: B,
+        size: usize,
+        free: &mut F,
+    ) {
+        let mut guard = Releasing {
+            cache: self,
+            free,
+            block: ManuallyDrop::new(block),
+            size,
+            now: None,
+        };
+        let now = guard.cache.now();
+        guard.now = Some(now);
+        guard.cache.run_policy(now, &mut *guard.free);
+        guard.finish(now);
+    }
+
     /// Counts a block of `size` requested bytes out of use and caches it;
     /// frees whatever the store displaces to make room.
     ///
@@ -263,6 +304,61 @@ impl<B, P: Policy, C: Clock> Cache<B, P, C> {
         };
         if let Some((block, class)) = self.store.put(block, class, now) {
             self.stats.evictions += 1;
+            self.stats.backing_deallocs += 1;
+            self.stats.bytes_reserved -= class;
+            free(block, class);
+        }
+    }
+
+    /// Where a release that unwinds before caching leaves its block: cached
+    /// at `now` when the release read the time, else counted as trimmed
+    /// and handed to `free`. A panic on the way is discarded: the caller is
+    /// already unwinding.
+    #[cold]
+    #[inline(never)]
+    fn rescue<F: FnMut(B, usize) + ?Sized>(
+        &mut self,
+        block: B,
+        size: usize,
+        now: Option<u64>,
+        free: &mut F,
+    ) {
+        let _ = catch_unwind(AssertUnwindSafe(|| match now {
+            Some(now) => self.release(block, size, now, free),
+            None => {
+                let class = match self.round(size) {
+                    Some(class) if self.bytes_in_use() >= class => class,
+                    // Not a block of this pool: nothing to count or free.
+                    _ => return,
+                };
+                self.stats.trimmed += 1;
+                self.stats.backing_deallocs += 1;
+                self.stats.bytes_reserved -= class;
+                free(block, class);
+            }
+        }));
+    }
+
+    /// Frees every cached block, for dropping the pool: like
+    /// [`Cache::trim_all`], but a panic from the clock or the policy stops
+    /// neither: the blocks left are then freed without telling the policy.
+    /// Such a panic is kept in `first`; `free` must not unwind (the caller
+    /// catches the backing allocator's panics there, into `first` too).
+    pub(crate) fn free_all(
+        &mut self,
+        first: &FirstPanic,
+        free: &mut (impl FnMut(B, usize) + ?Sized),
+    ) {
+        match catch_unwind(AssertUnwindSafe(|| self.now())) {
+            Ok(now) => {
+                if let Err(panic) = catch_unwind(AssertUnwindSafe(|| self.trim_all(now, free))) {
+                    first.keep(panic);
+                }
+            }
+            Err(panic) => first.keep(panic),
+        }
+        while let Some((block, class)) = self.store.pop_untold() {
+            self.stats.trimmed += 1;
             self.stats.backing_deallocs += 1;
             self.stats.bytes_reserved -= class;
             free(block, class);
@@ -357,6 +453,65 @@ impl<B, P: Policy, C: Clock> Cache<B, P, C> {
             s.bytes_in_use == 0,
             "blocks and bytes in use"
         );
+    }
+}
+
+/// The first of the panics caught while going on regardless (dropping a
+/// pool), to pass on once done.
+#[derive(Default)]
+pub(crate) struct FirstPanic(Cell<Option<Box<dyn Any + Send>>>);
+
+impl FirstPanic {
+    /// Keeps `panic` if it is the first; a later one is discarded.
+    pub(crate) fn keep(&self, panic: Box<dyn Any + Send>) {
+        let first = self.0.take().unwrap_or(panic);
+        self.0.set(Some(first));
+    }
+
+    /// The first panic kept, if any.
+    pub(crate) fn into_inner(self) -> Option<Box<dyn Any + Send>> {
+        self.0.into_inner()
+    }
+}
+
+/// A block being released, held until it is cached; see
+/// [`Cache::release_now`]. Dropped only when the release unwinds.
+struct Releasing<'a, B, P: Policy, C: Clock, F: FnMut(B, usize) + ?Sized> {
+    cache: &'a mut Cache<B, P, C>,
+    free: &'a mut F,
+    block: ManuallyDrop<B>,
+    size: usize,
+    /// The time the release read, once it has.
+    now: Option<u64>,
+}
+
+impl<B, P: Policy, C: Clock, F: FnMut(B, usize) + ?Sized> Releasing<'_, B, P, C, F> {
+    /// Caches the block at `now`; the guard is spent.
+    #[inline(always)]
+    fn finish(self, now: u64) {
+        let mut this = ManuallyDrop::new(self);
+        // SAFETY: `this` is never dropped nor used again, so the block and
+        // the two references are each moved out exactly once.
+        let (cache, free, block) = unsafe {
+            (
+                ptr::read(&this.cache),
+                ptr::read(&this.free),
+                ManuallyDrop::take(&mut this.block),
+            )
+        };
+        cache.release(block, this.size, now, free);
+    }
+}
+
+impl<B, P: Policy, C: Clock, F: FnMut(B, usize) + ?Sized> Drop for Releasing<'_, B, P, C, F> {
+    // Inlined into the landing pads, so the guard's fields stay in
+    // registers on the path that does not unwind; `rescue` is the cold call.
+    #[inline(always)]
+    fn drop(&mut self) {
+        // SAFETY: `drop` runs once (`finish` forgets the guard instead), and
+        // `self.block` is not used afterwards.
+        let block = unsafe { ManuallyDrop::take(&mut self.block) };
+        self.cache.rescue(block, self.size, self.now, self.free);
     }
 }
 

@@ -81,5 +81,5 @@ pub use packing::{Packable, PackedBuilder, PackedPool, Packing, PackingStats, Pa
 pub use policy::{EvictionPolicy, Exponential, FixedCapacity, FixedTime, Policy, Reuse};
 pub use pool::{Builder, DecayingPool};
 pub use raw::{RawAllocator, SendBlock};
-pub use shared::{Pooled, Reaper, SharedPool};
+pub use shared::{LockedPool, Pooled, Reaper, SharedPool};
 pub use stats::Stats;

@@ -417,7 +417,11 @@ impl EvictionPolicy for Exponential {
 /// window.
 ///
 /// The table is one open-addressing array of `slots` entries, allocated
-/// when the pool is built. A class hashes to a home slot; its blocks live
+/// when the pool is built. It has at most [`FixedCapacity::MAX_SLOTS`]
+/// entries ([`new`](Self::new) clamps, [`try_new`](Self::try_new)
+/// refuses), and building a pool never aborts for want of memory: if the
+/// table cannot be allocated, the pool gets the largest of `slots / 2`,
+/// `slots / 4`, … that can be (down to none, which caches nothing). A class hashes to a home slot; its blocks live
 /// in the window of up to [`FixedCapacity::WINDOW`] slots from there.
 /// Lookups always scan the whole window, so a hit simply empties its entry
 /// (no tombstones, no backward shift), and every operation is O(1) in the
@@ -448,15 +452,50 @@ impl FixedCapacity {
     /// slots of its home slot.
     pub const WINDOW: usize = 8;
 
-    /// A table of `slots` entries.
+    /// The most entries a table may have: 2^20 (1,048,576), a table of
+    /// tens of MiB. A fixed table this large would hold a million idle
+    /// blocks of a costly allocator; a timed policy suits such a cache
+    /// better.
+    pub const MAX_SLOTS: usize = 1 << 20;
+
+    /// A table of `slots` entries, at most [`FixedCapacity::MAX_SLOTS`]
+    /// (a larger `slots` is clamped to it).
     ///
     /// # Examples
     ///
     /// ```
-    /// assert_eq!(decaying_pool::FixedCapacity::new(64).slots(), 64);
+    /// use decaying_pool::FixedCapacity;
+    /// assert_eq!(FixedCapacity::new(64).slots(), 64);
+    /// assert_eq!(FixedCapacity::new(1 << 40).slots(), FixedCapacity::MAX_SLOTS);
     /// ```
     pub const fn new(slots: usize) -> Self {
+        let slots = if slots > Self::MAX_SLOTS {
+            Self::MAX_SLOTS
+        } else {
+            slots
+        };
         FixedCapacity { slots }
+    }
+
+    /// A table of `slots` entries.
+    ///
+    /// # Errors
+    ///
+    /// [`TooManySlots`] when `slots` exceeds [`FixedCapacity::MAX_SLOTS`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use decaying_pool::{policy::TooManySlots, FixedCapacity};
+    /// assert_eq!(FixedCapacity::try_new(64).map(|p| p.slots()), Ok(64));
+    /// assert_eq!(FixedCapacity::try_new(1 << 40), Err(TooManySlots { requested: 1 << 40 }));
+    /// ```
+    pub const fn try_new(slots: usize) -> Result<Self, TooManySlots> {
+        if slots > Self::MAX_SLOTS {
+            Err(TooManySlots { requested: slots })
+        } else {
+            Ok(FixedCapacity { slots })
+        }
     }
 
     /// The number of entries in the table.
@@ -470,6 +509,36 @@ impl FixedCapacity {
         self.slots
     }
 }
+
+/// Why [`FixedCapacity::try_new`] refused: more slots than
+/// [`FixedCapacity::MAX_SLOTS`].
+///
+/// # Examples
+///
+/// ```
+/// use decaying_pool::FixedCapacity;
+/// let err = FixedCapacity::try_new(usize::MAX).unwrap_err();
+/// assert_eq!(err.requested, usize::MAX);
+/// assert!(err.to_string().contains("at most"));
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct TooManySlots {
+    /// The slot count asked for.
+    pub requested: usize,
+}
+
+impl core::fmt::Display for TooManySlots {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        write!(
+            f,
+            "a FixedCapacity table of {} slots: at most {} are allowed",
+            self.requested,
+            FixedCapacity::MAX_SLOTS
+        )
+    }
+}
+
+impl std::error::Error for TooManySlots {}
 
 mod sealed {
     pub trait Sealed {}

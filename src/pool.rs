@@ -1,8 +1,9 @@
 //! The pool: a cache of idle blocks in front of a costly allocator.
 
 use core::fmt;
+use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
 
-use crate::cache::{Cache, Retry};
+use crate::cache::{Cache, FirstPanic, Retry};
 use crate::class::SizeClass;
 use crate::clock::{Clock, MonotonicClock};
 use crate::error::PoolError;
@@ -24,6 +25,22 @@ use crate::stats::Stats;
 /// `deallocate`, exactly once. Blocks still handed out when the pool drops
 /// are not freed (the pool no longer exists to take them back): release
 /// every block before dropping the pool.
+///
+/// # Panics inside the pool
+///
+/// The backing allocator, the clock and a user
+/// [`EvictionPolicy`](crate::EvictionPolicy) may panic; the pool passes
+/// the panic on, stays usable, loses no block and keeps its counters and
+/// its limit true:
+///
+/// - a block being released is cached, or given back when the clock
+///   panicked ([`release`](Self::release));
+/// - a miss whose backing `allocate` (or the out-of-memory retry's frees)
+///   panics drops its booking against the limit;
+/// - blocks taken out of the cache are counted as freed when handed to
+///   `deallocate`, whether or not it returns;
+/// - on drop, every cached block is offered to `deallocate` even when one
+///   call panics, and no panic aborts the process (see `Drop`).
 ///
 /// # Examples
 ///
@@ -252,6 +269,12 @@ impl<A: RawAllocator, P: Policy, C: Clock> DecayingPool<A, P, C> {
     ///
     /// A failed call hands out nothing and counts neither a hit nor a miss.
     ///
+    /// # Panics
+    ///
+    /// When the clock, the policy or the backing allocator panics; the
+    /// panic is passed on. Nothing is handed out, a miss's booking against
+    /// the limit is dropped, and blocks freed on the way count as freed.
+    ///
     /// # Examples
     ///
     /// ```
@@ -297,6 +320,14 @@ impl<A: RawAllocator, P: Policy, C: Clock> DecayingPool<A, P, C> {
     /// class) or more is released than is in use: both break the safety
     /// contract, and the pool refuses rather than corrupt its cache.
     ///
+    /// When the clock, the policy or the backing `deallocate` (freeing a
+    /// block the policy evicts first) panics. The released block is not
+    /// lost: if the clock panicked, the pool knows no time to cache it at
+    /// and gives it back through the backing `deallocate` (counted in
+    /// `trimmed`); otherwise it is cached at the time read. The counters
+    /// and the limit stay true, and the panic is passed on afterwards (a
+    /// second panic while doing so is discarded).
+    ///
     /// # Examples
     ///
     /// ```
@@ -310,13 +341,10 @@ impl<A: RawAllocator, P: Policy, C: Clock> DecayingPool<A, P, C> {
     #[inline(always)]
     pub unsafe fn release(&mut self, block: A::Block, size: usize) {
         let Self { alloc, cache } = self;
-        let free = &mut |block, class| {
+        cache.release_now(block, size, &mut |block, class| {
             // SAFETY: as in `allocate`.
             unsafe { alloc.deallocate(block, class) }
-        };
-        let now = cache.now();
-        cache.run_policy(now, free);
-        cache.release(block, size, now, free);
+        });
     }
 
     /// Runs the policy now: frees every cached block it says must go.
@@ -500,26 +528,52 @@ impl<A: RawAllocator, P: Policy, C: Clock> DecayingPool<A, P, C> {
         class: usize,
         now: u64,
     ) -> Result<A::Block, PoolError<A::Error>> {
+        /// Drops the miss's booking against the limit if the backing
+        /// allocator, or the retry's frees, panic.
+        struct Booking<'a, B, P: Policy, C: Clock> {
+            cache: &'a mut Cache<B, P, C>,
+            class: usize,
+        }
+        impl<B, P: Policy, C: Clock> Drop for Booking<'_, B, P, C> {
+            fn drop(&mut self) {
+                self.cache.abandon(self.class);
+            }
+        }
+        impl<'a, B, P: Policy, C: Clock> Booking<'a, B, P, C> {
+            /// The booking's outcome is counted: the guard is spent.
+            fn settle(self) -> &'a mut Cache<B, P, C> {
+                let this = core::mem::ManuallyDrop::new(self);
+                // SAFETY: `this` is never dropped nor used again, so the
+                // reference is moved out exactly once.
+                unsafe { core::ptr::read(&this.cache) }
+            }
+        }
+
         let Self { alloc, cache } = self;
         cache.make_room(size, class, now, &mut |block, class| {
             // SAFETY: as in `allocate`.
             unsafe { alloc.deallocate(block, class) }
         })?;
+        let booking = Booking { cache, class };
         let mut attempt = 0;
         loop {
             let err = match alloc.allocate(class) {
                 Ok(block) => {
-                    cache.miss_done(class);
+                    booking.settle().miss_done(class);
                     return Ok(block);
                 }
                 Err(e) => e,
             };
             attempt += 1;
-            let retry = cache.after_failure(attempt, class, now, &mut |block, class| {
-                // SAFETY: as in `allocate`.
-                unsafe { alloc.deallocate(block, class) }
-            });
+            let retry = booking
+                .cache
+                .after_failure(attempt, class, now, &mut |block, class| {
+                    // SAFETY: as in `allocate`.
+                    unsafe { alloc.deallocate(block, class) }
+                });
             if retry == Retry::GiveUp {
+                // `after_failure` dropped the booking.
+                booking.settle();
                 return Err(PoolError::Backing(err));
             }
         }
@@ -541,8 +595,30 @@ impl<A: RawAllocator, P: Policy, C: Clock> DecayingPool<A, P, C> {
 }
 
 impl<A: RawAllocator, P: Policy, C: Clock> Drop for DecayingPool<A, P, C> {
+    /// Gives every cached block back through the backing `deallocate`.
+    ///
+    /// Every block is offered even when a `deallocate`, the clock or the
+    /// policy panics (after such a panic the policy is no longer told of
+    /// the frees). The first panic is then passed on, unless the thread is
+    /// already unwinding: then every panic is discarded rather than abort
+    /// the process.
     fn drop(&mut self) {
-        self.trim();
+        let Self { alloc, cache } = self;
+        let first = FirstPanic::default();
+        cache.free_all(&first, &mut |block, class| {
+            // SAFETY: as in `allocate`.
+            let r = catch_unwind(AssertUnwindSafe(|| unsafe {
+                alloc.deallocate(block, class)
+            }));
+            if let Err(panic) = r {
+                first.keep(panic);
+            }
+        });
+        if let Some(panic) = first.into_inner() {
+            if !std::thread::panicking() {
+                resume_unwind(panic);
+            }
+        }
     }
 }
 

@@ -69,7 +69,7 @@ use crate::stats::Stats;
 ///
 /// # Panics inside the pool
 ///
-/// A panic inside the backing allocator, a user
+/// A panic inside the backing allocator, the clock, a user
 /// [`EvictionPolicy`](crate::EvictionPolicy) or a closure passed to
 /// [`SharedPool::with`] does not make the pool unusable or lose blocks:
 ///
@@ -83,9 +83,16 @@ use crate::stats::Stats;
 /// - a miss whose backing `allocate` panics drops its booking against the
 ///   limit;
 /// - a releasing [`Pooled`] caches its block even when the policy run that
-///   precedes the release panics (the panic is passed on after the block is
-///   cached); when its thread is already unwinding, a panic from the pool
-///   is caught and discarded rather than abort the process.
+///   precedes the release panics, or a `deallocate` of a block that run
+///   evicts (the panic is passed on after the block is cached); when the
+///   clock panics, the block goes back through the backing `deallocate`
+///   instead (counted in `trimmed`), so it never stays counted in use or
+///   against the limit; when its thread is already unwinding, a panic
+///   from the pool is caught and discarded rather than abort the process;
+/// - dropping the pool (the last handle and the last `Pooled`) offers every
+///   cached block to `deallocate` even when one call, the clock or the
+///   policy panics, and passes the first panic on, unless the thread is
+///   already unwinding (then it is discarded: no abort).
 ///
 /// # Examples
 ///
@@ -346,8 +353,8 @@ impl<A: RawAllocator, P: Policy, C: Clock> Inner<A, P, C> {
         }
     }
 
-    /// Runs the policy, then caches `block`; the block is cached even when
-    /// the policy run panics (the panic is passed on afterwards).
+    /// Runs the policy, then caches `block`; a panic of the clock, the
+    /// policy or a `deallocate` loses no block ([`DecayingPool::release`]).
     fn release(&self, block: A::Block, size: usize) {
         if let Some(layer) = &self.packed {
             // SAFETY: `block` came from this pool's `allocate(size)` and is
@@ -355,15 +362,7 @@ impl<A: RawAllocator, P: Policy, C: Clock> Inner<A, P, C> {
             unsafe { recover(layer.lock()).release(block, size) };
             return;
         }
-        let ran = self.cache_then_free(|cache, free| {
-            let now = cache.now();
-            let ran = catch_unwind(AssertUnwindSafe(|| cache.run_policy(now, &mut *free)));
-            cache.release(block, size, now, free);
-            ran
-        });
-        if let Err(panic) = ran {
-            resume_unwind(panic);
-        }
+        self.cache_then_free(|cache, free| cache.release_now(block, size, free));
     }
 
     fn collect(&self) -> usize {
@@ -642,6 +641,12 @@ impl<A: RawAllocator, P: Policy, C: Clock> SharedPool<A, P, C> {
     /// handle does not offer directly (the limit, the size classes, the
     /// backing allocator, a raw `allocate`/`release`).
     ///
+    /// `f` gets a [`LockedPool`]: the pool's read-only getters (through
+    /// `Deref` to `&DecayingPool`) and the operations that keep the pool in
+    /// place, but no `&mut DecayingPool`. With one, safe code could swap
+    /// another pool in (`mem::replace`), and every live [`Pooled`] would
+    /// then go back to, and be freed by, the wrong allocator.
+    ///
     /// Every other thread using the pool waits until `f` returns, so keep
     /// it short.
     ///
@@ -665,8 +670,14 @@ impl<A: RawAllocator, P: Policy, C: Clock> SharedPool<A, P, C> {
     /// );
     /// assert_eq!(pool.with(|p| p.limit()), Some(1 << 20));
     /// assert_eq!(pool.with(|p| p.allocator().allocs()), 0);
+    /// // A raw block, outside any `Pooled`:
+    /// let raw = pool.with(|p| p.allocate(64))?;
+    /// // SAFETY: `raw` came from this pool with 64 bytes and is not used again.
+    /// pool.with(|p| unsafe { p.release(raw, 64) });
+    /// assert_eq!(pool.stats().blocks_cached, 1);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
-    pub fn with<R>(&self, f: impl FnOnce(&mut DecayingPool<A, P, C>) -> R) -> R {
+    pub fn with<R>(&self, f: impl FnOnce(&mut LockedPool<'_, A, P, C>) -> R) -> R {
         assert!(
             self.inner.packed.is_none(),
             "SharedPool::with: a packed pool; use `with_packed`"
@@ -677,7 +688,7 @@ impl<A: RawAllocator, P: Policy, C: Clock> SharedPool<A, P, C> {
             panic!("SharedPool::with: the pool is taken apart (re-entered from `with`?)");
         };
         let mut pool = DecayingPool::from_parts(alloc, cache);
-        let result = catch_unwind(AssertUnwindSafe(|| f(&mut pool)));
+        let result = catch_unwind(AssertUnwindSafe(|| f(&mut LockedPool { pool: &mut pool })));
         let (alloc, cache) = pool.into_parts();
         *cache_slot = Some(cache);
         *alloc_slot = Some(alloc);
@@ -810,6 +821,159 @@ where
             None => d.field("stats", &"<locked>"),
         };
         d.finish_non_exhaustive()
+    }
+}
+
+/// The pool inside [`SharedPool::with`], with both locks held.
+///
+/// It derefs to `&DecayingPool` for the read-only getters
+/// ([`stats`](DecayingPool::stats), [`limit`](DecayingPool::limit),
+/// [`class_size`](DecayingPool::class_size),
+/// [`allocator`](DecayingPool::allocator), …) and offers the operations
+/// that keep the pool in place: [`allocate`](Self::allocate),
+/// [`release`](Self::release) (unsafe, as on [`DecayingPool`]),
+/// [`collect`](Self::collect) and [`trim`](Self::trim). It never hands out
+/// `&mut DecayingPool`: safe code must not be able to move the pool out or
+/// another pool in, as the [`Pooled`] blocks of the handle go back to
+/// whatever pool it holds.
+///
+/// # Examples
+///
+/// ```
+/// use decaying_pool::{testing::CheckingAllocator, DecayingPool, FixedTime, SharedPool};
+/// let pool = SharedPool::new(DecayingPool::new(CheckingAllocator::new(), FixedTime::default()));
+/// drop(pool.allocate(100)?);
+/// let (cached, trimmed) = pool.with(|p| (p.stats().bytes_cached, p.trim()));
+/// assert_eq!((cached, trimmed), (100, 100));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+///
+/// The pool cannot be replaced (when `with` handed out `&mut
+/// DecayingPool`, this compiled, and `block` went back to `other`, to be
+/// freed by its allocator):
+///
+/// ```compile_fail,E0596
+/// use decaying_pool::{testing::CheckingAllocator, DecayingPool, FixedTime, SharedPool};
+/// let pool = SharedPool::new(DecayingPool::new(CheckingAllocator::new(), FixedTime::default()));
+/// let block = pool.allocate(3000).unwrap();
+/// let other = DecayingPool::new(CheckingAllocator::new(), FixedTime::default());
+/// let old = pool.with(|p| {
+///     let p: &mut DecayingPool<_, _, _> = &mut *p; // no `DerefMut`
+///     core::mem::replace(p, other)
+/// });
+/// drop(block);
+/// ```
+///
+/// nor swapped with another shared pool's:
+///
+/// ```compile_fail,E0521
+/// use decaying_pool::{testing::CheckingAllocator, DecayingPool, FixedTime, SharedPool};
+/// let a = SharedPool::new(DecayingPool::new(CheckingAllocator::new(), FixedTime::default()));
+/// let b = SharedPool::new(DecayingPool::new(CheckingAllocator::new(), FixedTime::default()));
+/// a.with(|x| b.with(|y| core::mem::swap(x, y)));
+/// ```
+pub struct LockedPool<'a, A: RawAllocator, P: Policy = FixedTime, C: Clock = MonotonicClock> {
+    pool: &'a mut DecayingPool<A, P, C>,
+}
+
+impl<A: RawAllocator, P: Policy, C: Clock> LockedPool<'_, A, P, C> {
+    /// A raw block of at least `size` bytes ([`DecayingPool::allocate`]),
+    /// not wrapped in a [`Pooled`]: give it back with
+    /// [`release`](Self::release) or [`Pooled::from_raw`].
+    ///
+    /// # Errors
+    ///
+    /// As [`DecayingPool::allocate`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, FixedTime, Pooled, SharedPool};
+    /// let pool = SharedPool::new(DecayingPool::new(CheckingAllocator::new(), FixedTime::default()));
+    /// let raw = pool.with(|p| p.allocate(8))?;
+    /// // SAFETY: `raw` came from this pool with 8 bytes, and is given back once.
+    /// drop(unsafe { Pooled::from_raw(&pool, raw, 8) });
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn allocate(&mut self, size: usize) -> Result<A::Block, PoolError<A::Error>> {
+        self.pool.allocate(size)
+    }
+
+    /// Puts a raw block back into the cache ([`DecayingPool::release`]).
+    ///
+    /// # Safety
+    ///
+    /// As [`DecayingPool::release`]: `block` came from this pool (through
+    /// [`allocate`](Self::allocate), or [`Pooled::into_raw`] of a block of
+    /// this pool) with this same `size`; it has not been given back since,
+    /// and is not used after this call.
+    ///
+    /// # Panics
+    ///
+    /// As [`DecayingPool::release`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, FixedTime, SharedPool};
+    /// let pool = SharedPool::new(DecayingPool::new(CheckingAllocator::new(), FixedTime::default()));
+    /// let (block, size) = pool.allocate(8)?.into_raw();
+    /// // SAFETY: `block` came from this pool with `size`, through `into_raw`, once.
+    /// pool.with(|p| unsafe { p.release(block, size) });
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub unsafe fn release(&mut self, block: A::Block, size: usize) {
+        // SAFETY: the caller upholds `DecayingPool::release`'s contract.
+        unsafe { self.pool.release(block, size) }
+    }
+
+    /// Runs the policy now ([`DecayingPool::collect`]).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, FixedTime, SharedPool};
+    /// let pool = SharedPool::new(DecayingPool::new(CheckingAllocator::new(), FixedTime::default()));
+    /// assert_eq!(pool.with(|p| p.collect()), 0);
+    /// ```
+    pub fn collect(&mut self) -> usize {
+        self.pool.collect()
+    }
+
+    /// Frees every cached block ([`DecayingPool::trim`]).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, FixedTime, SharedPool};
+    /// let pool = SharedPool::new(DecayingPool::new(CheckingAllocator::new(), FixedTime::default()));
+    /// drop(pool.allocate(8)?);
+    /// assert_eq!(pool.with(|p| p.trim()), 8);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn trim(&mut self) -> usize {
+        self.pool.trim()
+    }
+}
+
+impl<A: RawAllocator, P: Policy, C: Clock> Deref for LockedPool<'_, A, P, C> {
+    type Target = DecayingPool<A, P, C>;
+
+    /// The pool, read-only.
+    #[inline]
+    fn deref(&self) -> &DecayingPool<A, P, C> {
+        self.pool
+    }
+}
+
+impl<A, P, C> fmt::Debug for LockedPool<'_, A, P, C>
+where
+    A: RawAllocator + fmt::Debug,
+    P: Policy,
+    C: Clock + fmt::Debug,
+{
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("LockedPool").field(&*self.pool).finish()
     }
 }
 
@@ -1018,7 +1182,7 @@ impl<A: RawAllocator, P: Policy, C: Clock> Pooled<A, P, C> {
     /// was requested with. The pool still counts it in use.
     ///
     /// Give it back with [`Pooled::from_raw`] (then drop that), or with
-    /// [`DecayingPool::release`] through [`SharedPool::with`]; a block never
+    /// [`LockedPool::release`] through [`SharedPool::with`]; a block never
     /// given back is never freed.
     ///
     /// # Examples
@@ -1054,10 +1218,11 @@ impl<A: RawAllocator, P: Policy, C: Clock> Pooled<A, P, C> {
     ///
     /// - `block` and `size` are exactly what [`Pooled::into_raw`] returned
     ///   for a `Pooled` of this same pool (`pool`, or a clone of it); a block
-    ///   from [`DecayingPool::allocate`] on this pool, with the `size` passed
-    ///   to it, is fine too;
+    ///   from [`LockedPool::allocate`] on this pool (or from
+    ///   [`DecayingPool::allocate`] on the pool before it was shared), with
+    ///   the `size` passed to it, is fine too;
     /// - the block has not been given back since (by another `from_raw`, or
-    ///   by [`DecayingPool::release`]), and is not used after the returned
+    ///   by [`LockedPool::release`]), and is not used after the returned
     ///   `Pooled` is dropped or given back;
     /// - no other live `Pooled` or other owner still uses the block.
     ///

@@ -40,11 +40,24 @@ pub struct FixedStore<B> {
 }
 
 impl<B> FixedStore<B> {
+    /// A table of `slots` entries (at most `FixedCapacity::MAX_SLOTS`), or
+    /// the largest of `slots / 2`, `slots / 4`, … that can be allocated.
     pub(crate) fn new(slots: usize, reuse: Reuse) -> Self {
-        assert!(slots < NIL as usize, "FixedCapacity of 2^32 or more slots");
+        const { assert!(FixedCapacity::MAX_SLOTS < NIL as usize) };
+        let mut slots = slots.min(FixedCapacity::MAX_SLOTS);
+        let table = loop {
+            let mut table = Vec::new();
+            // Fallible: a table too large for memory is refused here
+            // instead of aborting. Zero slots allocate nothing.
+            if table.try_reserve_exact(slots).is_ok() {
+                table.resize_with(slots, || None);
+                break table.into_boxed_slice();
+            }
+            slots /= 2;
+        };
         FixedStore {
-            table: (0..slots).map(|_| None).collect(),
-            window: slots.min(FixedCapacity::WINDOW),
+            window: table.len().min(FixedCapacity::WINDOW),
+            table,
             reuse,
             next_stamp: 0,
             oldest: NIL,
@@ -189,6 +202,11 @@ impl<B> Store<B> for FixedStore<B> {
             return None;
         }
         Some(self.remove(self.oldest as usize))
+    }
+
+    fn pop_untold(&mut self) -> Option<(B, usize)> {
+        // No policy to tell.
+        self.pop_oldest(0)
     }
 
     #[inline]

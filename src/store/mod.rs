@@ -32,6 +32,10 @@ pub trait Store<B> {
     /// Removes the oldest block whatever the policy says (trim, limit, retry).
     fn pop_oldest(&mut self, now: u64) -> Option<(B, usize)>;
 
+    /// Removes the oldest block without telling the policy: for dropping
+    /// the pool after the policy panicked.
+    fn pop_untold(&mut self) -> Option<(B, usize)>;
+
     /// Cached blocks.
     fn len(&self) -> usize;
 

@@ -11,6 +11,7 @@ mod model;
 mod packing_corpus;
 mod packing_model;
 mod packing_shared;
+mod robustness;
 mod semantics;
 mod shared;
 mod size_class;
