@@ -47,12 +47,12 @@ pub struct Packing {
     pub medium_threshold: usize,
     /// The smallest small segment (default 2 MiB, PyTorch's small segment).
     pub small_segment: usize,
-    /// The smallest medium segment (default 16 MiB; PyTorch's is 20 MiB).
+    /// The smallest medium segment (default 32 MiB; PyTorch's is 20 MiB).
     pub medium_segment: usize,
-    /// The largest segment (default 512 MiB).
+    /// The largest segment (default 256 MiB).
     pub max_segment: usize,
     /// A new segment is at least the bytes already in segments of its kind
-    /// divided by this (default 4; at least 1).
+    /// divided by this (default 8; at least 1).
     pub growth: usize,
     /// A new segment holds at least this many requests of the size that
     /// asks for it (default 4; at least 1).
@@ -74,9 +74,9 @@ impl Default for Packing {
             small_threshold: MIB,
             medium_threshold: 64 * MIB,
             small_segment: 2 * MIB,
-            medium_segment: 16 * MIB,
-            max_segment: 512 * MIB,
-            growth: 4,
+            medium_segment: 32 * MIB,
+            max_segment: 256 * MIB,
+            growth: 8,
             segment_multiple: 4,
             cap_fraction: 32,
             capacity: None,
@@ -197,21 +197,24 @@ impl Packing {
 
     /// The largest segment allowed with this setting over a pool whose
     /// limit is `limit`: `max_segment`, capped at `capacity / cap_fraction`
-    /// (or `limit / cap_fraction` without a capacity).
+    /// (or `limit / cap_fraction` without a capacity) rounded down to a
+    /// power of two (so that segments hold whole numbers of the
+    /// power-of-two sizes tensors come in, rather than strand a tail each).
     ///
     /// # Examples
     ///
     /// ```
     /// use decaying_pool::Packing;
-    /// assert_eq!(Packing::default().segment_cap(None), 512 << 20);
+    /// assert_eq!(Packing::default().segment_cap(None), 256 << 20);
     /// assert_eq!(Packing::default().segment_cap(Some(1 << 30)), 32 << 20);
+    /// assert_eq!(Packing::default().segment_cap(Some(5 << 30)), 128 << 20); // 160 MiB, rounded down
     /// assert_eq!(Packing::default().capacity(2 << 30).segment_cap(Some(1 << 30)), 64 << 20);
     /// ```
     pub fn segment_cap(&self, limit: Option<usize>) -> usize {
         let bound = self
             .capacity
             .or(limit)
-            .map_or(usize::MAX, |c| c / self.cap_fraction.max(1));
+            .map_or(usize::MAX, |c| floor_pow2(c / self.cap_fraction.max(1)));
         self.max_segment.min(bound)
     }
 
@@ -306,5 +309,13 @@ impl FromStr for Packing {
             }
         }
         Ok(p)
+    }
+}
+
+/// The largest power of two at most `x` (0 for 0).
+pub(crate) fn floor_pow2(x: usize) -> usize {
+    match x {
+        0 => 0,
+        _ => 1 << (usize::BITS - 1 - x.leading_zeros()),
     }
 }

@@ -234,7 +234,7 @@ impl<A: Packable, P: Policy, C: Clock> PackedPool<A, P, C> {
         let Ok(units32) = u32::try_from(units) else {
             return self.exact(size, false);
         };
-        if units > self.cap >> self.shift {
+        if self.fitting(units) > self.cap {
             return self.exact(size, false);
         }
         // Bring decay up to date, as every pool call does.
@@ -255,7 +255,13 @@ impl<A: Packable, P: Policy, C: Clock> PackedPool<A, P, C> {
             unreachable!("a listed segment is held")
         };
         let Some(alloc) = seg.carve(units32) else {
-            unreachable!("the segment's largest free range fits the request")
+            // Not expected: a chosen segment's largest free range fits, and
+            // a new segment is sized for the request. Stay correct anyway.
+            debug_assert!(false, "a chosen segment could not serve the request");
+            if seg.live == 0 {
+                self.release_segment(slot);
+            }
+            return self.exact(size, true);
         };
         let offset = (alloc.offset as usize) << self.shift;
         let block = A::carve(&seg.block, offset);
@@ -559,6 +565,25 @@ impl<A: Packable, P: Policy, C: Clock> PackedPool<A, P, C> {
         assert!(self.stats().bytes_in_use >= segment_bytes);
     }
 
+    /// Per segment held: (medium?, bytes, bytes handed out, largest free
+    /// range in bytes, blocks handed out). For diagnostics.
+    #[doc(hidden)]
+    pub fn segments(&self) -> Vec<(bool, usize, usize, usize, u32)> {
+        self.slots
+            .iter()
+            .flatten()
+            .map(|s| {
+                (
+                    s.kind == MEDIUM,
+                    s.bytes,
+                    (s.used as usize) << self.shift,
+                    (s.largest_free() as usize) << self.shift,
+                    s.live,
+                )
+            })
+            .collect()
+    }
+
     #[inline]
     fn units_of(&self, size: usize) -> usize {
         let mask = (1usize << self.shift) - 1;
@@ -597,23 +622,40 @@ impl<A: Packable, P: Policy, C: Clock> PackedPool<A, P, C> {
         best.map(|(_, slot)| slot)
     }
 
+    /// The smallest segment, in bytes, whose sub-allocator serves a
+    /// request of `units` (its bins are a 3-bit-mantissa float: a range is
+    /// filed under the bin its size rounds down to).
+    fn fitting(&self, units: usize) -> usize {
+        let units = u32::try_from(units).unwrap_or(u32::MAX);
+        (offset_allocator::ext::min_allocator_size(units) as usize) << self.shift
+    }
+
     /// The size of a new segment of `kind` for a request of `units`.
     fn segment_size(&self, kind: usize, units: usize) -> usize {
         let p = &self.packing;
-        let need = units << self.shift;
-        let grown = self.kind_bytes[kind] / p.growth.max(1);
-        let several = need.saturating_mul(p.segment_multiple.max(1));
+        let need = self.fitting(units);
+        let held = self.kind_bytes[kind];
+        let grown = held / p.growth.max(1);
+        // Room for a few such requests, as far as the footprint justifies.
+        let several = need.saturating_mul(p.segment_multiple.max(1)).min(held);
         let floor = if kind == SMALL {
             p.small_segment
         } else {
             p.medium_segment
         };
-        let want = floor
-            .max(grown)
-            .max(several)
-            .checked_next_power_of_two()
+        let want = floor.max(need).max(grown).max(several);
+        // Four sizes per power of two: few distinct sizes (cache hits in
+        // the pool), at most 25% over.
+        let want = crate::SizeClass::PowerOfTwoDivisions(4)
+            .round(want)
             .unwrap_or(usize::MAX);
-        want.min(self.cap).max(need) >> self.shift << self.shift
+        // Near a known capacity, segments shrink with the room left, so the
+        // last ones strand little free space.
+        let room = match self.packing.capacity.or(self.pool.limit()) {
+            Some(c) => config::floor_pow2(c.saturating_sub(self.pool.stats().bytes_reserved) / 2),
+            None => usize::MAX,
+        };
+        want.min(self.cap).min(room).max(need) >> self.shift << self.shift
     }
 
     /// A segment size for `units` that the pool likely holds cached (a
@@ -627,7 +669,7 @@ impl<A: Packable, P: Policy, C: Clock> PackedPool<A, P, C> {
             self.freed_mark = freed;
             self.recent.clear();
         }
-        let need = units << self.shift;
+        let need = self.fitting(units);
         let (i, &size) = self
             .recent
             .iter()

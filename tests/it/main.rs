@@ -8,6 +8,7 @@ mod fixed_capacity;
 mod fuzz_corpus;
 mod limit_retry;
 mod model;
+mod packing;
 mod packing_corpus;
 mod packing_model;
 mod packing_shared;
