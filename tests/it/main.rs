@@ -11,6 +11,7 @@ mod model;
 mod packing;
 mod packing_corpus;
 mod packing_model;
+mod packing_robust;
 mod packing_shared;
 mod robustness;
 mod semantics;

@@ -37,7 +37,11 @@ fn small_requests_are_carved_side_by_side_from_one_segment() {
     assert_eq!(alloc.allocs(), 1, "one segment serves all three");
     let seg = a;
     assert_eq!(alloc.size_of(seg), Some(2 * MIB), "a 2 MiB small segment");
-    assert_eq!((b - a, c - b), (512, 1024), "rounded to 512 B, packed in order");
+    assert_eq!(
+        (b - a, c - b),
+        (512, 1024),
+        "rounded to 512 B, packed in order"
+    );
     let s = pool.packing_stats();
     assert_eq!((s.carved, s.segments, s.packed_blocks), (3, 1, 3));
     assert_eq!(s.packed_bytes, 512 + 1024 + 512);
@@ -85,7 +89,11 @@ fn requests_above_the_medium_threshold_are_exact_blocks() {
     let big = pool.allocate(8 * MIB + 1).unwrap();
     assert_eq!(alloc.size_of(big), Some(8 * MIB + 1), "exact, never split");
     let medium = pool.allocate(8 * MIB).unwrap();
-    assert_ne!(alloc.size_of(medium), Some(8 * MIB), "carved from a segment");
+    assert_ne!(
+        alloc.size_of(medium),
+        Some(8 * MIB),
+        "carved from a segment"
+    );
     let s = pool.packing_stats();
     assert_eq!((s.exact, s.carved), (1, 1));
     unsafe {
@@ -171,7 +179,15 @@ fn a_small_workload_reserves_a_small_footprint() {
             unsafe { pool.release(b, s) };
         }
     }
-    for &s in &[8 * MIB, 8 * MIB, 8 * MIB, 2 * MIB, 2 * MIB, 2 * MIB, 4 * MIB] {
+    for &s in &[
+        8 * MIB,
+        8 * MIB,
+        8 * MIB,
+        2 * MIB,
+        2 * MIB,
+        2 * MIB,
+        4 * MIB,
+    ] {
         live.push((pool.allocate(s).unwrap(), s));
     }
     let s = pool.stats();
@@ -180,7 +196,11 @@ fn a_small_workload_reserves_a_small_footprint() {
         "peak reserved {} MiB",
         s.peak_bytes_reserved / MIB
     );
-    assert!(s.backing_allocs <= 4, "{} backing allocations", s.backing_allocs);
+    assert!(
+        s.backing_allocs <= 4,
+        "{} backing allocations",
+        s.backing_allocs
+    );
     for (b, s) in live {
         unsafe { pool.release(b, s) };
     }
@@ -218,7 +238,11 @@ fn an_emptied_segment_goes_back_to_the_pool_exactly_once() {
     assert_eq!(pool.stats().blocks_in_use, 1, "still carved from");
     unsafe { pool.release(b, 8 * KIB) };
     let (s, ps) = (pool.stats(), pool.packing_stats());
-    assert_eq!((s.blocks_in_use, s.blocks_cached), (0, 1), "cached in the pool");
+    assert_eq!(
+        (s.blocks_in_use, s.blocks_cached),
+        (0, 1),
+        "cached in the pool"
+    );
     assert_eq!((ps.segments_released, ps.segments), (1, 0));
     // A later segment of the same size is a hit on it.
     let c = pool.allocate(100).unwrap();
@@ -273,11 +297,17 @@ fn random_churn_keeps_blocks_disjoint_and_every_byte_accounted() {
         let (s, ps) = (pool.stats(), pool.packing_stats());
         assert_eq!(ps.segments, 0, "every segment emptied and went back");
         assert_eq!(ps.segments_created, ps.segments_released);
-        assert_eq!((ps.packed_blocks, ps.packed_bytes, ps.bytes_requested), (0, 0, 0));
+        assert_eq!(
+            (ps.packed_blocks, ps.packed_bytes, ps.bytes_requested),
+            (0, 0, 0)
+        );
         assert_eq!(ps.requests, ps.carved + ps.exact + ps.exact_fallbacks);
         assert!(ps.carved > 0 && ps.exact > 0);
         assert_eq!(s.blocks_in_use, 0);
-        assert!(s.backing_allocs < ps.requests / 4, "packing saves backing calls");
+        assert!(
+            s.backing_allocs < ps.requests / 4,
+            "packing saves backing calls"
+        );
         drop(pool);
         alloc.assert_all_freed();
         assert_eq!(alloc.allocs(), alloc.deallocs());
@@ -336,7 +366,10 @@ fn after_the_workload_stops_reserved_bytes_decay_to_zero() {
     for (b, s) in live.drain(..) {
         unsafe { pool.release(b, s) };
     }
-    assert!(pool.stats().bytes_reserved > 0, "segments cached in the pool");
+    assert!(
+        pool.stats().bytes_reserved > 0,
+        "segments cached in the pool"
+    );
     clock.advance(Duration::from_secs(1));
     pool.collect();
     assert_eq!(pool.stats().bytes_reserved, 0);
@@ -384,7 +417,10 @@ fn stats_agree_with_each_other_and_with_the_pool() {
         pool.release(c, 100 * MIB);
     }
     let ps = pool.packing_stats();
-    assert_eq!((ps.segment_bytes, ps.free_segment_bytes, ps.bytes_requested), (0, 0, 0));
+    assert_eq!(
+        (ps.segment_bytes, ps.free_segment_bytes, ps.bytes_requested),
+        (0, 0, 0)
+    );
     assert_eq!(ps.peak_segment_bytes, 2 * MIB + 32 * MIB);
     pool.validate();
 }
@@ -396,7 +432,10 @@ fn bad_input_gives_errors_not_panics() {
     let mut sys = DecayingPool::builder(SystemAllocator::new())
         .packing(Packing::default())
         .build();
-    assert!(matches!(sys.allocate(usize::MAX), Err(PoolError::Backing(_))));
+    assert!(matches!(
+        sys.allocate(usize::MAX),
+        Err(PoolError::Backing(_))
+    ));
     assert!(sys.allocate(isize::MAX as usize).is_err());
     // Degenerate settings are made usable, not trusted.
     let odd = Packing::default()
@@ -426,7 +465,10 @@ fn releasing_a_carved_block_with_the_wrong_size_is_refused() {
     let a = pool.allocate(100).unwrap();
     let err = catch_unwind(AssertUnwindSafe(|| unsafe { pool.release(a, 200) })).unwrap_err();
     let msg = err.downcast_ref::<String>().unwrap();
-    assert!(msg.contains("carved for 100 bytes released as 200"), "{msg}");
+    assert!(
+        msg.contains("carved for 100 bytes released as 200"),
+        "{msg}"
+    );
     // Nothing was corrupted: the right release still works.
     pool.validate();
     unsafe { pool.release(a, 100) };
@@ -452,7 +494,14 @@ fn packings_parse_from_key_value_lists() {
     );
     assert_eq!("off".parse::<Packing>().unwrap(), Packing::off());
     assert_eq!("".parse::<Packing>().unwrap(), Packing::default());
-    for bad in ["medium", "medium=", "medium=-1", "medium=1X", "colour=red", "growth=nan"] {
+    for bad in [
+        "medium",
+        "medium=",
+        "medium=-1",
+        "medium=1X",
+        "colour=red",
+        "growth=nan",
+    ] {
         assert!(bad.parse::<Packing>().is_err(), "{bad}");
     }
 }
@@ -514,7 +563,11 @@ fn the_packed_row_meets_its_targets_on_the_shared_traces() {
             continue;
         }
         let r = run(&path, CostModel::cuda());
-        assert!(r.backing_allocs <= torch_allocs, "{name}: {}", r.backing_allocs);
+        assert!(
+            r.backing_allocs <= torch_allocs,
+            "{name}: {}",
+            r.backing_allocs
+        );
         let bound = (torch_peak_mib as f64 * 1.10 + 64.0) * MIB as f64;
         assert!(
             (r.peak_reserved_bytes as f64) <= bound,
