@@ -90,7 +90,7 @@ impl Backend {
                 let mut slice = slices.alloc::<f32>(len).expect("device allocation");
                 slices
                     .stream()
-                    .memcpy_htod(&vec![value; len], &mut *slice)
+                    .memcpy_htod(&vec![value; len], &mut slice)
                     .expect("copy to device");
                 Storage::Device(slice)
             }

@@ -44,13 +44,16 @@
 use core::fmt;
 use core::marker::PhantomData;
 use core::mem::ManuallyDrop;
-use core::ops::{Deref, DerefMut};
+use core::ops::Deref;
 use core::ptr::NonNull;
 use std::sync::Arc;
 
 use cudarc::driver::result::{self, DriverError};
 use cudarc::driver::sys::{self, CUdeviceptr, CUresult};
-use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
+use cudarc::driver::{
+    CudaContext, CudaSlice, CudaStream, CudaViewMut, DevicePtr, DevicePtrMut, DeviceSlice,
+    SyncOnDrop,
+};
 
 use crate::clock::Clock;
 use crate::error::PoolError;
@@ -440,9 +443,10 @@ impl RawAllocator for PinnedHostAllocator {
 /// Typed `cudarc` slices from a pool of device memory, all on one stream.
 ///
 /// [`alloc`](Self::alloc) returns a [`PooledSlice`] that derefs to a
-/// [`CudaSlice<T>`], so kernels, `memcpy_htod`/`clone_dtoh` and cuBLAS
-/// calls use pooled memory unchanged; dropping it gives the block back to
-/// the pool. Because every slice lives on the same stream, a block reused
+/// `&`[`CudaSlice<T>`] and is itself a `cudarc` device slice (`DevicePtr`,
+/// `DevicePtrMut`; [`as_view_mut`](PooledSlice::as_view_mut) for kernel
+/// outputs), so kernels, `memcpy_htod`/`clone_dtoh` and cuBLAS calls use
+/// pooled memory; dropping it gives the block back to the pool. Because every slice lives on the same stream, a block reused
 /// by the next slice is only touched by work queued after the previous
 /// slice's work. The slices hold a [`SharedPool`] handle, so they never
 /// outlive the pool.
@@ -483,7 +487,7 @@ impl RawAllocator for PinnedHostAllocator {
 ///     let pool = SharedPool::new(DecayingPool::new(alloc, FixedTime::new(Duration::from_secs(1))));
 ///     let slices = SlicePool::new(pool.clone(), stream.clone());
 ///     let mut x = slices.alloc::<f32>(1024)?;
-///     stream.memcpy_htod(&[1.0f32; 1024], &mut *x)?;
+///     stream.memcpy_htod(&[1.0f32; 1024], &mut x)?;
 ///     assert_eq!(stream.clone_dtoh(&*x)?, vec![1.0f32; 1024]);
 ///     drop(x);                                   // back to the pool
 ///     let _y = slices.alloc::<f32>(1024)?;       // a hit: no cuMemAlloc
@@ -558,6 +562,21 @@ impl<P: Policy, C: Clock> SlicePool<P, C> {
 /// A [`CudaSlice<T>`] backed by a pooled block; dropping it gives the block
 /// back to the pool (the slice is leaked, not freed). From
 /// [`SlicePool::alloc`].
+///
+/// It derefs to `&CudaSlice<T>` only: writes go through its own
+/// `DevicePtrMut` or [`as_view_mut`](Self::as_view_mut). A `&mut
+/// CudaSlice<T>` would let safe code swap another slice in, whose pointer
+/// would then go back to the pool:
+///
+/// ```compile_fail,E0596
+/// use decaying_pool::cuda::{DeviceAllocator, SlicePool};
+/// use decaying_pool::{DecayingPool, FixedTime, SharedPool};
+///
+/// fn swap_in(slices: &SlicePool<FixedTime, decaying_pool::MonotonicClock>, other: cudarc::driver::CudaSlice<f32>) {
+///     let mut x = slices.alloc::<f32>(16).unwrap();
+///     drop(core::mem::replace(&mut *x, other));
+/// }
+/// ```
 pub struct PooledSlice<T, P: Policy, C: Clock> {
     slice: ManuallyDrop<CudaSlice<T>>,
     size: usize,
@@ -573,9 +592,56 @@ impl<T, P: Policy, C: Clock> Deref for PooledSlice<T, P, C> {
     }
 }
 
-impl<T, P: Policy, C: Clock> DerefMut for PooledSlice<T, P, C> {
-    fn deref_mut(&mut self) -> &mut CudaSlice<T> {
-        &mut self.slice
+impl<T, P: Policy, C: Clock> PooledSlice<T, P, C> {
+    /// A mutable view of the whole slice, for kernel arguments and copies
+    /// that write to it.
+    ///
+    /// The slice itself is never handed out as `&mut CudaSlice<T>`: safe
+    /// code could then swap another slice in (`mem::replace`), whose
+    /// pointer would go back to the pool when this one drops.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use decaying_pool::cuda::{self, DeviceAllocator, SlicePool};
+    /// use decaying_pool::{DecayingPool, FixedTime, SharedPool};
+    ///
+    /// if cuda::available() {
+    ///     let alloc = DeviceAllocator::new(0)?;
+    ///     let stream = alloc.context().default_stream();
+    ///     let slices = SlicePool::new(SharedPool::new(DecayingPool::new(alloc, FixedTime::default())), stream.clone());
+    ///     let mut x = slices.alloc::<u8>(64)?;
+    ///     stream.memset_zeros(&mut x.as_view_mut())?;
+    ///     assert_eq!(stream.clone_dtoh(&*x)?, vec![0u8; 64]);
+    /// }
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn as_view_mut(&mut self) -> CudaViewMut<'_, T> {
+        self.slice.as_view_mut()
+    }
+}
+
+impl<T, P: Policy, C: Clock> DeviceSlice<T> for PooledSlice<T, P, C> {
+    fn len(&self) -> usize {
+        self.slice.len()
+    }
+
+    fn stream(&self) -> &Arc<CudaStream> {
+        DeviceSlice::stream(&*self.slice)
+    }
+}
+
+impl<T, P: Policy, C: Clock> DevicePtr<T> for PooledSlice<T, P, C> {
+    fn device_ptr<'a>(&'a self, stream: &'a CudaStream) -> (CUdeviceptr, SyncOnDrop<'a>) {
+        self.slice.device_ptr(stream)
+    }
+}
+
+/// Writes go through the slice's own synchronisation, as for a
+/// `CudaSlice`: `stream.memcpy_htod(&data, &mut pooled)`.
+impl<T, P: Policy, C: Clock> DevicePtrMut<T> for PooledSlice<T, P, C> {
+    fn device_ptr_mut<'a>(&'a mut self, stream: &'a CudaStream) -> (CUdeviceptr, SyncOnDrop<'a>) {
+        self.slice.device_ptr_mut(stream)
     }
 }
 

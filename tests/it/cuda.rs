@@ -186,7 +186,7 @@ fn typed_slices_round_trip_through_the_host_and_go_back_to_the_pool() {
     let data: Vec<f32> = (0..4096).map(|i| i as f32).collect();
     let mut x = slices.alloc::<f32>(4096).unwrap();
     assert_eq!(x.len(), 4096);
-    stream.memcpy_htod(&data, &mut *x).unwrap();
+    stream.memcpy_htod(&data, &mut x).unwrap();
     assert_eq!(stream.clone_dtoh(&*x).unwrap(), data);
     drop(x);
     assert_eq!(pool.stats().blocks_cached, 1);

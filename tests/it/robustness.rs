@@ -177,6 +177,60 @@ fn a_release_whose_eviction_deallocate_panics_caches_the_block() {
     assert_eq!(alloc.inner().size_of(a), Some(10));
 }
 
+/// `on_release` panics after the store took the block, and `on_hit`
+/// before it gave one: either way the block is where the counters say.
+#[test]
+fn panics_in_on_release_and_on_hit_keep_the_block_accounted() {
+    let alloc = CheckingAllocator::new();
+    let policy = PanickingPolicy::new(FixedTime::new(SECOND));
+    let switches = policy.switches();
+    let mut pool = DecayingPool::builder(alloc.clone())
+        .policy(policy)
+        .clock(ManualClock::new())
+        .build();
+    let b = pool.allocate(10).unwrap();
+    switches.on_release.panic_on(1);
+    // SAFETY: `b` came from this pool with this size, released once.
+    assert_injected(quiet(|| unsafe { pool.release(b, 10) }));
+    pool.validate();
+    assert_eq!(pool.stats().blocks_cached, 1);
+    switches.on_hit.panic_on(1);
+    assert_injected(quiet(|| pool.allocate(10).map(drop)));
+    pool.validate();
+    let s = pool.stats();
+    assert_eq!((s.blocks_cached, s.blocks_in_use, s.hits), (1, 0, 0));
+    assert_eq!(pool.allocate(10).unwrap(), b);
+    // SAFETY: as above.
+    unsafe { pool.release(b, 10) };
+    drop(pool);
+    alloc.assert_all_freed();
+}
+
+/// Under `FixedCapacity`, the block a release displaces from a full window
+/// is offered to `deallocate` after the released block is in the table: a
+/// panic there loses neither.
+#[test]
+fn a_fixed_capacity_release_whose_displaced_block_panics_keeps_the_block() {
+    let alloc = PanickingAllocator::new(CheckingAllocator::new());
+    let mut pool = DecayingPool::new(alloc.clone(), FixedCapacity::new(1));
+    let (a, b) = (pool.allocate(10).unwrap(), pool.allocate(10).unwrap());
+    // SAFETY: every block here came from this pool with this size, released once.
+    unsafe { pool.release(a, 10) };
+    alloc.on_deallocate().panic_on(1);
+    // SAFETY: as above.
+    assert_injected(quiet(|| unsafe { pool.release(b, 10) }));
+    pool.validate();
+    let s = pool.stats();
+    assert_eq!((s.blocks_cached, s.blocks_in_use, s.evictions), (1, 0, 1));
+    assert_eq!(pool.allocate(10).unwrap(), b);
+    // SAFETY: as above.
+    unsafe { pool.release(b, 10) };
+    drop(pool);
+    // Only `a`, whose `deallocate` panicked before freeing it, is left.
+    assert_eq!(alloc.inner().live(), 1);
+    assert_eq!(alloc.inner().size_of(a), Some(10));
+}
+
 /// A `Pooled` dropped while the clock panics: the block is freed, and the
 /// limit capacity it held is not lost.
 #[test]
