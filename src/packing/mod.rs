@@ -10,6 +10,7 @@
 
 mod carve;
 mod config;
+mod index;
 mod segment;
 mod stats;
 
@@ -23,6 +24,7 @@ pub(crate) use carve::carve_ptr;
 pub use carve::Packable;
 pub(crate) use carve::{address_u64, carve_u64};
 pub use config::{Packing, ParsePackingError};
+use index::{bin_round_down, bin_round_up, FitIndex};
 use segment::{sub_allocator, Segment};
 pub use stats::PackingStats;
 
@@ -97,8 +99,8 @@ pub struct PackedPool<A: Packable, P: Policy = FixedTime, C: Clock = MonotonicCl
     cap: usize,
     slots: Vec<Option<Segment<A::Block>>>,
     free_slots: Vec<u32>,
-    /// Per kind: (largest free range in units, slot).
-    lists: [Vec<(u32, u32)>; 2],
+    /// Per kind: the segments by their largest free range.
+    index: [FitIndex; 2],
     /// Per kind: bytes in segments.
     kind_bytes: [usize; 2],
     spares: Vec<Allocator>,
@@ -192,7 +194,7 @@ impl<A: Packable, P: Policy, C: Clock> PackedPool<A, P, C> {
             cap,
             slots: Vec::new(),
             free_slots: Vec::new(),
-            lists: [Vec::new(), Vec::new()],
+            index: [FitIndex::new(), FitIndex::new()],
             kind_bytes: [0, 0],
             spares: Vec::new(),
             recent: Vec::new(),
@@ -265,8 +267,7 @@ impl<A: Packable, P: Policy, C: Clock> PackedPool<A, P, C> {
         };
         let offset = (alloc.offset as usize) << self.shift;
         let block = A::carve(&seg.block, offset);
-        let (kind, pos, largest) = (seg.kind, seg.pos, seg.largest_free());
-        self.lists[kind][pos as usize].0 = largest;
+        self.refile(slot);
         let bytes = units << self.shift;
         let prev = self.live.insert(
             A::address(&block),
@@ -347,8 +348,7 @@ impl<A: Packable, P: Policy, C: Clock> PackedPool<A, P, C> {
         if seg.live == 0 {
             self.release_segment(live.slot);
         } else {
-            let (kind, pos, largest) = (seg.kind, seg.pos, seg.largest_free());
-            self.lists[kind][pos as usize].0 = largest;
+            self.refile(live.slot);
         }
     }
 
@@ -542,13 +542,18 @@ impl<A: Packable, P: Policy, C: Clock> PackedPool<A, P, C> {
                 "segment {slot}: every unit used or free"
             );
             assert_eq!(
-                self.lists[seg.kind][seg.pos as usize],
-                (seg.largest_free(), slot as u32),
-                "segment {slot}: its list entry"
+                seg.bin,
+                bin_round_down(seg.largest_free()),
+                "segment {slot}: its bin"
+            );
+            assert_eq!(
+                self.index[seg.kind].at(seg.bin, seg.pos),
+                Some(slot as u32),
+                "segment {slot}: its index entry"
             );
         }
         assert_eq!(
-            self.lists[0].len() + self.lists[1].len(),
+            self.index[0].len() + self.index[1].len(),
             segments as usize,
             "every segment listed once"
         );
@@ -610,16 +615,31 @@ impl<A: Packable, P: Policy, C: Clock> PackedPool<A, P, C> {
     }
 
     /// The segment of `kind` whose largest free range fits `units` most
-    /// tightly.
+    /// tightly (to the sub-allocator's bins), in O(1).
     #[inline]
     fn best_fit(&self, kind: usize, units: u32) -> Option<u32> {
-        let mut best: Option<(u32, u32)> = None;
-        for &(largest, slot) in &self.lists[kind] {
-            if largest >= units && best.is_none_or(|(b, _)| largest < b) {
-                best = Some((largest, slot));
+        self.index[kind].find(bin_round_up(units))
+    }
+
+    /// Files a segment whose largest free range changed under its new bin.
+    #[inline]
+    fn refile(&mut self, slot: u32) {
+        let Some(seg) = self.slots[slot as usize].as_mut() else {
+            return;
+        };
+        let bin = bin_round_down(seg.largest_free());
+        if bin == seg.bin {
+            return;
+        }
+        let (kind, old, pos) = (seg.kind, seg.bin, seg.pos);
+        let ix = &mut self.index[kind];
+        seg.bin = bin;
+        seg.pos = ix.insert(bin, slot);
+        if let Some(moved) = ix.remove(old, pos) {
+            if let Some(m) = self.slots[moved as usize].as_mut() {
+                m.pos = pos;
             }
         }
-        best.map(|(_, slot)| slot)
     }
 
     /// The smallest segment, in bytes, whose sub-allocator serves a
@@ -697,7 +717,6 @@ impl<A: Packable, P: Policy, C: Clock> PackedPool<A, P, C> {
             Some(i) => self.spares.swap_remove(i),
             None => sub_allocator(seg_units),
         };
-        let pos = self.lists[kind].len() as u32;
         let seg = Segment {
             block,
             bytes,
@@ -706,9 +725,10 @@ impl<A: Packable, P: Policy, C: Clock> PackedPool<A, P, C> {
             used: 0,
             live: 0,
             kind,
-            pos,
+            bin: 0,
+            pos: 0,
         };
-        let largest = seg.largest_free();
+        let bin = bin_round_down(seg.largest_free());
         let slot = match self.free_slots.pop() {
             Some(s) => {
                 self.slots[s as usize] = Some(seg);
@@ -719,7 +739,10 @@ impl<A: Packable, P: Policy, C: Clock> PackedPool<A, P, C> {
                 (self.slots.len() - 1) as u32
             }
         };
-        self.lists[kind].push((largest, slot));
+        let pos = self.index[kind].insert(bin, slot);
+        if let Some(seg) = self.slots[slot as usize].as_mut() {
+            (seg.bin, seg.pos) = (bin, pos);
+        }
         self.kind_bytes[kind] += bytes;
         let st = &mut self.st;
         st.segments_created += 1;
@@ -737,9 +760,7 @@ impl<A: Packable, P: Policy, C: Clock> PackedPool<A, P, C> {
         };
         debug_assert_eq!(seg.live, 0);
         self.free_slots.push(slot);
-        let list = &mut self.lists[seg.kind];
-        list.swap_remove(seg.pos as usize);
-        if let Some(&(_, moved)) = list.get(seg.pos as usize) {
+        if let Some(moved) = self.index[seg.kind].remove(seg.bin, seg.pos) {
             if let Some(m) = self.slots[moved as usize].as_mut() {
                 m.pos = seg.pos;
             }

@@ -24,7 +24,9 @@ pub(crate) struct Segment<B> {
     pub(crate) live: u32,
     /// Small (0) or medium (1).
     pub(crate) kind: usize,
-    /// Its index in its kind's list.
+    /// The bin of its largest free range, where the index files it.
+    pub(crate) bin: u32,
+    /// Its position in that bin.
     pub(crate) pos: u32,
 }
 

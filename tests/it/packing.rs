@@ -47,6 +47,7 @@ fn small_requests_are_carved_side_by_side_from_one_segment() {
     assert_eq!(s.packed_bytes, 512 + 1024 + 512);
     assert_eq!(s.bytes_requested, 1612);
     pool.validate();
+    // SAFETY: each block came from this pool with this size and is released once.
     unsafe {
         pool.release(a, 100);
         pool.release(b, 1000);
@@ -62,6 +63,7 @@ fn freed_ranges_coalesce_and_serve_any_packed_size() {
     let blocks: Vec<u64> = (0..32).map(|_| pool.allocate(64 * KIB).unwrap()).collect();
     assert_eq!(alloc.allocs(), 1);
     for &b in &blocks[..31] {
+        // SAFETY: each block came from this pool with this size and is released once.
         unsafe { pool.release(b, 64 * KIB) };
     }
     pool.validate();
@@ -74,6 +76,7 @@ fn freed_ranges_coalesce_and_serve_any_packed_size() {
     assert_eq!(odd, blocks[0] + MIB as u64);
     assert_eq!(alloc.allocs(), 1);
     pool.validate();
+    // SAFETY: each block came from this pool with this size and is released once.
     unsafe {
         pool.release(big, MIB);
         pool.release(odd, 700 * KIB);
@@ -96,6 +99,7 @@ fn requests_above_the_medium_threshold_are_exact_blocks() {
     );
     let s = pool.packing_stats();
     assert_eq!((s.exact, s.carved), (1, 1));
+    // SAFETY: each block came from this pool with this size and is released once.
     unsafe {
         pool.release(big, 8 * MIB + 1);
         pool.release(medium, 8 * MIB);
@@ -104,6 +108,7 @@ fn requests_above_the_medium_threshold_are_exact_blocks() {
     assert_eq!(pool.stats().blocks_cached, 2);
     let again = pool.allocate(8 * MIB + 1).unwrap();
     assert_eq!(again, big, "an exact hit");
+    // SAFETY: each block came from this pool with this size and is released once.
     unsafe { pool.release(again, 8 * MIB + 1) };
     pool.validate();
 }
@@ -122,6 +127,7 @@ fn segments_are_capped_by_the_limit_and_by_the_device() {
     assert_eq!(alloc.size_of(a), Some(2 * MIB));
     assert_eq!(alloc.size_of(b), Some(3 * MIB));
     assert_eq!(pool.packing_stats().exact, 1);
+    // SAFETY: each block came from this pool with this size and is released once.
     unsafe {
         pool.release(a, 1536 * KIB);
         pool.release(b, 3 * MIB);
@@ -133,7 +139,15 @@ fn segments_are_capped_by_the_limit_and_by_the_device() {
         .build();
     assert_eq!(pool.segment_cap(), 256 * MIB);
     let c = pool.allocate(40 * MIB).unwrap();
+    // A limit that is no power of two: 5 GiB / 32 = 160 MiB, rounded down,
+    // so segments hold whole numbers of power-of-two tensors.
+    let five = DecayingPool::builder(CheckingAllocator::with_addresses())
+        .limit(5 << 30)
+        .packing(Packing::default())
+        .build();
+    assert_eq!(five.segment_cap(), 128 * MIB);
     pool.validate();
+    // SAFETY: each block came from this pool with this size and is released once.
     unsafe { pool.release(c, 40 * MIB) };
 }
 
@@ -157,6 +171,7 @@ fn a_tight_device_never_fails_for_want_of_a_whole_segment() {
     assert!(pool.stats().bytes_reserved <= 48 * MIB);
     pool.validate();
     for (b, s) in live {
+        // SAFETY: each block came from this pool with this size and is released once.
         unsafe { pool.release(b, s) };
     }
     pool.validate();
@@ -176,6 +191,7 @@ fn a_small_workload_reserves_a_small_footprint() {
             live.push((pool.allocate(s).unwrap(), s));
         }
         for (b, s) in live.drain(..) {
+            // SAFETY: each block came from this pool with this size and is released once.
             unsafe { pool.release(b, s) };
         }
     }
@@ -202,6 +218,7 @@ fn a_small_workload_reserves_a_small_footprint() {
         s.backing_allocs
     );
     for (b, s) in live {
+        // SAFETY: each block came from this pool with this size and is released once.
         unsafe { pool.release(b, s) };
     }
     pool.validate();
@@ -222,6 +239,7 @@ fn a_segment_the_device_refuses_falls_back_to_an_exact_block() {
     assert!(dev.failures() >= 1);
     // A request nothing can serve is an error, not a panic.
     assert!(matches!(pool.allocate(5 * MIB), Err(PoolError::Backing(_))));
+    // SAFETY: each block came from this pool with this size and is released once.
     unsafe { pool.release(b, 6 * MIB) };
     pool.validate();
     drop(pool);
@@ -234,8 +252,10 @@ fn an_emptied_segment_goes_back_to_the_pool_exactly_once() {
     let a = pool.allocate(4 * KIB).unwrap();
     let b = pool.allocate(8 * KIB).unwrap();
     let seg = a;
+    // SAFETY: each block came from this pool with this size and is released once.
     unsafe { pool.release(a, 4 * KIB) };
     assert_eq!(pool.stats().blocks_in_use, 1, "still carved from");
+    // SAFETY: each block came from this pool with this size and is released once.
     unsafe { pool.release(b, 8 * KIB) };
     let (s, ps) = (pool.stats(), pool.packing_stats());
     assert_eq!(
@@ -248,6 +268,7 @@ fn an_emptied_segment_goes_back_to_the_pool_exactly_once() {
     let c = pool.allocate(100).unwrap();
     assert_eq!(c, seg);
     assert_eq!(alloc.allocs(), 1);
+    // SAFETY: each block came from this pool with this size and is released once.
     unsafe { pool.release(c, 100) };
     // It decays like any cached block, freed once.
     clock.advance(Duration::from_secs(1));
@@ -276,6 +297,7 @@ fn churn(seed: u64, steps: usize, pool: &mut Checked) {
         } else {
             let i = rng.below(live.len() as u64) as usize;
             let (b, s) = live.swap_remove(i);
+            // SAFETY: each block came from this pool with this size and is released once.
             unsafe { pool.release(b, s) };
         }
         if step % 7 == 0 {
@@ -284,6 +306,7 @@ fn churn(seed: u64, steps: usize, pool: &mut Checked) {
     }
     pool.validate();
     for (b, s) in live {
+        // SAFETY: each block came from this pool with this size and is released once.
         unsafe { pool.release(b, s) };
     }
     pool.validate();
@@ -344,6 +367,7 @@ fn carved_host_memory_is_disjoint() {
         // SAFETY: as above.
         let bytes = unsafe { core::slice::from_raw_parts(p.as_ptr(), size) };
         assert!(bytes.iter().all(|&x| x == tag));
+        // SAFETY: each block came from this pool with this size and is released once.
         unsafe { pool.release(p, size) };
     }
     assert_eq!(pool.packing_stats().segments, 0);
@@ -360,10 +384,12 @@ fn after_the_workload_stops_reserved_bytes_decay_to_zero() {
             let size = 1 + rng.below(20 * MIB as u64) as usize;
             live.push((pool.allocate(size).unwrap(), size));
         } else if let Some((b, s)) = live.pop() {
+            // SAFETY: each block came from this pool with this size and is released once.
             unsafe { pool.release(b, s) };
         }
     }
     for (b, s) in live.drain(..) {
+        // SAFETY: each block came from this pool with this size and is released once.
         unsafe { pool.release(b, s) };
     }
     assert!(
@@ -387,6 +413,7 @@ fn dropping_the_pool_frees_every_segment_exactly_once() {
         .map(|&s| (pool.allocate(s).unwrap(), s))
         .collect();
     for (b, s) in blocks {
+        // SAFETY: each block came from this pool with this size and is released once.
         unsafe { pool.release(b, s) };
     }
     drop(pool); // CheckingAllocator panics on a double free
@@ -411,6 +438,7 @@ fn stats_agree_with_each_other_and_with_the_pool() {
     assert_eq!(s.bytes_in_use, ps.segment_bytes + 100 * MIB);
     assert_eq!(s.blocks_in_use, 3);
     assert_eq!(s.backing_allocs, 3);
+    // SAFETY: each block came from this pool with this size and is released once.
     unsafe {
         pool.release(a, 3000);
         pool.release(b, 5 * MIB);
@@ -451,11 +479,13 @@ fn bad_input_gives_errors_not_panics() {
     let b = sys.allocate(1000).unwrap();
     assert!(sys.allocate(usize::MAX).is_err());
     assert!(sys.allocate(usize::MAX / 2).is_err());
+    // SAFETY: each block came from this pool with this size and is released once.
     unsafe { sys.release(b, 1000) };
     // Packing off: every request exact.
     let (mut off, alloc, _) = packed(Packing::off());
     let b = off.allocate(100).unwrap();
     assert_eq!(alloc.size_of(b), Some(100));
+    // SAFETY: each block came from this pool with this size and is released once.
     unsafe { off.release(b, 100) };
 }
 
@@ -463,6 +493,7 @@ fn bad_input_gives_errors_not_panics() {
 fn releasing_a_carved_block_with_the_wrong_size_is_refused() {
     let (mut pool, alloc, _) = packed(Packing::default());
     let a = pool.allocate(100).unwrap();
+    // SAFETY: the wrong size is refused before anything is touched.
     let err = catch_unwind(AssertUnwindSafe(|| unsafe { pool.release(a, 200) })).unwrap_err();
     let msg = err.downcast_ref::<String>().unwrap();
     assert!(
@@ -471,6 +502,7 @@ fn releasing_a_carved_block_with_the_wrong_size_is_refused() {
     );
     // Nothing was corrupted: the right release still works.
     pool.validate();
+    // SAFETY: each block came from this pool with this size and is released once.
     unsafe { pool.release(a, 100) };
     pool.validate();
     drop(pool);
@@ -516,6 +548,7 @@ fn a_packed_pool_stacks_over_a_pool_and_as_an_allocator() {
         .build();
     let as_raw: &mut dyn RawAllocator<Block = u64, Error = _> = &mut outer;
     let b = as_raw.allocate(1000).unwrap();
+    // SAFETY: `b` came from `as_raw.allocate(1000)`, released once.
     unsafe { as_raw.deallocate(b, 1000) };
     drop(outer);
     alloc.assert_all_freed();
@@ -584,4 +617,79 @@ fn the_packed_row_meets_its_targets_on_the_shared_traces() {
         seen.insert(name, r.backing_allocs);
     }
     println!("{seen:?}");
+}
+
+#[test]
+fn a_new_segment_reuses_one_lately_emptied_before_asking_for_more() {
+    let (mut pool, alloc, _) = packed(Packing::default().growth(1).segment_multiple(1));
+    let a = pool.allocate(32 * MIB).unwrap(); // segment 1: 32 MiB
+    let b = pool.allocate(32 * MIB).unwrap(); // segment 2: 32 MiB (= the footprint)
+    let c = pool.allocate(32 * MIB).unwrap(); // segment 3: 64 MiB
+    let d = pool.allocate(32 * MIB).unwrap(); // the rest of segment 3
+    assert_eq!(alloc.allocs(), 3);
+    assert_eq!(alloc.size_of(c), Some(64 * MIB));
+    // SAFETY: each block came from this pool with this size and is released once.
+    unsafe { pool.release(a, 32 * MIB) }; // segment 1 empties, cached in the pool
+                                          // The footprint would ask for a 96 MiB segment; the cached 32 MiB one
+                                          // serves the request without a backing call.
+    let e = pool.allocate(32 * MIB).unwrap();
+    assert_eq!(e, a);
+    assert_eq!(alloc.allocs(), 3);
+    pool.validate();
+    for x in [b, c, d, e] {
+        // SAFETY: each block came from this pool with this size and is released once.
+        unsafe { pool.release(x, 32 * MIB) };
+    }
+}
+
+#[test]
+fn segments_grow_with_the_footprint_up_to_the_largest() {
+    let (mut pool, alloc, _) = packed(Packing::default());
+    let blocks: Vec<u64> = (0..800).map(|_| pool.allocate(4 * MIB).unwrap()).collect();
+    let sizes: Vec<usize> = alloc
+        .calls()
+        .iter()
+        .filter_map(|c| match c {
+            decaying_pool::testing::Call::Allocate { size, .. } => Some(*size),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        sizes[0],
+        32 * MIB,
+        "the first medium segment is the smallest"
+    );
+    assert!(sizes.windows(2).all(|w| w[0] <= w[1]), "{sizes:?}");
+    assert_eq!(*sizes.last().unwrap(), 256 * MIB, "capped at the largest");
+    // 3.2 GiB in far fewer than 3.2 GiB / 32 MiB = 100 segments.
+    assert!(sizes.len() <= 30, "{} segments", sizes.len());
+    let s = pool.packing_stats();
+    // Growth by an eighth keeps the unused tail small.
+    assert!(s.free_segment_bytes * 8 <= s.segment_bytes, "{s:?}");
+    for b in blocks {
+        // SAFETY: each block came from this pool with this size and is released once.
+        unsafe { pool.release(b, 4 * MIB) };
+    }
+}
+
+#[test]
+fn a_request_goes_to_the_segment_it_fits_most_tightly() {
+    let (mut pool, alloc, _) = packed(Packing::default().segment_multiple(1));
+    let a = pool.allocate(16 * MIB).unwrap(); // segment 1 (32 MiB): 16 MiB free
+    let b = pool.allocate(24 * MIB).unwrap(); // segment 2 (32 MiB): 8 MiB free
+    assert_eq!(alloc.allocs(), 2);
+    // 8 MiB fits both; best fit takes segment 2's 8 MiB range and keeps
+    // segment 1's 16 MiB whole for the next request.
+    let c = pool.allocate(8 * MIB).unwrap();
+    assert_eq!(c, b + 24 * MIB as u64);
+    let d = pool.allocate(16 * MIB).unwrap();
+    assert_eq!(d, a + 16 * MIB as u64);
+    assert_eq!(alloc.allocs(), 2, "no third segment");
+    // SAFETY: each block came from this pool with this size and is released once.
+    unsafe {
+        pool.release(a, 16 * MIB);
+        pool.release(b, 24 * MIB);
+        pool.release(c, 8 * MIB);
+        pool.release(d, 16 * MIB);
+    }
 }
