@@ -282,7 +282,7 @@ fn packed_slice_pool_carves_slices_from_one_segment() {
     let mut xs = Vec::new();
     for k in 0..8u32 {
         let mut x = slices.alloc::<u32>(1000).unwrap();
-        stream.memcpy_htod(&vec![k; 1000], &mut *x).unwrap();
+        stream.memcpy_htod(&vec![k; 1000], &mut x).unwrap();
         xs.push(x);
     }
     assert_eq!(pool.stats().backing_allocs, 1, "one segment");
