@@ -87,19 +87,24 @@ fn bench_packed<P: Policy, C: Clock>(
     }
     let segments = pool.packing_stats().segments_created;
     let mut i = 0;
+    let mut n = 0u64;
     g.bench_function(BenchmarkId::new(name, param), |b| {
         b.iter(|| {
             let s = walk[i];
             i = (i + 1) % walk.len();
+            n += 1;
             let block = pool.allocate(black_box(s)).unwrap();
             // SAFETY: from this pool with this size, released once.
             unsafe { pool.release(black_box(block), s) };
         })
     });
+    // How often a round trip had to make a segment (from the exact pool's
+    // cache, mostly: one that emptied on the previous release).
     let st = pool.packing_stats();
-    assert_eq!(
-        st.segments_created, segments,
-        "{name}: a segment was made while measuring"
+    let made = st.segments_created - segments;
+    eprintln!(
+        "{name}/{param}: a segment made in {:.1}% of {n} round trips",
+        100.0 * made as f64 / n.max(1) as f64
     );
     assert_eq!(st.exact + st.exact_fallbacks, 0, "{name}: all carved");
     for (b, s) in keep {
@@ -114,9 +119,13 @@ fn round_trip(c: &mut Criterion) {
     g.measurement_time(Duration::from_secs(2));
     let granularity = Packing::default().granularity;
 
+    // Sizes drawn at random among small requests, among medium ones (whose
+    // holes often miss the next size: a segment comes and goes), and one
+    // medium size over and over.
     for (scale, lo, hi) in [
         ("small", 64usize, 1 << 20),
         ("medium", (1 << 20) + 1, 32 << 20),
+        ("medium_one_size", 3 << 20, (3 << 20) + 1),
     ] {
         let walk = sizes(1 << 12, lo, hi, 0x2545_F491_4F6C_DD1D);
 
