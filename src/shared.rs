@@ -47,7 +47,8 @@ use crate::stats::Stats;
 /// The pool is split in two, each behind its own [`Mutex`]: the *cache*
 /// (the store of idle blocks, the policy, the clock and the counters) and
 /// the *backing allocator*. No thread ever holds both, except inside
-/// [`SharedPool::with`].
+/// [`SharedPool::with`]. (A pool from [`SharedPool::packed`] is instead
+/// one [`PackedPool`] behind one lock: see there.)
 ///
 /// - A **hit** holds the cache lock for the store lookup and the policy
 ///   check, and never touches the allocator.
@@ -429,7 +430,10 @@ impl<A: RawAllocator, P: Policy, C: Clock> SharedPool<A, P, C> {
     /// are the exact pool's (segments and exact blocks are its blocks),
     /// [`packing_stats`](Self::packing_stats) the packing counters;
     /// [`with_packed`](Self::with_packed) reaches the `PackedPool` itself
-    /// ([`with`](Self::with) panics on a packed pool).
+    /// ([`with`](Self::with) panics on a packed pool). A panic inside the
+    /// packed pool (backing allocator, clock, policy) is passed on and the
+    /// lock recovered by the next call; the blocks it keeps are as
+    /// [`PackedPool`] keeps them.
     ///
     /// # Examples
     ///
