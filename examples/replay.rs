@@ -27,8 +27,10 @@
 //! - `--packing KEY=VALUE,...`: one more row, `packed KEY=VALUE,...`: the
 //!   `packed` row's packing with these settings changed (keys as
 //!   `decaying_pool::Packing`'s fields: `small_threshold`,
-//!   `medium_threshold`, `min_segment`, `max_segment`, `growth`,
-//!   `cap_fraction`, `capacity`, `granularity`; sizes take K/M/G). May be
+//!   `medium_threshold`, `small_segment`, `medium_segment`, `max_segment`,
+//!   `growth`, `segment_multiple`, `cap_fraction`, `capacity`,
+//!   `granularity`, `large_rounding`; sizes take K/M/G; `off` packs
+//!   nothing). Without `capacity`, the row gets `--capacity`'s. May be
 //!   given several times.
 //! - `--chrome-trace OUT.json`, `--svg OUT.svg`: the pool's counters over
 //!   time for every configuration (with several workloads, the workload's

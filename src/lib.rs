@@ -13,6 +13,10 @@
 //! [`EvictionPolicy`]. It never splits a block, so
 //! it never fragments the backing allocator.
 //!
+//! With [`Builder::packing`], a [`PackedPool`] carves small and medium
+//! requests from segments (blocks of the pool) in O(1), so they share
+//! backing allocations, while large requests stay exact blocks.
+//!
 //! # Examples
 //!
 //! ```

@@ -11,19 +11,25 @@ const MIB: usize = 1 << 20;
 ///
 /// - a request of at most `small_threshold` bytes is carved from a *small*
 ///   segment, one of at most `medium_threshold` bytes from a *medium*
-///   segment; larger requests are exact blocks of the pool underneath,
-///   never split;
+///   segment; larger requests are blocks of their own in the pool
+///   underneath (rounded up to `large_rounding`), never split;
 /// - carved blocks are rounded up to `granularity` bytes (which is also
 ///   their alignment within the segment);
-/// - a new segment is sized by the footprint it joins: the power of two at
-///   least `1 / growth` of the bytes already in segments of its kind, and
-///   at least `segment_multiple` times the request, no smaller than
-///   `small_segment` (small) or `medium_segment` (medium) and no larger
-///   than `max_segment`;
+/// - a new segment is sized by the footprint it joins: at least
+///   `1 / growth` of the bytes already in segments of its kind, at least
+///   `segment_multiple` times the request (as far as those bytes justify),
+///   no smaller than `small_segment` (small) or `medium_segment` (medium),
+///   rounded up to one of four sizes per power of two, no larger than
+///   `max_segment`; the size of a segment emptied lately (likely still
+///   cached in the pool) is taken instead when one fits;
 /// - and never larger than `1 / cap_fraction` of the device `capacity`
-///   (or of the pool's limit when no capacity is set), so a tight device
-///   never fails for want of a whole segment. A request that no allowed
-///   segment can hold is an exact block.
+///   (or of the pool's limit when no capacity is set), see
+///   [`segment_cap`](Self::segment_cap); near a known capacity, no larger
+///   than half the room left. A request that no allowed segment can hold is
+///   an exact block, and so is one whose segment the pool cannot supply.
+///
+/// The defaults were chosen on real training and inference traces (see the
+/// README's Packing section for the figures and the grid tried).
 ///
 /// # Examples
 ///
@@ -31,7 +37,7 @@ const MIB: usize = 1 << 20;
 /// use decaying_pool::Packing;
 /// let p = Packing::default().medium_threshold(32 << 20).capacity(8 << 30);
 /// assert_eq!(p.medium_threshold, 32 << 20);
-/// assert_eq!(p.segment_cap(None), (8usize << 30) / p.cap_fraction);
+/// assert_eq!(p.segment_cap(None), 256 << 20); // 8 GiB / 32
 /// let q: Packing = "medium_threshold=32M,capacity=8G".parse().unwrap();
 /// assert_eq!(p, q);
 /// ```
@@ -66,6 +72,11 @@ pub struct Packing {
     /// Carved blocks are rounded up to, and aligned to, this many bytes
     /// within their segment (default 512; a power of two).
     pub granularity: usize,
+    /// Requests above the medium threshold are exact blocks of this
+    /// multiple (default 2 MiB, as PyTorch rounds large blocks, and the page
+    /// size CUDA maps large allocations with), so sizes a few bytes apart
+    /// share cached blocks; 1 keeps them exact to the byte.
+    pub large_rounding: usize,
 }
 
 impl Default for Packing {
@@ -81,6 +92,7 @@ impl Default for Packing {
             cap_fraction: 32,
             capacity: None,
             granularity: 512,
+            large_rounding: 2 * MIB,
         }
     }
 }
@@ -154,6 +166,14 @@ impl Packing {
         segment_multiple: usize
     );
     setter!(
+        /// Sets [`large_rounding`](Self::large_rounding).
+        ///
+        /// ```
+        /// assert_eq!(decaying_pool::Packing::default().large_rounding(1).large_rounding, 1);
+        /// ```
+        large_rounding: usize
+    );
+    setter!(
         /// Sets [`cap_fraction`](Self::cap_fraction).
         ///
         /// ```
@@ -184,7 +204,8 @@ impl Packing {
         self
     }
 
-    /// No packing at all: every request is an exact block (thresholds 0).
+    /// No packing at all: every request is an exact block of its own size
+    /// (thresholds 0, no large rounding), as from the pool alone.
     ///
     /// # Examples
     ///
@@ -192,14 +213,19 @@ impl Packing {
     /// assert_eq!(decaying_pool::Packing::off().medium_threshold, 0);
     /// ```
     pub fn off() -> Self {
-        Packing::default().small_threshold(0).medium_threshold(0)
+        Packing::default()
+            .small_threshold(0)
+            .medium_threshold(0)
+            .large_rounding(1)
     }
 
     /// The largest segment allowed with this setting over a pool whose
     /// limit is `limit`: `max_segment`, capped at `capacity / cap_fraction`
     /// (or `limit / cap_fraction` without a capacity) rounded down to a
     /// power of two (so that segments hold whole numbers of the
-    /// power-of-two sizes tensors come in, rather than strand a tail each).
+    /// power-of-two sizes tensors come in, rather than strand a tail each),
+    /// and never below `small_segment` (on a device so small that 1/32 of
+    /// it is less, small segments keep their size).
     ///
     /// # Examples
     ///
@@ -209,16 +235,18 @@ impl Packing {
     /// assert_eq!(Packing::default().segment_cap(Some(1 << 30)), 32 << 20);
     /// assert_eq!(Packing::default().segment_cap(Some(5 << 30)), 128 << 20); // 160 MiB, rounded down
     /// assert_eq!(Packing::default().capacity(2 << 30).segment_cap(Some(1 << 30)), 64 << 20);
+    /// assert_eq!(Packing::default().segment_cap(Some(32 << 20)), 2 << 20);
     /// ```
     pub fn segment_cap(&self, limit: Option<usize>) -> usize {
         let bound = self
             .capacity
             .or(limit)
             .map_or(usize::MAX, |c| floor_pow2(c / self.cap_fraction.max(1)));
-        self.max_segment.min(bound)
+        self.max_segment.min(bound.max(self.small_segment))
     }
 
-    /// Checks the setting: a description of the first problem found.
+    /// The setting made usable: a power-of-two granularity, divisors of at
+    /// least 1, the small threshold at most the medium one.
     pub(crate) fn normalised(mut self) -> Self {
         self.granularity = self
             .granularity
@@ -228,6 +256,7 @@ impl Packing {
         self.growth = self.growth.max(1);
         self.segment_multiple = self.segment_multiple.max(1);
         self.cap_fraction = self.cap_fraction.max(1);
+        self.large_rounding = self.large_rounding.max(1);
         self.small_threshold = self.small_threshold.min(self.medium_threshold);
         self
     }
@@ -279,7 +308,7 @@ impl FromStr for Packing {
     /// `small_threshold` (`small`), `medium_threshold` (`medium`),
     /// `small_segment`, `medium_segment`, `max_segment`, `growth`,
     /// `segment_multiple`
-    /// (`multiple`), `cap_fraction` (`cap`),
+    /// (`multiple`), `cap_fraction` (`cap`), `large_rounding`,
     /// `capacity`, `granularity`. Sizes take `K`, `M`, `G` suffixes; `off`
     /// alone turns packing off.
     fn from_str(s: &str) -> Result<Self, Self::Err> {
@@ -305,6 +334,7 @@ impl FromStr for Packing {
                 "cap_fraction" | "cap" => p.cap_fraction = size()?,
                 "capacity" => p.capacity = Some(size()?),
                 "granularity" => p.granularity = size()?,
+                "large_rounding" => p.large_rounding = size()?,
                 other => return Err(ParsePackingError(format!("unknown packing key `{other}`"))),
             }
         }

@@ -45,7 +45,8 @@ const RECENT: usize = 16;
 
 /// A [`DecayingPool`] with packing: requests up to a threshold are carved
 /// from *segments* (blocks of the pool), larger ones are the pool's exact
-/// blocks, never split. From [`Builder::packing`].
+/// blocks, never split (rounded up to [`Packing::large_rounding`], 2 MiB by
+/// default). From [`Builder::packing`].
 ///
 /// - requests up to [`Packing::small_threshold`] are carved from small
 ///   segments, those up to [`Packing::medium_threshold`] from medium
@@ -230,14 +231,15 @@ impl<A: Packable, P: Policy, C: Clock> PackedPool<A, P, C> {
             return Err(PoolError::ZeroSize);
         }
         if size > self.packing.medium_threshold {
-            return self.exact(size, false);
+            let large = self.large_size(size);
+            return self.exact(large, size, false);
         }
         let units = self.units_of(size);
         let Ok(units32) = u32::try_from(units) else {
-            return self.exact(size, false);
+            return self.exact(size, size, false);
         };
         if self.fitting(units) > self.cap {
-            return self.exact(size, false);
+            return self.exact(size, size, false);
         }
         // Bring decay up to date, as every pool call does.
         self.pool.collect();
@@ -250,7 +252,7 @@ impl<A: Packable, P: Policy, C: Clock> PackedPool<A, P, C> {
             Some(slot) => slot,
             None => match self.new_segment(kind, units) {
                 Some(slot) => slot,
-                None => return self.exact(size, true),
+                None => return self.exact(size, size, true),
             },
         };
         let Some(seg) = self.slots[slot as usize].as_mut() else {
@@ -263,7 +265,7 @@ impl<A: Packable, P: Policy, C: Clock> PackedPool<A, P, C> {
             if seg.live == 0 {
                 self.release_segment(slot);
             }
-            return self.exact(size, true);
+            return self.exact(size, size, true);
         };
         let offset = (alloc.offset as usize) << self.shift;
         let block = A::carve(&seg.block, offset);
@@ -320,9 +322,15 @@ impl<A: Packable, P: Policy, C: Clock> PackedPool<A, P, C> {
         let addr = A::address(&block);
         let Some(live) = self.live.remove(&addr) else {
             // An exact block: the pool checks the size.
+            let bytes = if size > self.packing.medium_threshold {
+                self.large_size(size)
+            } else {
+                size
+            };
             // SAFETY: the caller's contract; the block was not carved, so it
-            // came from `self.pool.allocate(size)`.
-            unsafe { self.pool.release(block, size) };
+            // came from `self.pool.allocate(bytes)` (`allocate` asks for
+            // `large_size(size)` above the medium threshold).
+            unsafe { self.pool.release(block, bytes) };
             self.st.bytes_requested = self.st.bytes_requested.saturating_sub(size);
             return;
         };
@@ -334,7 +342,8 @@ impl<A: Packable, P: Policy, C: Clock> PackedPool<A, P, C> {
             );
         }
         drop(block);
-        self.pool.collect();
+        // The range goes back first: a panic in the policy run below (a
+        // clock's, a policy's) must not strand it.
         let Some(seg) = self.slots[live.slot as usize].as_mut() else {
             unreachable!("a live block's segment is held")
         };
@@ -346,9 +355,12 @@ impl<A: Packable, P: Policy, C: Clock> PackedPool<A, P, C> {
         st.free_segment_bytes += bytes;
         st.bytes_requested -= size;
         if seg.live == 0 {
+            // Releasing the segment runs the policy.
             self.release_segment(live.slot);
         } else {
             self.refile(live.slot);
+            // Bring decay up to date, as every pool call does.
+            self.pool.collect();
         }
     }
 
@@ -589,6 +601,13 @@ impl<A: Packable, P: Policy, C: Clock> PackedPool<A, P, C> {
             .collect()
     }
 
+    /// What a request above the medium threshold asks of the pool.
+    #[inline]
+    fn large_size(&self, size: usize) -> usize {
+        size.checked_next_multiple_of(self.packing.large_rounding.max(1))
+            .unwrap_or(size)
+    }
+
     #[inline]
     fn units_of(&self, size: usize) -> usize {
         let mask = (1usize << self.shift) - 1;
@@ -601,9 +620,14 @@ impl<A: Packable, P: Policy, C: Clock> PackedPool<A, P, C> {
         st.peak_bytes_requested = st.peak_bytes_requested.max(st.bytes_requested);
     }
 
-    /// An exact block of the pool.
-    fn exact(&mut self, size: usize, fallback: bool) -> Result<A::Block, PoolError<A::Error>> {
-        let block = self.pool.allocate(size)?;
+    /// An exact block of `bytes` for a request of `size`.
+    fn exact(
+        &mut self,
+        bytes: usize,
+        size: usize,
+        fallback: bool,
+    ) -> Result<A::Block, PoolError<A::Error>> {
+        let block = self.pool.allocate(bytes)?;
         self.st.requests += 1;
         if fallback {
             self.st.exact_fallbacks += 1;
@@ -669,13 +693,20 @@ impl<A: Packable, P: Policy, C: Clock> PackedPool<A, P, C> {
         let want = crate::SizeClass::PowerOfTwoDivisions(4)
             .round(want)
             .unwrap_or(usize::MAX);
-        // Near a known capacity, segments shrink with the room left, so the
-        // last ones strand little free space.
+        let size = want.min(self.cap).max(need);
+        // Near a known capacity, segments shrink with the room left (half
+        // of it, rounded down to a power of two): the last segments strand
+        // little free space.
         let room = match self.packing.capacity.or(self.pool.limit()) {
-            Some(c) => config::floor_pow2(c.saturating_sub(self.pool.stats().bytes_reserved) / 2),
+            Some(c) => c.saturating_sub(self.pool.stats().bytes_reserved) / 2,
             None => usize::MAX,
         };
-        want.min(self.cap).min(room).max(need) >> self.shift << self.shift
+        let size = if size > room {
+            config::floor_pow2(room).max(need)
+        } else {
+            size
+        };
+        size >> self.shift << self.shift
     }
 
     /// A segment size for `units` that the pool likely holds cached (a

@@ -90,7 +90,11 @@ fn freed_ranges_coalesce_and_serve_any_packed_size() {
 fn requests_above_the_medium_threshold_are_exact_blocks() {
     let (mut pool, alloc, _) = packed(Packing::default().medium_threshold(8 * MIB));
     let big = pool.allocate(8 * MIB + 1).unwrap();
-    assert_eq!(alloc.size_of(big), Some(8 * MIB + 1), "exact, never split");
+    assert_eq!(
+        alloc.size_of(big),
+        Some(10 * MIB),
+        "its own block, 2 MiB pages"
+    );
     let medium = pool.allocate(8 * MIB).unwrap();
     assert_ne!(
         alloc.size_of(medium),
@@ -106,10 +110,22 @@ fn requests_above_the_medium_threshold_are_exact_blocks() {
     }
     // The exact block went back to the pool's cache as itself.
     assert_eq!(pool.stats().blocks_cached, 2);
-    let again = pool.allocate(8 * MIB + 1).unwrap();
+    // A size a few bytes off shares the cached block.
+    let again = pool.allocate(9 * MIB).unwrap();
     assert_eq!(again, big, "an exact hit");
     // SAFETY: each block came from this pool with this size and is released once.
-    unsafe { pool.release(again, 8 * MIB + 1) };
+    unsafe { pool.release(again, 9 * MIB) };
+    pool.validate();
+    // Exact to the byte when asked.
+    let (mut pool, alloc, _) = packed(
+        Packing::default()
+            .medium_threshold(8 * MIB)
+            .large_rounding(1),
+    );
+    let big = pool.allocate(8 * MIB + 1).unwrap();
+    assert_eq!(alloc.size_of(big), Some(8 * MIB + 1));
+    // SAFETY: each block came from this pool with this size and is released once.
+    unsafe { pool.release(big, 8 * MIB + 1) };
     pool.validate();
 }
 
@@ -153,9 +169,9 @@ fn segments_are_capped_by_the_limit_and_by_the_device() {
 
 #[test]
 fn a_tight_device_never_fails_for_want_of_a_whole_segment() {
-    // 48 MiB device: the cap is 1 MiB (1/32, rounded down to a power of
-    // two) and segments shrink with the room left; every request that fits
-    // the device is served.
+    // 48 MiB device: the cap is 2 MiB (1/32 is less: small segments keep
+    // their size) and segments shrink with the room left; every request
+    // that fits the device is served.
     let dev = FailingAllocator::new(CheckingAllocator::with_addresses());
     dev.set_capacity(Some(48 * MIB));
     let mut pool = DecayingPool::builder(dev.clone())
@@ -692,4 +708,41 @@ fn a_request_goes_to_the_segment_it_fits_most_tightly() {
         pool.release(c, 8 * MIB);
         pool.release(d, 16 * MIB);
     }
+}
+
+#[test]
+fn near_a_full_device_segments_shrink_with_the_room_left() {
+    // A 128 MiB device whose cap allows 64 MiB segments: each new segment
+    // is at most half the room left (rounded down to a power of two), so
+    // the last ones are small and strand little.
+    let dev = FailingAllocator::new(CheckingAllocator::with_addresses());
+    dev.set_capacity(Some(128 * MIB));
+    let mut pool = DecayingPool::builder(dev.clone())
+        .packing(Packing::default().capacity(128 * MIB).cap_fraction(2))
+        .build();
+    assert_eq!(pool.segment_cap(), 64 * MIB);
+    let blocks: Vec<u64> = (0..31).map(|_| pool.allocate(4 * MIB).unwrap()).collect();
+    let mut reserved = 0;
+    let mut sizes = Vec::new();
+    for c in dev.inner().calls() {
+        if let decaying_pool::testing::Call::Allocate { size, .. } = c {
+            let room = (128 * MIB - reserved) / 2;
+            let bound = (1usize << room.ilog2()).max(4 * MIB);
+            assert!(
+                size <= bound,
+                "a {size} B segment with {reserved} B reserved"
+            );
+            reserved += size;
+            sizes.push(size / MIB);
+        }
+    }
+    assert_eq!(sizes, [32, 32, 32, 16, 8, 4], "{sizes:?}");
+    assert_eq!(pool.packing_stats().exact_fallbacks, 0);
+    pool.validate();
+    for b in blocks {
+        // SAFETY: each block came from this pool with this size and is released once.
+        unsafe { pool.release(b, 4 * MIB) };
+    }
+    drop(pool);
+    dev.inner().assert_all_freed();
 }
