@@ -90,22 +90,31 @@ pub const MAX_PACKED_OPS: usize = 512;
 const TICK: Duration = Duration::from_millis(1);
 
 /// A packing preset: `(small_threshold, medium_threshold, small_segment,
-/// medium_segment, max_segment, growth, segment_multiple, granularity)`.
-pub type Preset = (usize, usize, usize, usize, usize, usize, usize, usize);
+/// medium_segment, max_segment, growth, segment_multiple, granularity,
+/// large_rounding)`.
+pub type Preset = (
+    usize,
+    usize,
+    usize,
+    usize,
+    usize,
+    usize,
+    usize,
+    usize,
+    usize,
+);
 
-/// Packing presets: `(small_threshold, medium_threshold, small_segment,
-/// medium_segment, max_segment, growth, segment_multiple, granularity)`.
-/// Small numbers, so that a case carves many blocks from few, small
-/// segments.
+/// Packing presets (see [`Preset`]). Small numbers, so that a case carves
+/// many blocks from few, small segments.
 pub const PRESETS: [Preset; 8] = [
-    (256, 4096, 2048, 8192, 16384, 4, 4, 64),
-    (512, 8192, 4096, 16384, 65536, 2, 4, 512),
-    (1000, 3000, 1024, 4096, 8192, 1, 1, 256),
-    (0, 4096, 4096, 4096, 4096, 4, 1, 512),
-    (256, 256, 1024, 1024, 1024, 4, 4, 128),
-    (0, 0, 2048, 2048, 2048, 4, 4, 512),
-    (4096, 65536, 2048, 8192, 32768, 4, 2, 512),
-    (300, 5000, 1000, 2000, 3000, 3, 3, 100),
+    (256, 4096, 2048, 8192, 16384, 4, 4, 64, 1),
+    (512, 8192, 4096, 16384, 65536, 2, 4, 512, 4096),
+    (1000, 3000, 1024, 4096, 8192, 1, 1, 256, 1000),
+    (0, 4096, 4096, 4096, 4096, 4, 1, 512, 512),
+    (256, 256, 1024, 1024, 1024, 4, 4, 128, 1),
+    (0, 0, 2048, 2048, 2048, 4, 4, 512, 2048),
+    (4096, 65536, 2048, 8192, 32768, 4, 2, 512, 8192),
+    (300, 5000, 1000, 2000, 3000, 3, 3, 100, 3000),
 ];
 
 /// Cap fractions (a segment is at most the capacity or limit over this).
@@ -179,7 +188,7 @@ fn pick<T: Copy>(table: &[T], b: u8) -> T {
 /// The packing settings of preset `i` with the cap fraction and device
 /// capacity given.
 pub fn preset(i: u8, cap_fraction: usize, device: Option<usize>) -> Packing {
-    let (small, medium, small_seg, medium_seg, max_seg, growth, multiple, granularity) =
+    let (small, medium, small_seg, medium_seg, max_seg, growth, multiple, granularity, large) =
         pick(&PRESETS, i);
     let p = Packing::default()
         .small_threshold(small)
@@ -189,6 +198,7 @@ pub fn preset(i: u8, cap_fraction: usize, device: Option<usize>) -> Packing {
         .max_segment(max_seg)
         .growth(growth)
         .segment_multiple(multiple)
+        .large_rounding(large)
         .granularity(granularity)
         .cap_fraction(cap_fraction);
     match device {
@@ -524,7 +534,19 @@ impl Harness {
         if h.packed {
             round_up(h.size, self.packing.granularity.max(1).next_power_of_two())
         } else {
-            self.class_size(h.size).expect("a block held has a class")
+            self.class_size(self.exact_bytes(h.size))
+                .expect("a block held has a class")
+        }
+    }
+
+    /// What an exact block of a request of `size` asks of the pool: above
+    /// the medium threshold, `size` rounded up to `large_rounding`.
+    fn exact_bytes(&self, size: usize) -> usize {
+        if size > self.packing.medium_threshold {
+            size.checked_next_multiple_of(self.packing.large_rounding.max(1))
+                .unwrap_or(size)
+        } else {
+            size
         }
     }
 
@@ -730,7 +752,7 @@ impl Harness {
                     ps.requests, ps_before.requests,
                     "a failed request was counted"
                 );
-                let class = self.class_size(size);
+                let class = self.class_size(self.exact_bytes(size));
                 let valid = class.is_some() && size > 0;
                 let unconstrained =
                     self.cfg.limit.is_none() && self.cfg.capacity.is_none() && !injected;
