@@ -1,8 +1,10 @@
-//! A minimal tensor library whose storage comes from a `SharedPool`: device
-//! memory on the GPU when CUDA is available (built with `--features cuda`),
-//! host memory from `SystemAllocator` otherwise. It runs a small
-//! training-like loop and prints hits, misses, backing calls and bytes over
-//! time.
+//! A minimal tensor library whose storage comes from a packed `SharedPool`
+//! (`SharedPool::packed`): device memory on the GPU when CUDA is available
+//! (built with `--features cuda`), host memory from `SystemAllocator`
+//! otherwise. Tensors up to the medium threshold are carved from segments,
+//! so the many shapes of a step share a few backing allocations. It runs a
+//! small training-like loop and prints hits, misses, backing calls,
+//! segments and bytes over time.
 //!
 //! ```text
 //! cargo run --release --example tensor_store                  # host
@@ -12,7 +14,8 @@
 use std::time::Duration;
 
 use decaying_pool::{
-    DecayingPool, FixedTime, ManualClock, Pooled, SharedPool, Stats, SystemAllocator,
+    DecayingPool, FixedTime, ManualClock, Packing, PackingStats, Pooled, SharedPool, Stats,
+    SystemAllocator,
 };
 
 /// Where tensors live.
@@ -42,18 +45,20 @@ impl Backend {
         if decaying_pool::cuda::available() {
             let alloc = decaying_pool::cuda::DeviceAllocator::new(0).expect("CUDA device 0");
             let stream = alloc.context().default_stream();
-            let pool = SharedPool::new(
+            let pool = SharedPool::packed(
                 DecayingPool::builder(alloc)
                     .policy(ttl)
                     .clock(clock.clone())
+                    .packing(Packing::default())
                     .build(),
             );
             return Backend::Device(decaying_pool::cuda::SlicePool::new(pool, stream));
         }
-        Backend::Host(SharedPool::new(
+        Backend::Host(SharedPool::packed(
             DecayingPool::builder(SystemAllocator::new())
                 .policy(ttl)
                 .clock(clock.clone())
+                .packing(Packing::default())
                 .build(),
         ))
     }
@@ -96,11 +101,27 @@ impl Backend {
         }
     }
 
+    /// The exact pool's counters: segments and large tensors are its blocks.
     fn stats(&self) -> Stats {
-        match self {
-            Backend::Host(pool) => pool.stats(),
+        self.pool_stats().0
+    }
+
+    /// The exact pool's counters and the packing counters.
+    fn pool_stats(&self) -> (Stats, PackingStats) {
+        let (stats, packing) = match self {
+            Backend::Host(pool) => (pool.stats(), pool.packing_stats()),
             #[cfg(feature = "cuda")]
-            Backend::Device(slices) => slices.pool().stats(),
+            Backend::Device(slices) => (slices.pool().stats(), slices.pool().packing_stats()),
+        };
+        (stats, packing.expect("a packed pool"))
+    }
+
+    /// Runs the policy now; returns the blocks freed.
+    fn collect(&self) -> usize {
+        match self {
+            Backend::Host(pool) => pool.collect(),
+            #[cfg(feature = "cuda")]
+            Backend::Device(slices) => slices.pool().collect(),
         }
     }
 }
@@ -127,7 +148,7 @@ impl Tensor {
 /// A training-like loop: per step, activations for a batch whose size
 /// varies, gradients of fixed size, a workspace; the clock moves 100 ms a
 /// step. Returns the stats after each step.
-fn train(backend: &Backend, clock: &ManualClock, steps: usize) -> Vec<Stats> {
+fn train(backend: &Backend, clock: &ManualClock, steps: usize) -> Vec<(Stats, PackingStats)> {
     let mut history = Vec::with_capacity(steps);
     let weights = backend.full(&[256, 256], 0.01);
     for step in 0..steps {
@@ -140,7 +161,7 @@ fn train(backend: &Backend, clock: &ManualClock, steps: usize) -> Vec<Stats> {
         assert_eq!(weights.first(), 0.01);
         drop((workspace, gradients, activations));
         clock.advance(Duration::from_millis(100));
-        history.push(backend.stats());
+        history.push(backend.pool_stats());
     }
     history
 }
@@ -153,30 +174,34 @@ fn main() {
         backend.name()
     );
     println!(
-        "{:>5} {:>6} {:>7} {:>10} {:>10} {:>10} {:>11}",
-        "step", "hits", "misses", "b.allocs", "b.frees", "held KiB", "pooled KiB"
+        "{:>5} {:>7} {:>9} {:>10} {:>10} {:>10} {:>12} {:>13}",
+        "step",
+        "carved",
+        "segments",
+        "b.allocs",
+        "b.frees",
+        "held KiB",
+        "tensors KiB",
+        "free seg KiB"
     );
     let history = train(&backend, &clock, 24);
-    for (step, s) in history.iter().enumerate() {
+    for (step, (s, p)) in history.iter().enumerate() {
         if step % 4 == 3 {
             println!(
-                "{:>5} {:>6} {:>7} {:>10} {:>10} {:>10} {:>11}",
+                "{:>5} {:>7} {:>9} {:>10} {:>10} {:>10} {:>12} {:>13}",
                 step + 1,
-                s.hits,
-                s.misses,
+                p.carved,
+                p.segments,
                 s.backing_allocs,
                 s.backing_deallocs,
                 s.bytes_reserved / 1024,
-                s.bytes_from_pool / 1024
+                p.bytes_requested / 1024,
+                p.free_segment_bytes / 1024
             );
         }
     }
     clock.advance(Duration::from_secs(1));
-    let freed = match &backend {
-        Backend::Host(pool) => pool.collect(),
-        #[cfg(feature = "cuda")]
-        Backend::Device(slices) => slices.pool().collect(),
-    };
+    let freed = backend.collect();
     let s = backend.stats();
     println!(
         "\nidle 1 s: collect freed {freed} blocks; {} KiB still held",
@@ -185,14 +210,23 @@ fn main() {
 }
 
 #[test]
-fn host_path_serves_repeated_shapes_from_the_pool() {
+fn host_path_packs_every_shape_into_a_few_segments() {
     let clock = ManualClock::new();
     let backend = Backend::new(&clock);
     let history = train(&backend, &clock, 24);
-    let last = history.last().unwrap();
-    // Batch sizes cycle through 32, 64, 128: after the first cycle every
-    // request is a hit.
-    assert!(last.hits > 3 * last.misses, "{last:?}");
-    assert_eq!(last.misses, last.backing_allocs);
-    assert_eq!(history[11].misses, last.misses, "no miss after warm-up");
+    let (last, packing) = history.last().unwrap();
+    // Every tensor (at most 256 KiB) is carved: the weights, then three
+    // per step.
+    assert_eq!(packing.requests, 1 + 3 * 24, "{packing:?}");
+    assert_eq!(packing.carved, packing.requests, "{packing:?}");
+    // Five tensor sizes, yet a single segment holds a step's working set:
+    // one backing allocation, none after the first step.
+    assert_eq!(last.backing_allocs, 1, "{last:?}");
+    assert_eq!(history[0].0.backing_allocs, last.backing_allocs);
+    assert_eq!(last.backing_deallocs, 0);
+    drop(history);
+    // Idle past the period: the emptied segment decays.
+    clock.advance(Duration::from_secs(1));
+    assert_eq!(backend.collect(), 1);
+    assert_eq!(backend.stats().bytes_reserved, 0);
 }

@@ -59,6 +59,8 @@ mod clock;
 mod error;
 #[cfg(feature = "fuzzing")]
 pub mod fuzzing;
+#[cfg(feature = "fuzzing")]
+pub mod fuzzing_packed;
 mod packing;
 pub mod policy;
 mod pool;

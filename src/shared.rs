@@ -10,8 +10,11 @@
 //!   still gives memory back.
 //!
 //! [`SharedPool`]'s documentation describes what runs under which lock and
-//! how it recovers from a panic inside the pool.
+//! how it recovers from a panic inside the pool. A `SharedPool` can also
+//! hold a [`PackedPool`] ([`SharedPool::packed`]), with the same handle
+//! and the same [`Pooled`] blocks.
 
+use core::any::Any;
 use core::fmt;
 use core::mem::ManuallyDrop;
 use core::ops::Deref;
@@ -23,6 +26,7 @@ use std::thread::{self, JoinHandle};
 use crate::cache::{Cache, Retry};
 use crate::clock::{Clock, MonotonicClock};
 use crate::error::PoolError;
+use crate::packing::{Packable, PackedPool, PackingStats};
 use crate::policy::{FixedTime, Policy};
 use crate::pool::DecayingPool;
 use crate::raw::{RawAllocator, SendBlock};
@@ -43,7 +47,8 @@ use crate::stats::Stats;
 /// The pool is split in two, each behind its own [`Mutex`]: the *cache*
 /// (the store of idle blocks, the policy, the clock and the counters) and
 /// the *backing allocator*. No thread ever holds both, except inside
-/// [`SharedPool::with`].
+/// [`SharedPool::with`]. (A pool from [`SharedPool::packed`] is instead
+/// one [`PackedPool`] behind one lock: see there.)
 ///
 /// - A **hit** holds the cache lock for the store lookup and the policy
 ///   check, and never touches the allocator.
@@ -148,10 +153,68 @@ where
 }
 
 /// The shared state: the two halves of the pool, each behind its lock.
-/// `None` only while [`SharedPool::with`] has put them back together.
+/// `None` only while [`SharedPool::with`] has put them back together, and
+/// always in a packed pool, whose whole [`PackedPool`] is in `packed`.
 struct Inner<A: RawAllocator, P: Policy, C: Clock> {
     cache: Mutex<Option<Cache<A::Block, P, C>>>,
     alloc: Mutex<Option<A>>,
+    /// A pool from [`SharedPool::packed`]: every call goes to it.
+    packed: Option<Layer<A, P, C>>,
+}
+
+/// The packing layer of a packed pool, behind its lock.
+type Layer<A, P, C> = Mutex<Box<dyn PackedLayer<A, P, C>>>;
+
+/// A [`PackedPool`] seen from a [`SharedPool`], whose allocator type need
+/// not be [`Packable`]: the calls a packed `SharedPool` forwards to it.
+trait PackedLayer<A: RawAllocator, P: Policy, C: Clock> {
+    fn allocate(&mut self, size: usize) -> Result<A::Block, PoolError<A::Error>>;
+    /// # Safety
+    ///
+    /// As [`PackedPool::release`].
+    unsafe fn release(&mut self, block: A::Block, size: usize);
+    fn collect(&mut self) -> usize;
+    fn trim(&mut self) -> usize;
+    fn stats(&self) -> Stats;
+    fn packing_stats(&self) -> PackingStats;
+    /// The `PackedPool<A, P, C>` itself, for [`SharedPool::with_packed`].
+    fn as_any(&mut self) -> &mut dyn Any;
+    #[cfg(feature = "testing")]
+    fn validate(&self);
+}
+
+impl<A, P, C> PackedLayer<A, P, C> for PackedPool<A, P, C>
+where
+    A: Packable + 'static,
+    P: Policy + 'static,
+    C: Clock + 'static,
+{
+    fn allocate(&mut self, size: usize) -> Result<A::Block, PoolError<A::Error>> {
+        PackedPool::allocate(self, size)
+    }
+    unsafe fn release(&mut self, block: A::Block, size: usize) {
+        // SAFETY: the caller upholds `PackedPool::release`'s contract.
+        unsafe { PackedPool::release(self, block, size) }
+    }
+    fn collect(&mut self) -> usize {
+        PackedPool::collect(self)
+    }
+    fn trim(&mut self) -> usize {
+        PackedPool::trim(self)
+    }
+    fn stats(&self) -> Stats {
+        PackedPool::stats(self)
+    }
+    fn packing_stats(&self) -> PackingStats {
+        PackedPool::packing_stats(self)
+    }
+    fn as_any(&mut self) -> &mut dyn Any {
+        self
+    }
+    #[cfg(feature = "testing")]
+    fn validate(&self) {
+        PackedPool::validate(self);
+    }
 }
 
 /// Blocks taken out of the cache, to deallocate once the cache lock is
@@ -169,6 +232,13 @@ fn recover<T>(r: Result<T, PoisonError<T>>) -> T {
 }
 
 impl<A: RawAllocator, P: Policy, C: Clock> Inner<A, P, C> {
+    /// Runs `f` on the packing layer under its lock, if the pool is packed.
+    #[inline]
+    fn packed<R>(&self, f: impl FnOnce(&mut dyn PackedLayer<A, P, C>) -> R) -> Option<R> {
+        let layer = self.packed.as_ref()?;
+        Some(f(&mut **recover(layer.lock())))
+    }
+
     /// Runs `f` on the cache under its lock.
     #[inline]
     fn cache<R>(&self, f: impl FnOnce(&mut Cache<A::Block, P, C>) -> R) -> R {
@@ -230,6 +300,9 @@ impl<A: RawAllocator, P: Policy, C: Clock> Inner<A, P, C> {
     }
 
     fn allocate(&self, size: usize) -> Result<A::Block, PoolError<A::Error>> {
+        if let Some(r) = self.packed(|p| p.allocate(size)) {
+            return r;
+        }
         let step = self.cache_then_free(|cache, free| {
             let now = cache.now();
             cache.run_policy(now, free);
@@ -284,10 +357,19 @@ impl<A: RawAllocator, P: Policy, C: Clock> Inner<A, P, C> {
     /// Runs the policy, then caches `block`; a panic of the clock, the
     /// policy or a `deallocate` loses no block ([`DecayingPool::release`]).
     fn release(&self, block: A::Block, size: usize) {
+        if let Some(layer) = &self.packed {
+            // SAFETY: `block` came from this pool's `allocate(size)` and is
+            // released once (`Pooled`'s invariant, or `from_raw`'s contract).
+            unsafe { recover(layer.lock()).release(block, size) };
+            return;
+        }
         self.cache_then_free(|cache, free| cache.release_now(block, size, free));
     }
 
     fn collect(&self) -> usize {
+        if let Some(n) = self.packed(|p| p.collect()) {
+            return n;
+        }
         self.cache_then_free(|cache, free| {
             let now = cache.now();
             cache.run_policy(now, free)
@@ -295,6 +377,9 @@ impl<A: RawAllocator, P: Policy, C: Clock> Inner<A, P, C> {
     }
 
     fn trim(&self) -> usize {
+        if let Some(n) = self.packed(|p| p.trim()) {
+            return n;
+        }
         self.cache_then_free(|cache, free| {
             let now = cache.now();
             cache.trim_all(now, free)
@@ -329,7 +414,136 @@ impl<A: RawAllocator, P: Policy, C: Clock> SharedPool<A, P, C> {
             inner: Arc::new(Inner {
                 cache: Mutex::new(Some(cache)),
                 alloc: Mutex::new(Some(alloc)),
+                packed: None,
             }),
+        }
+    }
+
+    /// Wraps a [`PackedPool`] for sharing between threads: small and medium
+    /// requests are carved from segments, larger ones are exact blocks,
+    /// and the blocks are the same self-releasing [`Pooled`] handles.
+    ///
+    /// The whole packed pool is behind one lock: unlike a plain pool's
+    /// split cache and allocator locks, a call that needs a new segment or
+    /// an exact block from the backing allocator holds up the other
+    /// threads' calls while the backing allocator runs. [`stats`](Self::stats)
+    /// are the exact pool's (segments and exact blocks are its blocks),
+    /// [`packing_stats`](Self::packing_stats) the packing counters;
+    /// [`with_packed`](Self::with_packed) reaches the `PackedPool` itself
+    /// ([`with`](Self::with) panics on a packed pool). A panic inside the
+    /// packed pool (backing allocator, clock, policy) is passed on and the
+    /// lock recovered by the next call; the blocks it keeps are as
+    /// [`PackedPool`] keeps them.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, Packing, SharedPool};
+    /// let pool = SharedPool::packed(
+    ///     DecayingPool::builder(CheckingAllocator::with_addresses())
+    ///         .packing(Packing::default())
+    ///         .build(),
+    /// );
+    /// let (a, b) = (pool.allocate(100)?, pool.allocate(5000)?);
+    /// assert_eq!(*b - *a, 512); // carved side by side from one segment
+    /// assert_eq!(pool.stats().backing_allocs, 1);
+    /// assert_eq!(pool.packing_stats().unwrap().packed_blocks, 2);
+    /// drop((a, b)); // the emptied segment goes back to the exact pool
+    /// assert_eq!(pool.packing_stats().unwrap().segments, 0);
+    /// assert_eq!(pool.stats().blocks_cached, 1);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn packed(pool: PackedPool<A, P, C>) -> Self
+    where
+        A: Packable + 'static,
+        P: 'static,
+        C: 'static,
+    {
+        SharedPool {
+            inner: Arc::new(Inner {
+                cache: Mutex::new(None),
+                alloc: Mutex::new(None),
+                packed: Some(Mutex::new(Box::new(pool))),
+            }),
+        }
+    }
+
+    /// The packing counters of a pool from [`SharedPool::packed`]; `None`
+    /// for a plain pool.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, FixedTime, SharedPool};
+    /// let pool = SharedPool::new(DecayingPool::new(CheckingAllocator::new(), FixedTime::default()));
+    /// assert_eq!(pool.packing_stats(), None);
+    /// ```
+    pub fn packing_stats(&self) -> Option<PackingStats> {
+        self.inner.packed(|p| p.packing_stats())
+    }
+
+    /// Runs `f` on the [`PackedPool`] of a pool from
+    /// [`SharedPool::packed`], under its lock; `None` for a plain pool.
+    ///
+    /// Every other thread using the pool waits until `f` returns. Using
+    /// this pool inside `f` through a handle (or dropping a [`Pooled`] of
+    /// it) deadlocks.
+    ///
+    /// # Panics
+    ///
+    /// When `f` panics (the lock is recovered by the next call). The
+    /// packing layer a `SharedPool<A, P, C>` holds is always a
+    /// `PackedPool<A, P, C>`, so the downcast to it cannot fail.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, Packing, SharedPool};
+    /// let pool = SharedPool::packed(
+    ///     DecayingPool::builder(CheckingAllocator::with_addresses())
+    ///         .limit(1 << 30)
+    ///         .packing(Packing::default())
+    ///         .build(),
+    /// );
+    /// assert_eq!(pool.with_packed(|p| p.segment_cap()), Some(32 << 20));
+    /// ```
+    pub fn with_packed<R>(&self, f: impl FnOnce(&mut PackedPool<A, P, C>) -> R) -> Option<R>
+    where
+        A: Packable + 'static,
+        P: 'static,
+        C: 'static,
+    {
+        self.inner.packed(|p| {
+            let pool = p
+                .as_any()
+                .downcast_mut::<PackedPool<A, P, C>>()
+                .expect("a packed SharedPool holds a PackedPool of its own types");
+            f(pool)
+        })
+    }
+
+    /// Checks the pool's structures ([`DecayingPool::validate`], or
+    /// [`PackedPool::validate`] for a packed pool).
+    ///
+    /// # Panics
+    ///
+    /// With a description of the first inconsistency found (a bug in this
+    /// crate).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, FixedTime, SharedPool};
+    /// let pool = SharedPool::new(DecayingPool::new(CheckingAllocator::new(), FixedTime::default()));
+    /// let b = pool.allocate(8)?;
+    /// pool.validate();
+    /// # drop(b);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    #[cfg(feature = "testing")]
+    pub fn validate(&self) {
+        if self.inner.packed(|p| p.validate()).is_none() {
+            self.inner.cache(|cache| cache.validate());
         }
     }
 
@@ -380,6 +594,9 @@ impl<A: RawAllocator, P: Policy, C: Clock> SharedPool<A, P, C> {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn stats(&self) -> Stats {
+        if let Some(stats) = self.inner.packed(|p| p.stats()) {
+            return stats;
+        }
         self.inner.cache(|cache| cache.stats())
     }
 
@@ -445,6 +662,9 @@ impl<A: RawAllocator, P: Policy, C: Clock> SharedPool<A, P, C> {
     /// Using this pool inside `f` through a handle (or dropping a
     /// [`Pooled`] of it) deadlocks, as its locks are held.
     ///
+    /// On a pool from [`SharedPool::packed`] it panics: use
+    /// [`with_packed`](Self::with_packed).
+    ///
     /// # Examples
     ///
     /// ```
@@ -462,6 +682,10 @@ impl<A: RawAllocator, P: Policy, C: Clock> SharedPool<A, P, C> {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn with<R>(&self, f: impl FnOnce(&mut LockedPool<'_, A, P, C>) -> R) -> R {
+        assert!(
+            self.inner.packed.is_none(),
+            "SharedPool::with: a packed pool; use `with_packed`"
+        );
         let mut cache_slot = recover(self.inner.cache.lock());
         let mut alloc_slot = recover(self.inner.alloc.lock());
         let (Some(cache), Some(alloc)) = (cache_slot.take(), alloc_slot.take()) else {
@@ -576,6 +800,21 @@ where
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         // `try_lock`, so that formatting inside `with` does not deadlock.
         let mut d = f.debug_struct("SharedPool");
+        if let Some(layer) = &self.inner.packed {
+            let stats = match layer.try_lock() {
+                Ok(p) => Some((p.stats(), p.packing_stats())),
+                Err(std::sync::TryLockError::Poisoned(e)) => {
+                    let p = e.into_inner();
+                    Some((p.stats(), p.packing_stats()))
+                }
+                Err(std::sync::TryLockError::WouldBlock) => None,
+            };
+            match stats {
+                Some((stats, packing)) => d.field("stats", &stats).field("packing_stats", &packing),
+                None => d.field("stats", &"<locked>"),
+            };
+            return d.finish_non_exhaustive();
+        }
         let stats = match self.inner.cache.try_lock() {
             Ok(cache) => cache.as_ref().map(Cache::stats),
             Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner().as_ref().map(Cache::stats),

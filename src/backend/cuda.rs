@@ -451,6 +451,29 @@ impl RawAllocator for PinnedHostAllocator {
 /// slice's work. The slices hold a [`SharedPool`] handle, so they never
 /// outlive the pool.
 ///
+/// The pool may be packed ([`SharedPool::packed`] over a
+/// [`PackedPool`](crate::PackedPool)): slices up to the medium threshold
+/// are then carved from device segments (at the packing granularity, 512
+/// bytes by default, so every slice is aligned for any element type) and
+/// larger ones are exact blocks:
+///
+/// ```
+/// use decaying_pool::cuda::{self, DeviceAllocator, SlicePool};
+/// use decaying_pool::{DecayingPool, Packing, SharedPool};
+///
+/// if cuda::available() {
+///     let alloc = DeviceAllocator::new(0)?;
+///     let stream = alloc.context().default_stream();
+///     let pool = SharedPool::packed(DecayingPool::builder(alloc).packing(Packing::default()).build());
+///     let slices = SlicePool::new(pool.clone(), stream);
+///     let (a, b) = (slices.alloc::<f32>(1000)?, slices.alloc::<u8>(100)?);
+///     assert_eq!(pool.stats().backing_allocs, 1); // one segment holds both
+///     assert_eq!(pool.packing_stats().unwrap().carved, 2);
+///     drop((a, b));
+/// }
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+///
 /// # Examples
 ///
 /// ```

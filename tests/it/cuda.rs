@@ -12,7 +12,9 @@ use decaying_pool::cuda::{
     self, CudaError, DeviceAllocator, PinnedHostAllocator, SlicePool, StreamAllocator,
 };
 use decaying_pool::testing::CheckingAllocator;
-use decaying_pool::{DecayingPool, FixedTime, ManualClock, PoolError, RawAllocator, SharedPool};
+use decaying_pool::{
+    DecayingPool, FixedTime, ManualClock, Packing, PoolError, RawAllocator, SharedPool,
+};
 
 fn skip(test: &str) -> bool {
     if cuda::available() {
@@ -258,4 +260,38 @@ fn out_of_memory_on_the_device_frees_the_cache_and_retries() {
     assert!(s.trimmed >= 1, "{s:?}");
     // SAFETY: from this pool with this size.
     unsafe { pool.release(big, chunk * 2) };
+}
+
+/// Typed slices from a packed pool: small slices are carved side by side
+/// from one device segment, keep their own contents, and the segment goes
+/// back to the pool when they are dropped.
+#[test]
+fn packed_slice_pool_carves_slices_from_one_segment() {
+    if skip("packed_slice_pool_carves_slices_from_one_segment") {
+        return;
+    }
+    let alloc = DeviceAllocator::new(0).unwrap();
+    let stream = alloc.context().default_stream();
+    let pool = SharedPool::packed(
+        DecayingPool::builder(alloc)
+            .clock(ManualClock::new())
+            .packing(Packing::default())
+            .build(),
+    );
+    let slices = SlicePool::new(pool.clone(), stream.clone());
+    let mut xs = Vec::new();
+    for k in 0..8u32 {
+        let mut x = slices.alloc::<u32>(1000).unwrap();
+        stream.memcpy_htod(&vec![k; 1000], &mut x).unwrap();
+        xs.push(x);
+    }
+    assert_eq!(pool.stats().backing_allocs, 1, "one segment");
+    let ps = pool.packing_stats().unwrap();
+    assert_eq!((ps.carved, ps.segments), (8, 1), "{ps:?}");
+    for (k, x) in xs.iter().enumerate() {
+        assert_eq!(stream.clone_dtoh(&**x).unwrap(), vec![k as u32; 1000]);
+    }
+    drop(xs);
+    assert_eq!(pool.packing_stats().unwrap().segments, 0);
+    assert_eq!(pool.trim(), 2 << 20);
 }
