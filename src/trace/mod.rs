@@ -82,13 +82,19 @@ use std::collections::HashMap;
 use std::io::{self, BufRead, Write};
 
 mod chrome;
+#[cfg(feature = "pickle")]
+mod pickle;
 mod record;
+mod recording;
 mod replay;
 mod svg;
 pub mod workloads;
 
 pub use chrome::write_chrome_trace;
+#[cfg(feature = "pickle")]
+pub use pickle::{is_pickle, snapshot_to_csv};
 pub use record::{Instant, InstantKind, Recorder, Sample};
+pub use recording::{Recording, TraceAddress};
 pub use replay::{
     format_table, reports_to_json, Config, CostCurve, CostModel, ModelledAllocator, OutOfMemory,
     PolicyKind, ReplayOptions, Replayer, Report,
@@ -358,6 +364,10 @@ pub struct ReadOptions {
     pub lenient_frees: bool,
     /// PyTorch traces: the device to replay. Default: the first one seen.
     pub device: Option<u32>,
+    /// PyTorch and RMM traces: replay only the rows of this stream
+    /// (PyTorch's stream number, RMM's stream handle); rows of other
+    /// streams are ignored. Default: every stream.
+    pub stream: Option<u64>,
 }
 
 /// What a [`TraceReader`] has read so far.
@@ -384,7 +394,7 @@ pub struct ReadStats {
     pub zero_size: u64,
     /// RMM `allocate failure` rows skipped.
     pub failed_allocs: u64,
-    /// Rows ignored: other PyTorch actions, other devices.
+    /// Rows ignored: other PyTorch actions, other devices and streams.
     pub ignored: u64,
 }
 
@@ -598,6 +608,18 @@ impl<R: BufRead> TraceReader<R> {
                 "expected {want} comma-separated fields, found {}",
                 fields.len()
             )));
+        }
+        if let (Some(want), Format::PyTorch | Format::Rmm) = (self.options.stream, self.format) {
+            let s = fields[5];
+            let stream = match s.strip_prefix("0x").or_else(|| s.strip_prefix("0X")) {
+                Some(hex) => u64::from_str_radix(hex, 16).ok(),
+                None => s.parse::<u64>().ok(),
+            }
+            .ok_or_else(|| malformed(format!("stream {s:?} is not a number")))?;
+            if stream != want {
+                self.stats.ignored += 1;
+                return Ok(None);
+            }
         }
         let (time_ns, op, addr, size) = match self.format {
             Format::Native => {

@@ -1182,6 +1182,47 @@ impl Replayer {
         }
     }
 
+    /// Adds a configuration that runs `policy`, a policy of your own (an
+    /// [`EvictionPolicy`](crate::EvictionPolicy)), with `config`'s name,
+    /// size classes, reuse and packing (`config.policy` is not used).
+    /// Call it before the first event; its report comes after those of
+    /// [`new`](Self::new)'s configurations.
+    ///
+    /// # Examples
+    ///
+    /// A policy that keeps at most 1 MiB idle, against keep-all:
+    ///
+    /// ```
+    /// use core::time::Duration;
+    /// use decaying_pool::policy::{EvictionPolicy, Oldest};
+    /// use decaying_pool::trace::{Config, Event, PolicyKind, Replayer, ReplayOptions};
+    ///
+    /// struct MaxIdle(usize);
+    /// impl EvictionPolicy for MaxIdle {
+    ///     fn must_evict(&mut self, _now: Duration, _oldest: Oldest, bytes_cached: usize) -> bool {
+    ///         bytes_cached > self.0
+    ///     }
+    /// }
+    ///
+    /// let mut r = Replayer::new(&[Config::new(PolicyKind::KeepAll)], ReplayOptions::default());
+    /// r.add_policy(&Config::new(PolicyKind::KeepAll).named("max-idle 1MiB"), MaxIdle(1 << 20));
+    /// let ms = Duration::from_millis;
+    /// for i in 0..4 {
+    ///     r.event(&Event::alloc(ms(i), i, 1 << 20));
+    /// }
+    /// for i in 0..4 {
+    ///     r.event(&Event::free(ms(10 + i), i, 1 << 20));
+    /// }
+    /// let reports = r.finish("w");
+    /// assert_eq!(reports[1].policy, "max-idle 1MiB");
+    /// assert_eq!(reports[0].stats.bytes_cached, 4 << 20);
+    /// assert_eq!(reports[1].stats.bytes_cached, 1 << 20);
+    /// ```
+    pub fn add_policy<P: Policy + 'static>(&mut self, config: &Config, policy: P) {
+        self.sims
+            .push(sim(policy, config, &self.clock, &self.options));
+    }
+
     /// Starts a pass of a looped trace (the first call is optional).
     ///
     /// # Examples

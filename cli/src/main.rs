@@ -1,0 +1,832 @@
+//! `decaying-pool`: replays allocation traces (PyTorch snapshot pickles and
+//! CSVs, RMM logs, native traces) through pool configurations, prints what
+//! each would have cost and recommends one.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::io::{BufRead, BufReader, BufWriter, Cursor, Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+use decaying_pool::trace::{
+    format_table, reports_to_json, workloads, write_chrome_trace, write_svg, Config, CostModel,
+    Event, Op, PolicyKind, ReadOptions, ReadStats, Recorder, ReplayOptions, Replayer, Report,
+    TraceReader, TraceWriter,
+};
+use decaying_pool::{Packing, SizeClass};
+use indicatif::{ProgressBar, ProgressStyle};
+
+mod sweep;
+
+const EXIT_CODES: &str = "Exit codes: 0 success; 1 the replay or writing an output failed; \
+                          2 bad usage or bad input (an unreadable or malformed trace, a bad number).";
+
+/// Which pool configuration for my workload? Replays allocation traces
+/// through caching-pool configurations on a model of CUDA's costs.
+#[derive(Parser, Debug)]
+#[command(name = "decaying-pool", version, after_help = EXIT_CODES)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Replay traces through pool configurations, print the comparison
+    /// table, the Pareto front and a recommendation.
+    #[command(after_help = EXIT_CODES)]
+    Replay(ReplayArgs),
+    /// Convert any supported trace to the native format
+    /// (`time_ns,action,addr,size`).
+    #[command(after_help = EXIT_CODES)]
+    Convert(ConvertArgs),
+}
+
+/// What selects and reads the events of a trace file.
+#[derive(Args, Debug, Clone)]
+struct InputArgs {
+    /// PyTorch traces: the device to replay (default: the first one seen).
+    #[arg(long, value_name = "N")]
+    device: Option<u32>,
+    /// PyTorch and RMM traces: replay only this stream (a number, or an
+    /// RMM stream handle in hex, 0x...; default: every stream).
+    #[arg(long, value_name = "STREAM", value_parser = parse_stream)]
+    stream: Option<u64>,
+    /// A free of an address the trace never allocated is an error (by
+    /// default such frees, of blocks allocated before the trace began, are
+    /// skipped and counted).
+    #[arg(long)]
+    strict: bool,
+}
+
+#[derive(Args, Debug)]
+struct ReplayArgs {
+    /// Trace files: a PyTorch snapshot pickle (torch.cuda.memory._dump_snapshot),
+    /// a PyTorch snapshot CSV, an RMM logging-adaptor CSV or a native trace
+    /// (detected from the content). Without one, three built-in workloads run.
+    #[arg(value_name = "FILE")]
+    traces: Vec<PathBuf>,
+    #[command(flatten)]
+    input: InputArgs,
+    /// Print one JSON array (an object per workload and configuration)
+    /// instead of the tables.
+    #[arg(long)]
+    json: bool,
+    /// Write the pool counters over time as an SVG chart (with several
+    /// workloads, the workload's name is added to the file name).
+    #[arg(long, value_name = "OUT.svg")]
+    svg: Option<PathBuf>,
+    /// Write the pool counters over time as a Chrome/Perfetto trace.
+    #[arg(long, value_name = "OUT.json")]
+    chrome_trace: Option<PathBuf>,
+    /// Device capacities to replay on (a list sweeps them): a size with a
+    /// K, M, G or T suffix (binary), or a bare number of GiB. Default: an
+    /// unbounded device (the built-in workloads carry their own).
+    #[arg(long, value_name = "SIZE,...", value_delimiter = ',', value_parser = parse_capacity)]
+    capacity: Vec<usize>,
+    /// Loop each trace N times, so decay over idle time shows.
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    repeat: u32,
+    /// Idle time between passes of --repeat (e.g. 500ms, 2s; a bare number is ms).
+    #[arg(long, value_name = "TIME", default_value = "0", value_parser = parse_duration)]
+    gap: Duration,
+    /// Call collect every TIME of trace time, as SharedPool's reaper thread
+    /// would (0: never; a pool then decays only when the trace calls it).
+    #[arg(long, value_name = "TIME", default_value = "1ms", value_parser = parse_duration)]
+    reaper: Duration,
+    /// Sweep: fixed-time policies with these time-to-live values (e.g. 10ms,100ms,1s).
+    #[arg(long, value_name = "TIME,...", value_delimiter = ',', value_parser = parse_duration)]
+    ttl: Vec<Duration>,
+    /// Sweep: exponential policies with these half-lives.
+    #[arg(long, value_name = "TIME,...", value_delimiter = ',', value_parser = parse_duration)]
+    half_life: Vec<Duration>,
+    /// Sweep: fixed-capacity policies with these numbers of slots.
+    #[arg(long, value_name = "N,...", value_delimiter = ',')]
+    slots: Vec<usize>,
+    /// Sweep: size-class rules: exact, pow2, pow2/K (K divisions per power
+    /// of two, as PyTorch's roundup_power2_divisions), xN (multiples of N bytes).
+    #[arg(long, value_name = "RULE,...", value_delimiter = ',', value_parser = parse_size_class)]
+    size_class: Vec<SizeClass>,
+    /// Packing settings to try, each KEY=VALUE,... over the defaults (keys:
+    /// small, medium, small_segment, medium_segment, max_segment, growth,
+    /// multiple, cap, slack, large_rounding, capacity, granularity; `on`
+    /// for the defaults, `off` for none). Repeat the option for several.
+    #[arg(long, value_name = "KEY=VALUE,...", value_parser = parse_packing)]
+    packing: Vec<PackingArg>,
+    /// The goal of the recommendation: a memory budget for peak reserved
+    /// bytes, as a size (8G, 512M) or a multiple of peak live bytes (1.2x).
+    /// The recommendation is the configuration with the least modelled
+    /// backing time within it. Default 2x.
+    #[arg(long, value_name = "SIZE|Fx", default_value = "2x", value_parser = parse_budget)]
+    budget: Budget,
+}
+
+#[derive(Args, Debug)]
+struct ConvertArgs {
+    /// The trace to convert (any supported format).
+    #[arg(value_name = "IN")]
+    input_file: PathBuf,
+    /// Where to write the native trace.
+    #[arg(short, long, value_name = "OUT")]
+    output: PathBuf,
+    #[command(flatten)]
+    input: InputArgs,
+}
+
+/// A `--packing` value: its text and the setting (`None`: off).
+#[derive(Clone, Debug)]
+struct PackingArg {
+    text: String,
+    packing: Option<Packing>,
+}
+
+/// The recommendation's memory budget.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Budget {
+    Bytes(usize),
+    OfLive(f64),
+}
+
+fn non_negative(s: &str) -> Result<f64, String> {
+    let x: f64 = s
+        .trim()
+        .parse()
+        .map_err(|_| format!("`{s}` is not a number"))?;
+    if !x.is_finite() {
+        return Err(format!("`{s}` is not a finite number"));
+    }
+    if x < 0.0 {
+        return Err(format!("`{s}` is negative"));
+    }
+    Ok(x)
+}
+
+/// `10ms`, `1.5s`, `100us`, `250ns`, `2m`; a bare number is milliseconds.
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    let t = s.trim();
+    let split = t
+        .find(|c: char| c.is_ascii_alphabetic() && c != 'e' && c != 'E' || c == 'µ')
+        .unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let x = non_negative(num).map_err(|e| format!("{e} (expected a time such as 10ms or 1s)"))?;
+    let secs = match unit {
+        "" | "ms" => x / 1e3,
+        "s" => x,
+        "us" | "µs" => x / 1e6,
+        "ns" => x / 1e9,
+        "m" | "min" => x * 60.0,
+        other => return Err(format!("unknown time unit `{other}` (ns, us, ms, s, m)")),
+    };
+    Duration::try_from_secs_f64(secs).map_err(|_| format!("`{s}` is out of range"))
+}
+
+/// A size: a number with an optional K, M, G, T suffix (binary), or, with
+/// `bare_unit`, the unit of a bare number.
+fn parse_size(s: &str, bare_unit: f64) -> Result<usize, String> {
+    let t = s.trim();
+    let lower = t.to_ascii_lowercase();
+    let digits = lower.trim_end_matches("ib").trim_end_matches('b');
+    let (num, unit) = match digits.chars().last() {
+        Some('k') => (&digits[..digits.len() - 1], 1024f64),
+        Some('m') => (&digits[..digits.len() - 1], 1024f64.powi(2)),
+        Some('g') => (&digits[..digits.len() - 1], 1024f64.powi(3)),
+        Some('t') => (&digits[..digits.len() - 1], 1024f64.powi(4)),
+        _ if digits.len() < lower.len() => (digits, 1.0),
+        _ => (digits, bare_unit),
+    };
+    let x = non_negative(num).map_err(|e| format!("{e} (expected a size such as 8G or 512M)"))?;
+    let bytes = x * unit;
+    if bytes >= usize::MAX as f64 {
+        return Err(format!("`{s}` is out of range"));
+    }
+    Ok(bytes as usize)
+}
+
+fn parse_capacity(s: &str) -> Result<usize, String> {
+    let c = parse_size(s, 1024f64.powi(3))?;
+    if c == 0 {
+        return Err("a capacity of 0 bytes holds nothing".into());
+    }
+    Ok(c)
+}
+
+fn parse_budget(s: &str) -> Result<Budget, String> {
+    let t = s.trim();
+    if let Some(f) = t.strip_suffix(['x', 'X']) {
+        return Ok(Budget::OfLive(non_negative(f)?));
+    }
+    Ok(Budget::Bytes(parse_size(t, 1.0)?))
+}
+
+fn parse_stream(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    match t.strip_prefix("0x").or_else(|| t.strip_prefix("0X")) {
+        Some(h) => u64::from_str_radix(h, 16),
+        None => t.parse(),
+    }
+    .map_err(|_| format!("`{s}` is not a stream number"))
+}
+
+fn parse_size_class(s: &str) -> Result<SizeClass, String> {
+    let t = s.trim();
+    let bad = || format!("`{s}`: expected exact, pow2, pow2/K or xN");
+    match t {
+        "exact" => Ok(SizeClass::Exact),
+        "pow2" => Ok(SizeClass::PowerOfTwo),
+        _ => {
+            if let Some(k) = t.strip_prefix("pow2/") {
+                let k: u32 = k.parse().map_err(|_| bad())?;
+                if k == 0 {
+                    return Err(bad());
+                }
+                Ok(SizeClass::PowerOfTwoDivisions(k))
+            } else if let Some(n) = t.strip_prefix('x') {
+                let n = parse_size(n, 1.0)?;
+                if n == 0 {
+                    return Err(bad());
+                }
+                Ok(SizeClass::Multiple(n))
+            } else {
+                Err(bad())
+            }
+        }
+    }
+}
+
+fn parse_packing(s: &str) -> Result<PackingArg, String> {
+    let t = s.trim();
+    let packing = match t {
+        "off" | "none" => None,
+        "on" | "default" => Some(Packing::default()),
+        _ => Some(t.parse::<Packing>().map_err(|e| e.to_string())?),
+    };
+    Ok(PackingArg {
+        text: t.to_string(),
+        packing,
+    })
+}
+
+/// An error and the exit code it gets.
+struct Failure {
+    code: u8,
+    message: String,
+}
+
+fn input_error(message: String) -> Failure {
+    Failure { code: 2, message }
+}
+
+fn runtime_error(message: String) -> Failure {
+    Failure { code: 1, message }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match &cli.command {
+        Command::Replay(a) => replay(a),
+        Command::Convert(a) => convert(a),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(f) => {
+            eprintln!("decaying-pool: {}", f.message);
+            ExitCode::from(f.code)
+        }
+    }
+}
+
+fn read_options(a: &InputArgs) -> ReadOptions {
+    ReadOptions {
+        lenient_frees: !a.strict,
+        device: a.device,
+        stream: a.stream,
+    }
+}
+
+/// A trace file's text, ready for a [`TraceReader`]: pickles are
+/// converted to PyTorch CSV in memory.
+enum Source {
+    File(PathBuf),
+    Converted(Vec<u8>),
+}
+
+impl Source {
+    fn open(path: &Path) -> Result<(Source, u64), Failure> {
+        let mut f = File::open(path)
+            .map_err(|e| input_error(format!("cannot open {}: {e}", path.display())))?;
+        let mut head = [0u8; 2];
+        let n = f
+            .read(&mut head)
+            .map_err(|e| input_error(format!("cannot read {}: {e}", path.display())))?;
+        if decaying_pool::trace::is_pickle(&head[..n]) {
+            let mut bytes = Vec::new();
+            f = File::open(path)
+                .map_err(|e| input_error(format!("cannot open {}: {e}", path.display())))?;
+            f.read_to_end(&mut bytes)
+                .map_err(|e| input_error(format!("cannot read {}: {e}", path.display())))?;
+            let csv = decaying_pool::trace::snapshot_to_csv(&bytes[..])
+                .map_err(|e| input_error(format!("{}: {e}", path.display())))?;
+            let len = csv.len() as u64;
+            return Ok((Source::Converted(csv), len));
+        }
+        let len = f.metadata().map(|m| m.len()).unwrap_or(0);
+        Ok((Source::File(path.to_path_buf()), len))
+    }
+
+    fn reader(
+        &self,
+        path: &Path,
+        opts: ReadOptions,
+    ) -> Result<TraceReader<Box<dyn BufRead + '_>>, Failure> {
+        let input: Box<dyn BufRead + '_> = match self {
+            Source::File(p) => {
+                Box::new(BufReader::new(File::open(p).map_err(|e| {
+                    input_error(format!("cannot open {}: {e}", path.display()))
+                })?))
+            }
+            Source::Converted(bytes) => Box::new(Cursor::new(&bytes[..])),
+        };
+        TraceReader::with_options(input, opts)
+            .map_err(|e| input_error(format!("{}: {e}", path.display())))
+    }
+}
+
+/// Reads the events of one pass, checking that time never goes backwards.
+fn for_each_event(
+    path: &Path,
+    reader: &mut TraceReader<Box<dyn BufRead + '_>>,
+    mut f: impl FnMut(&Event, u64),
+) -> Result<(), Failure> {
+    let mut last: Option<Duration> = None;
+    while let Some(ev) = reader.next() {
+        let ev = ev.map_err(|e| input_error(format!("{}: {e}", path.display())))?;
+        if let Some(prev) = last {
+            if ev.time < prev {
+                return Err(input_error(format!(
+                    "{}: line {}: time goes backwards: {} ns after {} ns",
+                    path.display(),
+                    reader.stats().lines,
+                    ev.time.as_nanos(),
+                    prev.as_nanos()
+                )));
+            }
+        }
+        last = Some(ev.time);
+        f(&ev, reader.stats().bytes);
+    }
+    Ok(())
+}
+
+fn convert(a: &ConvertArgs) -> Result<(), Failure> {
+    let out = File::create(&a.output)
+        .map_err(|e| input_error(format!("cannot write {}: {e}", a.output.display())))?;
+    let (source, _) = Source::open(&a.input_file)?;
+    let mut reader = source.reader(&a.input_file, read_options(&a.input))?;
+    let format = reader.format();
+    let mut w = TraceWriter::new(BufWriter::new(out))
+        .map_err(|e| runtime_error(format!("{}: {e}", a.output.display())))?;
+    let mut err = None;
+    for_each_event(&a.input_file, &mut reader, |ev, _| {
+        if err.is_none() {
+            err = w.write(ev).err();
+        }
+    })?;
+    let werr = |e: std::io::Error| runtime_error(format!("{}: {e}", a.output.display()));
+    if let Some(e) = err {
+        return Err(werr(e));
+    }
+    w.finish().map_err(werr)?;
+    let s = reader.stats();
+    eprintln!(
+        "wrote {}: {} allocations, {} frees (from a {} trace{})",
+        a.output.display(),
+        s.allocs,
+        s.frees,
+        if matches!(source, Source::Converted(_)) {
+            "PyTorch snapshot pickle, read as a "
+        } else {
+            ""
+        }
+        .to_string()
+            + &format.to_string(),
+        if s.unknown_frees > 0 {
+            format!(
+                "; {} frees of blocks allocated before the trace began skipped",
+                s.unknown_frees
+            )
+        } else {
+            String::new()
+        }
+    );
+    Ok(())
+}
+
+/// The exact-cache floor: per size, the peak number of live blocks.
+#[derive(Default)]
+struct Floor {
+    per_size: HashMap<u64, (u64, u64)>,
+}
+
+impl Floor {
+    fn see(&mut self, e: &Event) {
+        let (live, peak) = self.per_size.entry(e.size).or_default();
+        match e.op {
+            Op::Alloc => {
+                *live += 1;
+                *peak = (*peak).max(*live);
+            }
+            Op::Free => *live = live.saturating_sub(1),
+        }
+    }
+
+    fn total(&self) -> u64 {
+        self.per_size.values().map(|&(_, p)| p).sum()
+    }
+}
+
+struct Outcome {
+    name: String,
+    description: String,
+    /// Reports, each with the capacity it ran on.
+    reports: Vec<(Option<usize>, Report)>,
+    floor: u64,
+    read: Option<ReadStats>,
+}
+
+/// The configurations to replay: the defaults, or the sweep.
+fn configs(a: &ReplayArgs) -> Vec<Config> {
+    let sweep = !(a.ttl.is_empty()
+        && a.half_life.is_empty()
+        && a.slots.is_empty()
+        && a.size_class.is_empty());
+    if !sweep {
+        let mut v = Config::defaults();
+        for p in &a.packing {
+            if let Some(packing) = p.packing {
+                v.push(
+                    Config::new(PolicyKind::FixedTime(Duration::from_secs(1)))
+                        .packing(packing)
+                        .named(format!("packed {}", p.text)),
+                );
+            }
+        }
+        return v;
+    }
+    let mut policies: Vec<PolicyKind> = Vec::new();
+    policies.extend(a.ttl.iter().map(|&t| PolicyKind::FixedTime(t)));
+    policies.extend(a.half_life.iter().map(|&h| PolicyKind::Exponential(h)));
+    policies.extend(a.slots.iter().map(|&n| PolicyKind::FixedCapacity(n)));
+    if policies.is_empty() {
+        policies.push(PolicyKind::FixedTime(Duration::from_secs(1)));
+    }
+    let classes = if a.size_class.is_empty() {
+        vec![SizeClass::Exact]
+    } else {
+        a.size_class.clone()
+    };
+    let packings: Vec<PackingArg> = if a.packing.is_empty() {
+        vec![PackingArg {
+            text: "off".into(),
+            packing: None,
+        }]
+    } else {
+        a.packing.clone()
+    };
+    let mut v = vec![
+        Config::new(PolicyKind::NoPool),
+        Config::new(PolicyKind::KeepAll),
+    ];
+    for &p in &policies {
+        for &c in &classes {
+            for pk in &packings {
+                let mut cfg = Config::new(p).size_class(c);
+                if let Some(packing) = pk.packing {
+                    let name = format!("{}, packed {}", cfg.name, pk.text);
+                    cfg = cfg.packing(packing).named(name);
+                }
+                v.push(cfg);
+            }
+        }
+    }
+    v
+}
+
+fn options(a: &ReplayArgs, capacity: Option<usize>, record: bool) -> ReplayOptions {
+    let mut cost = CostModel::cuda();
+    if let Some(c) = capacity {
+        cost = cost.with_capacity(c);
+    }
+    ReplayOptions {
+        cost,
+        gap: a.gap,
+        reaper: (!a.reaper.is_zero()).then_some(a.reaper),
+        record,
+        record_resolution: Duration::ZERO,
+    }
+}
+
+/// `OUT.svg` for one workload, `OUT-NAME.svg` for several.
+fn out_path(base: &Path, name: &str, several: bool) -> PathBuf {
+    if !several {
+        return base.to_path_buf();
+    }
+    let stem = base
+        .file_stem()
+        .map_or_else(String::new, |s| s.to_string_lossy().into_owned());
+    let ext = base
+        .extension()
+        .map_or_else(String::new, |e| format!(".{}", e.to_string_lossy()));
+    let safe: String = name
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    base.with_file_name(format!("{stem}-{safe}{ext}"))
+}
+
+fn file_name(path: &Path) -> String {
+    path.file_name().map_or_else(
+        || path.display().to_string(),
+        |n| n.to_string_lossy().into_owned(),
+    )
+}
+
+fn replay(a: &ReplayArgs) -> Result<(), Failure> {
+    let configs = configs(a);
+    let record = a.svg.is_some() || a.chrome_trace.is_some();
+    let capacities: Vec<Option<usize>> = if a.capacity.is_empty() {
+        vec![None]
+    } else {
+        a.capacity.iter().map(|&c| Some(c)).collect()
+    };
+
+    // The workloads' names, then every output opened before the replay.
+    let names: Vec<String> = if a.traces.is_empty() {
+        workloads::defaults()
+            .iter()
+            .map(|w| w.name.to_string())
+            .collect()
+    } else {
+        a.traces.iter().map(|p| file_name(p)).collect()
+    };
+    let several = names.len() > 1;
+    let mut outputs: HashMap<(usize, &'static str), (PathBuf, File)> = HashMap::new();
+    for (kind, base) in [("svg", &a.svg), ("chrome", &a.chrome_trace)] {
+        if let Some(base) = base {
+            for (i, n) in names.iter().enumerate() {
+                let p = out_path(base, n, several);
+                let f = File::create(&p)
+                    .map_err(|e| input_error(format!("cannot write {}: {e}", p.display())))?;
+                outputs.insert((i, kind), (p, f));
+            }
+        }
+    }
+
+    let mut outcomes = Vec::new();
+    if a.traces.is_empty() {
+        for w in workloads::defaults() {
+            let caps = if a.capacity.is_empty() {
+                vec![w.capacity]
+            } else {
+                capacities.clone()
+            };
+            let mut replayers: Vec<Replayer> = caps
+                .iter()
+                .map(|&c| Replayer::new(&configs, options(a, c, record)))
+                .collect();
+            let mut floor = Floor::default();
+            for pass in 0..a.repeat {
+                for r in &mut replayers {
+                    r.begin_pass();
+                }
+                for ev in &w.events {
+                    if pass == 0 {
+                        floor.see(ev);
+                    }
+                    for r in &mut replayers {
+                        r.event(ev);
+                    }
+                }
+            }
+            outcomes.push(Outcome {
+                name: w.name.to_string(),
+                description: w.description.to_string(),
+                reports: finish(caps, replayers, w.name),
+                floor: floor.total(),
+                read: None,
+            });
+        }
+    } else {
+        for p in &a.traces {
+            outcomes.push(replay_file(a, p, &configs, &capacities, record)?);
+        }
+    }
+
+    for (i, o) in outcomes.iter().enumerate() {
+        let recs: Vec<Recorder> = o
+            .reports
+            .iter()
+            .filter_map(|(_, r)| r.recording.clone())
+            .collect();
+        for kind in ["chrome", "svg"] {
+            if let Some((p, f)) = outputs.remove(&(i, kind)) {
+                let mut w = BufWriter::new(f);
+                let res = if kind == "svg" {
+                    write_svg(&mut w, &format!("{}: bytes over trace time", o.name), &recs)
+                } else {
+                    write_chrome_trace(&mut w, &recs)
+                };
+                res.and_then(|()| w.flush())
+                    .map_err(|e| runtime_error(format!("writing {}: {e}", p.display())))?;
+                eprintln!("wrote {}", p.display());
+            }
+        }
+    }
+
+    if a.json {
+        let all: Vec<Report> = outcomes
+            .into_iter()
+            .flat_map(|o| o.reports)
+            .map(|(c, mut r)| {
+                if capacities.len() > 1 {
+                    r.policy = label(&r, c, true);
+                }
+                r
+            })
+            .collect();
+        println!("{}", reports_to_json(&all));
+        return Ok(());
+    }
+    for o in &outcomes {
+        print_outcome(a, o, capacities.len() > 1);
+    }
+    println!(
+        "hits: requests served from the cache; b.allocs / b.frees: backing allocator calls \
+         (cudaMalloc / cuMemFree);\npeak res: peak reserved bytes, ÷live: over the trace's peak \
+         live bytes; idle: integral of cached bytes over time;\nbacking: modelled time in the \
+         backing allocator (published CUDA figures); failures: requests the device could not serve."
+    );
+    Ok(())
+}
+
+/// A report's configuration, with its capacity when several were swept.
+fn label(r: &Report, capacity: Option<usize>, with_capacity: bool) -> String {
+    match (with_capacity, capacity) {
+        (true, Some(c)) => format!("{} @ {}", r.policy, human(c as f64)),
+        _ => r.policy.clone(),
+    }
+}
+
+fn human(b: f64) -> String {
+    const K: f64 = 1024.0;
+    if b < K {
+        format!("{b:.0} B")
+    } else if b < K * K {
+        format!("{:.1} KiB", b / K)
+    } else if b < K * K * K {
+        format!("{:.1} MiB", b / (K * K))
+    } else {
+        format!("{:.2} GiB", b / (K * K * K))
+    }
+}
+
+fn finish(
+    caps: Vec<Option<usize>>,
+    replayers: Vec<Replayer>,
+    name: &str,
+) -> Vec<(Option<usize>, Report)> {
+    caps.into_iter()
+        .zip(replayers)
+        .flat_map(|(c, r)| r.finish(name).into_iter().map(move |rep| (c, rep)))
+        .collect()
+}
+
+fn replay_file(
+    a: &ReplayArgs,
+    path: &Path,
+    configs: &[Config],
+    capacities: &[Option<usize>],
+    record: bool,
+) -> Result<Outcome, Failure> {
+    let opts = read_options(&a.input);
+    let (source, len) = Source::open(path)?;
+    let mut replayers: Vec<Replayer> = capacities
+        .iter()
+        .map(|&c| {
+            let mut o = options(a, c, record);
+            if len > 64 << 20 {
+                o.record_resolution = Duration::from_micros(100);
+            }
+            Replayer::new(configs, o)
+        })
+        .collect();
+    let bar = ProgressBar::new(len * u64::from(a.repeat));
+    if let Ok(style) =
+        ProgressStyle::with_template("{msg} [{bar:40}] {bytes}/{total_bytes} eta {eta}")
+    {
+        bar.set_style(style.progress_chars("=> "));
+    }
+    let name = file_name(path);
+    bar.set_message(name.clone());
+    let mut floor = Floor::default();
+    let mut read = None;
+    let mut format = None;
+    for pass in 0..a.repeat {
+        let mut reader = source.reader(path, opts)?;
+        format = Some(reader.format());
+        for r in &mut replayers {
+            r.begin_pass();
+        }
+        let done = u64::from(pass) * len;
+        let mut n = 0u64;
+        for_each_event(path, &mut reader, |ev, bytes| {
+            if pass == 0 {
+                floor.see(ev);
+            }
+            for r in &mut replayers {
+                r.event(ev);
+            }
+            n += 1;
+            if n % 4096 == 0 {
+                bar.set_position(done + bytes);
+            }
+        })?;
+        read.get_or_insert(reader.stats());
+        bar.set_position(done + len);
+    }
+    bar.finish_and_clear();
+    let read = read.unwrap_or_default();
+    let kind = match (&source, format) {
+        (Source::Converted(_), _) => "PyTorch snapshot pickle".to_string(),
+        (_, Some(f)) => format!("{f} trace"),
+        _ => "trace".to_string(),
+    };
+    Ok(Outcome {
+        description: format!(
+            "{kind}, {} allocations, {} frees{}",
+            read.allocs,
+            read.frees,
+            if read.unknown_frees > 0 {
+                format!(
+                    ", {} frees of blocks allocated before the trace began skipped",
+                    read.unknown_frees
+                )
+            } else {
+                String::new()
+            }
+        ),
+        reports: finish(capacities.to_vec(), replayers, &name),
+        name,
+        floor: floor.total(),
+        read: Some(read),
+    })
+}
+
+fn print_outcome(a: &ReplayArgs, o: &Outcome, several_caps: bool) {
+    let Some((_, first)) = o.reports.first() else {
+        return;
+    };
+    println!("== {} ==", o.name);
+    println!("   {}", o.description);
+    let mut extra = if a.repeat > 1 {
+        format!(", {} passes {:?} apart", a.repeat, a.gap)
+    } else {
+        String::new()
+    };
+    if !a.reaper.is_zero() {
+        extra.push_str(&format!(", collect every {:?}", a.reaper));
+    }
+    println!(
+        "   {:.3} s of trace time{extra}; peak live {:.1} MiB; exact-cache floor {} backing allocations{}",
+        first.span_seconds,
+        first.peak_live_bytes as f64 / (1u64 << 20) as f64,
+        o.floor,
+        if a.repeat > 1 { " per pass" } else { "" },
+    );
+    if let Some(r) = &o.read {
+        if r.zero_size > 0 {
+            println!("   {} zero-byte allocations skipped", r.zero_size);
+        }
+    }
+    println!();
+    let reports: Vec<Report> = o
+        .reports
+        .iter()
+        .map(|(c, r)| {
+            let mut r = r.clone();
+            r.policy = label(&r, *c, several_caps);
+            r
+        })
+        .collect();
+    print!("{}", format_table(&reports));
+    println!();
+    print!("{}", sweep::recommend(&reports, a.budget));
+    println!();
+}
