@@ -13,6 +13,8 @@ mod packing_corpus;
 mod packing_model;
 mod packing_robust;
 mod packing_shared;
+#[cfg(not(miri))]
+mod recording;
 mod robustness;
 mod semantics;
 mod shared;
