@@ -36,11 +36,11 @@ struct Cli {
 enum Command {
     /// Replay traces through pool configurations, print the comparison
     /// table, the Pareto front and a recommendation.
-    #[command(after_help = EXIT_CODES)]
+    #[command(after_help = EXIT_CODES, allow_negative_numbers = true)]
     Replay(ReplayArgs),
     /// Convert any supported trace to the native format
     /// (`time_ns,action,addr,size`).
-    #[command(after_help = EXIT_CODES)]
+    #[command(after_help = EXIT_CODES, allow_negative_numbers = true)]
     Convert(ConvertArgs),
 }
 
@@ -84,23 +84,23 @@ struct ReplayArgs {
     /// Device capacities to replay on (a list sweeps them): a size with a
     /// K, M, G or T suffix (binary), or a bare number of GiB. Default: an
     /// unbounded device (the built-in workloads carry their own).
-    #[arg(long, value_name = "SIZE,...", value_delimiter = ',', value_parser = parse_capacity)]
+    #[arg(long, value_name = "SIZE,...", value_delimiter = ',', allow_hyphen_values = true, value_parser = parse_capacity)]
     capacity: Vec<usize>,
     /// Loop each trace N times, so decay over idle time shows.
     #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
     repeat: u32,
     /// Idle time between passes of --repeat (e.g. 500ms, 2s; a bare number is ms).
-    #[arg(long, value_name = "TIME", default_value = "0", value_parser = parse_duration)]
+    #[arg(long, value_name = "TIME", default_value = "0", allow_hyphen_values = true, value_parser = parse_duration)]
     gap: Duration,
     /// Call collect every TIME of trace time, as SharedPool's reaper thread
     /// would (0: never; a pool then decays only when the trace calls it).
-    #[arg(long, value_name = "TIME", default_value = "1ms", value_parser = parse_duration)]
+    #[arg(long, value_name = "TIME", default_value = "1ms", allow_hyphen_values = true, value_parser = parse_duration)]
     reaper: Duration,
     /// Sweep: fixed-time policies with these time-to-live values (e.g. 10ms,100ms,1s).
-    #[arg(long, value_name = "TIME,...", value_delimiter = ',', value_parser = parse_duration)]
+    #[arg(long, value_name = "TIME,...", value_delimiter = ',', allow_hyphen_values = true, value_parser = parse_duration)]
     ttl: Vec<Duration>,
     /// Sweep: exponential policies with these half-lives.
-    #[arg(long, value_name = "TIME,...", value_delimiter = ',', value_parser = parse_duration)]
+    #[arg(long, value_name = "TIME,...", value_delimiter = ',', allow_hyphen_values = true, value_parser = parse_duration)]
     half_life: Vec<Duration>,
     /// Sweep: fixed-capacity policies with these numbers of slots.
     #[arg(long, value_name = "N,...", value_delimiter = ',')]
@@ -119,7 +119,7 @@ struct ReplayArgs {
     /// bytes, as a size (8G, 512M) or a multiple of peak live bytes (1.2x).
     /// The recommendation is the configuration with the least modelled
     /// backing time within it. Default 2x.
-    #[arg(long, value_name = "SIZE|Fx", default_value = "2x", value_parser = parse_budget)]
+    #[arg(long, value_name = "SIZE|Fx", default_value = "2x", allow_hyphen_values = true, value_parser = parse_budget)]
     budget: Budget,
 }
 
@@ -166,9 +166,11 @@ fn non_negative(s: &str) -> Result<f64, String> {
 /// `10ms`, `1.5s`, `100us`, `250ns`, `2m`; a bare number is milliseconds.
 fn parse_duration(s: &str) -> Result<Duration, String> {
     let t = s.trim();
-    let split = t
-        .find(|c: char| c.is_ascii_alphabetic() && c != 'e' && c != 'E' || c == 'µ')
-        .unwrap_or(t.len());
+    let mut split = t.trim_end_matches(char::is_alphabetic).len();
+    if t[..split].trim().is_empty() {
+        // `NaN`, `inf`: a number (rejected below), not a unit.
+        split = t.len();
+    }
     let (num, unit) = t.split_at(split);
     let x = non_negative(num).map_err(|e| format!("{e} (expected a time such as 10ms or 1s)"))?;
     let secs = match unit {

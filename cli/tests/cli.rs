@@ -1,0 +1,310 @@
+//! The built `decaying-pool` binary: help, exit codes, error messages,
+//! pickles, sweeps and the recommendation.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn run(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_decaying-pool"))
+        .args(args)
+        .output()
+        .expect("the binary runs")
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn shipped() -> String {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("traces/inference.csv")
+        .display()
+        .to_string()
+}
+
+fn shared(name: &str) -> Option<PathBuf> {
+    let p = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../shared/workloads")
+        .join(name);
+    if p.exists() {
+        Some(p)
+    } else {
+        eprintln!("skipped: {} is absent", p.display());
+        None
+    }
+}
+
+/// A scratch file holding `text`, removed on drop.
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn new(name: &str, text: &str) -> Self {
+        let p =
+            std::env::temp_dir().join(format!("decaying-pool-cli-{}-{name}", std::process::id()));
+        std::fs::write(&p, text).unwrap();
+        Scratch(p)
+    }
+
+    fn path(&self) -> &str {
+        self.0.to_str().unwrap()
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+#[test]
+fn help_exits_zero_and_documents_every_option_and_the_exit_codes() {
+    let o = run(&["--help"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(
+        stdout(&o).contains("Exit codes: 0 success; 1"),
+        "{}",
+        stdout(&o)
+    );
+    let o = run(&["replay", "--help"]);
+    assert_eq!(o.status.code(), Some(0));
+    let help = stdout(&o);
+    for opt in [
+        "--json",
+        "--svg",
+        "--chrome-trace",
+        "--capacity",
+        "--repeat",
+        "--gap",
+        "--reaper",
+        "--ttl",
+        "--half-life",
+        "--slots",
+        "--size-class",
+        "--packing",
+        "--budget",
+        "--device",
+        "--stream",
+        "--strict",
+        "Exit codes",
+    ] {
+        assert!(help.contains(opt), "replay --help lacks {opt}:\n{help}");
+    }
+    let o = run(&["convert", "--help"]);
+    assert_eq!(o.status.code(), Some(0));
+    assert!(stdout(&o).contains("--output"));
+}
+
+#[test]
+fn the_shipped_trace_replays_with_a_recommendation() {
+    let o = run(&["replay", &shipped()]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let out = stdout(&o);
+    assert!(
+        out.contains("pytorch trace, 1280 allocations, 1280 frees"),
+        "{out}"
+    );
+    assert!(out.contains("Pareto front"), "{out}");
+    assert!(
+        out.contains("recommendation (peak reserved within 2x peak live"),
+        "{out}"
+    );
+}
+
+#[test]
+fn a_sweep_over_ttls_and_capacities_prints_a_recommendation() {
+    let o = run(&[
+        "replay",
+        &shipped(),
+        "--ttl",
+        "10ms,100ms,1s",
+        "--capacity",
+        "40M,80M",
+        "--budget",
+        "1.5x",
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let out = stdout(&o);
+    for row in [
+        "fixed-time 10ms @ 40.0 MiB",
+        "fixed-time 1s @ 80.0 MiB",
+        "no-pool @ 40.0 MiB",
+    ] {
+        assert!(out.contains(row), "no row {row}:\n{out}");
+    }
+    let rec = out
+        .lines()
+        .find(|l| l.starts_with("recommendation (peak reserved within 1.5x peak live"))
+        .unwrap_or_else(|| panic!("no recommendation:\n{out}"));
+    // On 40 MiB the pool trims its cache when the device is full.
+    assert!(rec.contains(": keep-all @ 40.0 MiB: "), "{rec}");
+}
+
+#[test]
+fn the_pickle_replays_to_the_rows_of_its_csv_conversion() {
+    let (Some(pickle), Some(csv)) = (
+        shared("pytorch_cs336_medium_ctx128_inference.pickle"),
+        shared("pytorch_cs336_medium_ctx128_inference.csv"),
+    ) else {
+        return;
+    };
+    let a = run(&["replay", pickle.to_str().unwrap()]);
+    let b = run(&["replay", csv.to_str().unwrap()]);
+    assert_eq!(a.status.code(), Some(0), "{}", stderr(&a));
+    // Everything but the first two lines (the file's name and kind).
+    let rows = |o: &Output| {
+        stdout(o)
+            .lines()
+            .skip(2)
+            .map(String::from)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(rows(&a), rows(&b));
+    assert!(stdout(&a).contains("PyTorch snapshot pickle, 1280 allocations, 1280 frees"));
+
+    // convert writes the native format, which replays the same again.
+    let out =
+        std::env::temp_dir().join(format!("decaying-pool-cli-{}-conv.csv", std::process::id()));
+    let c = run(&[
+        "convert",
+        pickle.to_str().unwrap(),
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    assert_eq!(c.status.code(), Some(0), "{}", stderr(&c));
+    assert!(std::fs::read_to_string(&out)
+        .unwrap()
+        .starts_with("time_ns,action,addr,size\n"));
+    let n = run(&["replay", out.to_str().unwrap()]);
+    let _ = std::fs::remove_file(&out);
+    assert_eq!(rows(&n), rows(&b));
+}
+
+#[test]
+fn a_missing_file_is_named_with_exit_code_2() {
+    let o = run(&["replay", "no/such/trace.csv"]);
+    assert_eq!(o.status.code(), Some(2));
+    let e = stderr(&o);
+    assert!(
+        e.starts_with("decaying-pool: cannot open no/such/trace.csv: "),
+        "{e}"
+    );
+}
+
+#[test]
+fn bad_numbers_are_rejected_with_exit_code_2() {
+    for (args, want) in [
+        (vec!["--capacity", "-1"], "`-1` is negative"),
+        (
+            vec!["--capacity", "0"],
+            "a capacity of 0 bytes holds nothing",
+        ),
+        (vec!["--gap", "NaN"], "`NaN` is not a finite number"),
+        (vec!["--gap", "inf"], "`inf` is not a finite number"),
+        (vec!["--reaper", "-5ms"], "is negative"),
+        (vec!["--ttl", "10ms,abc"], "`abc` is not a number"),
+        (vec!["--ttl", "10 parsecs"], "unknown time unit `parsecs`"),
+        (vec!["--repeat", "0"], "--repeat"),
+        (
+            vec!["--size-class", "pow3"],
+            "expected exact, pow2, pow2/K or xN",
+        ),
+        (vec!["--packing", "bogus=1"], "unknown packing key `bogus`"),
+        (vec!["--budget", "-2x"], "is negative"),
+    ] {
+        let mut a = vec!["replay", "--json"];
+        a.extend(&args);
+        let o = run(&a);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", stderr(&o));
+        assert!(stderr(&o).contains(want), "{args:?}: {}", stderr(&o));
+        assert!(stdout(&o).is_empty());
+    }
+}
+
+#[test]
+fn malformed_rows_name_the_file_and_line() {
+    let t = Scratch::new(
+        "bad.csv",
+        "time_ns,action,addr,size\n0,alloc,0x10,64\n5,alloc,zz,64\n",
+    );
+    let o = run(&["replay", t.path()]);
+    assert_eq!(o.status.code(), Some(2));
+    let e = stderr(&o);
+    assert!(
+        e.starts_with(&format!("decaying-pool: {}: line 3: ", t.path())),
+        "{e}"
+    );
+
+    let t = Scratch::new("header.csv", "a,b,c\n");
+    let o = run(&["replay", t.path()]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        stderr(&o).contains(&format!("{}: line 1: unknown header", t.path())),
+        "{}",
+        stderr(&o)
+    );
+}
+
+#[test]
+fn time_going_backwards_is_reported() {
+    let t = Scratch::new(
+        "back.csv",
+        "time_ns,action,addr,size\n100,alloc,0x10,64\n200,free,0x10,64\n150,alloc,0x20,64\n",
+    );
+    let o = run(&["replay", t.path()]);
+    assert_eq!(o.status.code(), Some(2));
+    assert_eq!(
+        stderr(&o).trim_end(),
+        format!(
+            "decaying-pool: {}: line 4: time goes backwards: 150 ns after 200 ns",
+            t.path()
+        )
+    );
+}
+
+#[test]
+fn a_file_that_is_not_a_snapshot_pickle_is_named() {
+    // pickle.dumps([1, 2], protocol=2)
+    let p = std::env::temp_dir().join(format!(
+        "decaying-pool-cli-{}-list.pickle",
+        std::process::id()
+    ));
+    std::fs::write(&p, b"\x80\x02]q\x00(K\x01K\x02e.").unwrap();
+    let o = run(&["replay", p.to_str().unwrap()]);
+    let _ = std::fs::remove_file(&p);
+    assert_eq!(o.status.code(), Some(2));
+    assert_eq!(
+        stderr(&o).trim_end(),
+        format!(
+            "decaying-pool: {}: not a PyTorch memory snapshot: the pickle is not a dict",
+            p.display()
+        )
+    );
+}
+
+#[test]
+fn an_unwritable_output_fails_before_the_replay() {
+    for opt in ["--svg", "--chrome-trace"] {
+        let o = run(&["replay", &shipped(), opt, "/nonexistent-dir/out.svg"]);
+        assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+        assert!(
+            stderr(&o).starts_with("decaying-pool: cannot write /nonexistent-dir/out.svg: "),
+            "{}",
+            stderr(&o)
+        );
+        assert!(stdout(&o).is_empty(), "the replay ran: {}", stdout(&o));
+    }
+    let o = run(&["convert", &shipped(), "-o", "/nonexistent-dir/out.csv"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("cannot write /nonexistent-dir/out.csv"));
+}
+
+#[test]
+fn unknown_options_are_usage_errors() {
+    let o = run(&["replay", "--frobnicate"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("--frobnicate"));
+}
