@@ -105,6 +105,10 @@ struct ReplayArgs {
     /// Sweep: fixed-capacity policies with these numbers of slots.
     #[arg(long, value_name = "N,...", value_delimiter = ',')]
     slots: Vec<usize>,
+    /// Sweep: byte limits on the pool (sizes, or `none`); requests beyond
+    /// a limit fail, and configurations with failures are never recommended.
+    #[arg(long, value_name = "SIZE,...", value_delimiter = ',', value_parser = parse_limit)]
+    limit: Vec<Limit>,
     /// Sweep: size-class rules: exact, pow2, pow2/K (K divisions per power
     /// of two, as PyTorch's roundup_power2_divisions), xN (multiples of N bytes).
     #[arg(long, value_name = "RULE,...", value_delimiter = ',', value_parser = parse_size_class)]
@@ -212,6 +216,17 @@ fn parse_capacity(s: &str) -> Result<usize, String> {
         return Err("a capacity of 0 bytes holds nothing".into());
     }
     Ok(c)
+}
+
+/// A `--limit` value (`None`: no limit).
+#[derive(Clone, Copy, Debug)]
+struct Limit(Option<usize>);
+
+fn parse_limit(s: &str) -> Result<Limit, String> {
+    if s.trim() == "none" {
+        return Ok(Limit(None));
+    }
+    parse_size(s, 1.0).map(|b| Limit(Some(b)))
 }
 
 fn parse_budget(s: &str) -> Result<Budget, String> {
@@ -462,7 +477,8 @@ fn configs(a: &ReplayArgs) -> Vec<Config> {
     let sweep = !(a.ttl.is_empty()
         && a.half_life.is_empty()
         && a.slots.is_empty()
-        && a.size_class.is_empty());
+        && a.size_class.is_empty()
+        && a.limit.is_empty());
     if !sweep {
         let mut v = Config::defaults();
         for p in &a.packing {
@@ -496,6 +512,11 @@ fn configs(a: &ReplayArgs) -> Vec<Config> {
     } else {
         a.packing.clone()
     };
+    let limits = if a.limit.is_empty() {
+        vec![Limit(None)]
+    } else {
+        a.limit.clone()
+    };
     let mut v = vec![
         Config::new(PolicyKind::NoPool),
         Config::new(PolicyKind::KeepAll),
@@ -503,12 +524,17 @@ fn configs(a: &ReplayArgs) -> Vec<Config> {
     for &p in &policies {
         for &c in &classes {
             for pk in &packings {
-                let mut cfg = Config::new(p).size_class(c);
-                if let Some(packing) = pk.packing {
-                    let name = format!("{}, packed {}", cfg.name, pk.text);
-                    cfg = cfg.packing(packing).named(name);
+                for &Limit(l) in &limits {
+                    let mut cfg = Config::new(p).size_class(c);
+                    if let Some(packing) = pk.packing {
+                        let name = format!("{}, packed {}", cfg.name, pk.text);
+                        cfg = cfg.packing(packing).named(name);
+                    }
+                    if let Some(l) = l {
+                        cfg = cfg.limit(l);
+                    }
+                    v.push(cfg);
                 }
-                v.push(cfg);
             }
         }
     }

@@ -144,6 +144,22 @@ fn a_sweep_over_ttls_and_capacities_prints_a_recommendation() {
 }
 
 #[test]
+fn a_limit_sweep_adds_limited_rows() {
+    let o = run(&["replay", &shipped(), "--ttl", "1s", "--limit", "none,40M"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let out = stdout(&o);
+    let row = out
+        .lines()
+        .find(|l| l.starts_with("fixed-time 1s, limit 40.0 MiB "))
+        .unwrap_or_else(|| panic!("no limited row:\n{out}"));
+    assert!(row.contains(" 440 "), "{row}");
+    assert!(
+        out.lines().any(|l| l.starts_with("fixed-time 1s ")),
+        "{out}"
+    );
+}
+
+#[test]
 fn the_pickle_replays_to_the_rows_of_its_csv_conversion() {
     let (Some(pickle), Some(csv)) = (
         shared("pytorch_cs336_medium_ctx128_inference.pickle"),

@@ -543,6 +543,9 @@ pub struct Config {
     /// [`capacity`](Packing::capacity) gets the replay's device capacity
     /// ([`CostModel::capacity`]), if any.
     pub packing: Option<Packing>,
+    /// The pool's byte limit ([`Builder::limit`](crate::Builder::limit)):
+    /// requests beyond it fail and count as failures (default: none).
+    pub limit: Option<usize>,
 }
 
 impl Config {
@@ -561,6 +564,7 @@ impl Config {
             size_class: SizeClass::Exact,
             reuse: Reuse::Lifo,
             packing: None,
+            limit: None,
         }
     }
 
@@ -579,6 +583,24 @@ impl Config {
     /// ```
     pub fn packing(mut self, packing: Packing) -> Self {
         self.packing = Some(packing);
+        self
+    }
+
+    /// The same with a byte limit on the pool (the name says it).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use decaying_pool::trace::{Config, Event, PolicyKind, Replayer, ReplayOptions};
+    /// let c = Config::new(PolicyKind::KeepAll).limit(1000);
+    /// assert_eq!(c.name, "keep-all, limit 1000 B");
+    /// let mut r = Replayer::new(&[c], ReplayOptions::default());
+    /// r.event(&Event::alloc(Default::default(), 1, 2000));
+    /// assert_eq!(r.finish("w")[0].failures, 1);
+    /// ```
+    pub fn limit(mut self, bytes: usize) -> Self {
+        self.limit = Some(bytes);
+        self.name = format!("{}, limit {}", self.name, super::human_bytes(bytes as f64));
         self
     }
 
@@ -1055,11 +1077,14 @@ fn sim<P: Policy + 'static>(
     clock: &ManualClock,
     options: &ReplayOptions,
 ) -> Box<dyn Sim> {
-    let builder = DecayingPool::builder(ModelledAllocator::new(options.cost.clone()))
+    let mut builder = DecayingPool::builder(ModelledAllocator::new(options.cost.clone()))
         .policy(policy)
         .clock(clock.clone())
         .size_class(config.size_class)
         .reuse(config.reuse);
+    if let Some(limit) = config.limit {
+        builder = builder.limit(limit);
+    }
     let st = SimState {
         name: config.name.clone(),
         recorder: options
