@@ -73,11 +73,16 @@ pub(crate) fn recommend(reports: &[Report], budget: Budget) -> String {
         s,
         "Pareto front (no configuration is better on backing time, peak reserved and idle byte-seconds at once):"
     );
+    let w = front
+        .iter()
+        .map(|&i| reports[i].policy.chars().count())
+        .max()
+        .unwrap_or(0);
     for &i in &front {
         let r = &reports[i];
         let _ = writeln!(
             s,
-            "  {:<40} backing {:>9.3} s  peak reserved {:>10} ({:.2}x live)  idle {:>10.3} MiB·s",
+            "  {:<w$}  backing {:>9.3} s  peak reserved {:>10} ({:.2}x live)  idle {:>10.3} MiB·s",
             r.policy,
             r.modelled_backing_seconds,
             human(r.peak_reserved_bytes as f64),
