@@ -37,7 +37,7 @@ enum Command {
     /// Replay traces through pool configurations, print the comparison
     /// table, the Pareto front and a recommendation.
     #[command(after_help = EXIT_CODES, allow_negative_numbers = true)]
-    Replay(ReplayArgs),
+    Replay(Box<ReplayArgs>),
     /// Convert any supported trace to the native format
     /// (`time_ns,action,addr,size`).
     #[command(after_help = EXIT_CODES, allow_negative_numbers = true)]

@@ -1229,7 +1229,8 @@ impl Replayer {
     ///     }
     /// }
     ///
-    /// let mut r = Replayer::new(&[Config::new(PolicyKind::KeepAll)], ReplayOptions::default());
+    /// let opts = ReplayOptions { reaper: Some(Duration::from_millis(1)), ..Default::default() };
+    /// let mut r = Replayer::new(&[Config::new(PolicyKind::KeepAll)], opts);
     /// r.add_policy(&Config::new(PolicyKind::KeepAll).named("max-idle 1MiB"), MaxIdle(1 << 20));
     /// let ms = Duration::from_millis;
     /// for i in 0..4 {
@@ -1238,10 +1239,11 @@ impl Replayer {
     /// for i in 0..4 {
     ///     r.event(&Event::free(ms(10 + i), i, 1 << 20));
     /// }
+    /// r.event(&Event::alloc(ms(20), 9, 64)); // the reaper has run since
     /// let reports = r.finish("w");
     /// assert_eq!(reports[1].policy, "max-idle 1MiB");
-    /// assert_eq!(reports[0].stats.bytes_cached, 4 << 20);
-    /// assert_eq!(reports[1].stats.bytes_cached, 1 << 20);
+    /// assert_eq!(reports[0].evictions, 0);
+    /// assert_eq!(reports[1].evictions, 3); // down to 1 MiB idle
     /// ```
     pub fn add_policy<P: Policy + 'static>(&mut self, config: &Config, policy: P) {
         self.sims
