@@ -96,6 +96,7 @@ impl FitIndex {
     }
 
     /// Segments filed.
+    #[cfg_attr(not(any(test, feature = "testing")), allow(dead_code))] // read by validate()
     pub(crate) fn len(&self) -> usize {
         self.len
     }

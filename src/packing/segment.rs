@@ -15,6 +15,7 @@ pub(crate) struct Segment<B> {
     /// The bytes asked of the pool for it.
     pub(crate) bytes: usize,
     /// Its size in units.
+    #[cfg_attr(not(any(test, feature = "testing")), allow(dead_code))] // read by validate()
     pub(crate) units: u32,
     /// The sub-allocator over `0..units`.
     pub(crate) alloc: Allocator,

@@ -132,6 +132,7 @@ impl<T> Ring<T> {
     /// of the new buffer.
     /// Slots allocated.
     #[inline]
+    #[cfg_attr(not(any(test, feature = "testing")), allow(dead_code))] // read by validate()
     pub(crate) fn capacity(&self) -> usize {
         self.buf.len()
     }
