@@ -826,6 +826,9 @@ impl Model {
     /// `deallocate` panic among the blocks its cache step lets go (the
     /// fault [`SHARED_ALLOCATE_DEALLOCATE_PANICS`] holds back).
     fn cache_step_frees_panic(&self, size: usize) -> bool {
+        if self.armed[Fault::Deallocate as usize] == 0 {
+            return false;
+        }
         let mut m = self.clone();
         m.frees = Frees::Deferred;
         let before = m.injected[Fault::Deallocate as usize];
@@ -1156,7 +1159,6 @@ impl Model {
             Ok(block) => block,
             Err(e) => return Ok(Err(PoolError::Backing(e))),
         };
-        let _ = size;
         self.misses += 1;
         self.from_backing = self.from_backing.saturating_add(class);
         self.live.push(Live { block, size, class });
