@@ -1791,21 +1791,17 @@ fn run_pool_with<P: Policy>(
 // --- shared_ops ---------------------------------------------------------------
 
 /// Whether `shared_ops` lets a backing `deallocate` panic on a block that
-/// the cache step of [`SharedPool::allocate`] let go. Off: a `SharedPool`
-/// hands the blocks its cache step lets go (expired blocks, room made
-/// under the limit) to `deallocate` after that step, and when one of those
-/// calls panics the block the step chose for a hit is lost (counted in use
-/// for good) and a miss's booking against the limit is kept for good
-/// (`tests/it/shared.rs`,
-/// `a_deallocate_panic_inside_allocate_loses_no_block_and_no_booking`,
-/// ignored until fixed). So when the model predicts that panic, the
-/// harness disarms the deallocate switch for that `allocate` (the
-/// countdown resumes after it); a `deallocate` panic in the out-of-memory
-/// retry of a handle's `allocate`, or anywhere else, is still injected. On,
-/// the model expects the fixed behaviour: the hit's block goes back into
-/// the cache (a release at the same time, the policy told), nothing stays
-/// booked, the panic is passed on.
-pub const SHARED_ALLOCATE_DEALLOCATE_PANICS: bool = false;
+/// the cache step of [`SharedPool::allocate`] let go (expired blocks, room
+/// made under the limit: a `SharedPool` hands them to `deallocate` after
+/// that step, outside the cache lock). On: the model expects what the pool
+/// does, the hit's block goes back into the cache (a release at the same
+/// time, the policy told), nothing stays booked against the limit, and the
+/// panic is passed on (`tests/it/shared.rs`,
+/// `a_deallocate_panic_inside_allocate_loses_no_block_and_no_booking`).
+/// Off: when the model predicts that panic, the harness disarms the
+/// deallocate switch for that `allocate` (the countdown resumes after it);
+/// a switch kept to isolate a regression there.
+pub const SHARED_ALLOCATE_DEALLOCATE_PANICS: bool = true;
 
 /// Parses `data` as a [`SharedInput`] and runs it with [`run_shared`].
 /// Returns `None` when the data cannot be parsed (never, with this

@@ -534,7 +534,6 @@ fn a_panicking_deallocator_poisons_nothing_and_loses_nothing() {
 /// the step took for a hit must not be lost, and a miss's booking against
 /// the limit must not stay.
 #[test]
-#[ignore = "SharedPool::allocate loses its hit's block and keeps its miss's booking when a deferred deallocate panics (fuzzing::SHARED_ALLOCATE_DEALLOCATE_PANICS)"]
 fn a_deallocate_panic_inside_allocate_loses_no_block_and_no_booking() {
     let alloc = Panicky::default();
     let clock = ManualClock::new();
