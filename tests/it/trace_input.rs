@@ -72,9 +72,9 @@ fn rmm_times_that_overflow_are_an_error_on_their_line() {
 #[test]
 fn a_missing_file_is_named_in_its_error() {
     let path = std::env::temp_dir().join("decaying-pool-no-such-dir/trace.csv");
-    let err = TraceReader::open(&path, ReadOptions::default())
-        .err()
-        .expect("no such file");
+    let Err(err) = TraceReader::open(&path, ReadOptions::default()) else {
+        panic!("no such file");
+    };
     assert!(matches!(err.kind, TraceErrorKind::Open { .. }));
     let msg = err.to_string();
     assert!(
