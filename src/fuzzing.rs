@@ -698,6 +698,7 @@ enum Frees {
     Deferred,
 }
 
+#[derive(Clone)]
 struct Model {
     cfg: Config,
     now: u64,
@@ -819,6 +820,25 @@ impl Model {
             }
         }
         out
+    }
+
+    /// Whether a `SharedPool` handle's `allocate` of `size` would have a
+    /// `deallocate` panic among the blocks its cache step lets go (the
+    /// fault [`SHARED_ALLOCATE_DEALLOCATE_PANICS`] holds back).
+    fn cache_step_frees_panic(&self, size: usize) -> bool {
+        if self.armed[Fault::Deallocate as usize] == 0 {
+            return false;
+        }
+        let mut m = self.clone();
+        m.frees = Frees::Deferred;
+        let before = m.injected[Fault::Deallocate as usize];
+        let _ = (|| {
+            m.hook(Fault::Clock)?;
+            m.run_policy()?;
+            m.choose(size)
+        })();
+        let _ = m.flush();
+        m.injected[Fault::Deallocate as usize] > before
     }
 
     /// A cache step of a `SharedPool` handle operation: `f`, then the
@@ -1139,7 +1159,6 @@ impl Model {
             Ok(block) => block,
             Err(e) => return Ok(Err(PoolError::Backing(e))),
         };
-        let _ = size;
         self.misses += 1;
         self.from_backing = self.from_backing.saturating_add(class);
         self.live.push(Live { block, size, class });
@@ -1771,18 +1790,18 @@ fn run_pool_with<P: Policy>(
 
 // --- shared_ops ---------------------------------------------------------------
 
-/// Whether `shared_ops` lets a backing `deallocate` panic inside
-/// [`SharedPool::allocate`]. Off: a `SharedPool` hands the blocks its
-/// cache step lets go (expired blocks, room made under the limit) to
-/// `deallocate` after that step, and when one of those calls panics the
-/// block the step chose for a hit is lost (counted in use for good) and a
-/// miss's booking against the limit is kept for good. Until that is fixed,
-/// the harness keeps the deallocate switch disarmed during a handle's
-/// `allocate` (the countdown resumes after it). On, the model expects the
-/// fixed behaviour: the hit's block goes back into the cache (a release at
-/// the same time, the policy told), nothing stays booked, the panic is
-/// passed on.
-pub const SHARED_ALLOCATE_DEALLOCATE_PANICS: bool = false;
+/// Whether `shared_ops` lets a backing `deallocate` panic on a block that
+/// the cache step of [`SharedPool::allocate`] let go (expired blocks, room
+/// made under the limit: a `SharedPool` hands them to `deallocate` after
+/// that step, outside the cache lock). On: the model expects what the pool
+/// does, the hit's block goes back into the cache (a release at the same
+/// time, the policy told), nothing stays booked against the limit, and the
+/// panic is passed on (`tests/it/shared.rs`,
+/// `a_deallocate_panic_inside_allocate_loses_no_block_and_no_booking`).
+/// Off: when the model predicts that panic, the harness disarms the
+/// deallocate switch for that `allocate` (the countdown resumes after it);
+/// a switch kept to isolate a regression there.
+pub const SHARED_ALLOCATE_DEALLOCATE_PANICS: bool = true;
 
 /// Parses `data` as a [`SharedInput`] and runs it with [`run_shared`].
 /// Returns `None` when the data cannot be parsed (never, with this
@@ -1885,7 +1904,8 @@ impl<P: Policy> SharedHarness<P> {
     /// Allocates through `pool` (a handle's `allocate`, or a raw one
     /// through `with`); returns whether it panicked.
     fn allocate(&mut self, pool: Shared<P>, size: usize, raw: bool) -> bool {
-        let mute = !raw && !SHARED_ALLOCATE_DEALLOCATE_PANICS;
+        let mute =
+            !raw && !SHARED_ALLOCATE_DEALLOCATE_PANICS && self.model.cache_step_frees_panic(size);
         if mute {
             self.parts.switches.deallocate.panic_on(0);
         }

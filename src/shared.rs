@@ -303,17 +303,43 @@ impl<A: RawAllocator, P: Policy, C: Clock> Inner<A, P, C> {
         if let Some(r) = self.packed(|p| p.allocate(size)) {
             return r;
         }
-        let step = self.cache_then_free(|cache, free| {
-            let now = cache.now();
-            cache.run_policy(now, free);
-            let class = cache.class_of(size)?;
-            if let Some(block) = cache.take(class, now) {
-                return Ok(Step::Hit(block));
+        let mut frees: Frees<A::Block> = Vec::new();
+        let step = catch_unwind(AssertUnwindSafe(|| {
+            self.cache(|cache| {
+                let free = &mut |block, class| frees.push((block, class));
+                let now = cache.now();
+                cache.run_policy(now, free);
+                let class = cache.class_of(size)?;
+                if let Some(block) = cache.take(class, now) {
+                    return Ok(Step::Hit(block));
+                }
+                cache.make_room(size, class, now, free)?;
+                Ok(Step::Miss { class, now })
+            })
+        }));
+        let freed = catch_unwind(AssertUnwindSafe(|| self.deallocate(frees)));
+        let step = match step {
+            Ok(step) => step,
+            // The cache step panicked (clock or policy): nothing was taken
+            // or booked; its panic comes first.
+            Err(panic) => resume_unwind(panic),
+        };
+        if let Err(panic) = freed {
+            // A `deallocate` of a block the policy let go panicked after the
+            // cache step served this request: undo the step, so that the
+            // hit's block is cached again and the miss's booking dropped,
+            // then pass the panic on. A second panic while undoing is
+            // discarded (the release keeps its block: `release_now`).
+            match step {
+                Ok(Step::Hit(block)) => {
+                    let _ = catch_unwind(AssertUnwindSafe(|| self.release(block, size)));
+                }
+                Ok(Step::Miss { class, .. }) => self.cache(|cache| cache.abandon(class)),
+                Err(_) => {}
             }
-            cache.make_room(size, class, now, free)?;
-            Ok(Step::Miss { class, now })
-        })?;
-        match step {
+            resume_unwind(panic);
+        }
+        match step? {
             Step::Hit(block) => Ok(block),
             Step::Miss { class, now } => self.miss(class, now),
         }

@@ -250,6 +250,13 @@ impl fmt::Display for Format {
 pub enum TraceErrorKind {
     /// Reading failed.
     Io(io::Error),
+    /// The trace file could not be opened.
+    Open {
+        /// The path given.
+        path: std::path::PathBuf,
+        /// Why it could not be opened.
+        source: io::Error,
+    },
     /// The input held no header line.
     Empty,
     /// The header line is none of the known formats.
@@ -302,6 +309,9 @@ impl fmt::Display for TraceError {
         }
         match &self.kind {
             TraceErrorKind::Io(e) => write!(f, "read error: {e}"),
+            TraceErrorKind::Open { path, source } => {
+                write!(f, "cannot open {}: {source}", path.display())
+            }
             TraceErrorKind::Empty => f.write_str("no header line: empty trace"),
             TraceErrorKind::UnknownHeader(h) => write!(
                 f,
@@ -330,7 +340,7 @@ impl fmt::Display for TraceError {
 impl std::error::Error for TraceError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match &self.kind {
-            TraceErrorKind::Io(e) => Some(e),
+            TraceErrorKind::Io(e) | TraceErrorKind::Open { source: e, .. } => Some(e),
             _ => None,
         }
     }
@@ -447,19 +457,28 @@ impl TraceReader<io::BufReader<std::fs::File>> {
     ///
     /// # Errors
     ///
-    /// When the file cannot be opened or its header is not a known format.
+    /// When the file cannot be opened ([`TraceErrorKind::Open`], naming
+    /// the path) or its header is not a known format.
     ///
     /// # Examples
     ///
     /// ```
     /// use decaying_pool::trace::{ReadOptions, TraceReader};
-    /// assert!(TraceReader::open("/no/such/trace.csv", ReadOptions::default()).is_err());
+    /// let err = TraceReader::open("/no/such/trace.csv", ReadOptions::default()).err().unwrap();
+    /// assert!(err.to_string().starts_with("cannot open /no/such/trace.csv: "));
     /// ```
     pub fn open(
         path: impl AsRef<std::path::Path>,
         options: ReadOptions,
     ) -> Result<Self, TraceError> {
-        let file = std::fs::File::open(path)?;
+        let path = path.as_ref();
+        let file = std::fs::File::open(path).map_err(|source| TraceError {
+            line: None,
+            kind: TraceErrorKind::Open {
+                path: path.to_owned(),
+                source,
+            },
+        })?;
         Self::with_options(io::BufReader::with_capacity(1 << 16, file), options)
     }
 }
@@ -511,7 +530,9 @@ impl<R: BufRead> TraceReader<R> {
             if !r.read_line()? {
                 return Err(r.error(TraceErrorKind::Empty));
             }
-            let l = r.line.trim();
+            // A UTF-8 byte-order mark (spreadsheets write one) is not
+            // part of the header.
+            let l = r.line.trim_start_matches('\u{feff}').trim();
             if l.is_empty() || l.starts_with('#') {
                 continue;
             }
@@ -688,15 +709,21 @@ impl<R: BufRead> TraceReader<R> {
                     // Some RMM versions log seconds since the epoch.
                     parse_seconds(fields[1])?
                 };
+                let out_of_range = || malformed(format!("Time {:?} out of range", fields[1]));
                 if let Some(prev) = self.rmm_prev {
                     const HALF_DAY: u64 = 12 * 3600 * 1_000_000_000;
-                    if tod + HALF_DAY < prev {
-                        self.rmm_day += 2 * HALF_DAY;
+                    if tod.saturating_add(HALF_DAY) < prev {
+                        // The clock passed midnight: the next day.
+                        self.rmm_day = self
+                            .rmm_day
+                            .checked_add(2 * HALF_DAY)
+                            .ok_or_else(out_of_range)?;
                     }
                 }
+                let time = self.rmm_day.checked_add(tod).ok_or_else(out_of_range)?;
                 self.rmm_prev = Some(tod);
                 (
-                    self.rmm_day + tod,
+                    time,
                     op,
                     parse_hex(fields[3], "pointer")?,
                     parse_u64(fields[4], "size")?,

@@ -758,7 +758,7 @@ fn shared_seeds() -> Vec<(String, Vec<u8>)> {
     }
     let ft = || cfg(0, P4).faults();
     let limit_1000 = || ft().limit(4).palette(&[S1000]);
-    let panics: [(&str, Cfg, Vec<Vec<u8>>); 12] = [
+    let panics: [(&str, Cfg, Vec<Vec<u8>>); 13] = [
         // A hit whose cache step evicted an expired block, whose
         // `deallocate` panics (reached only with
         // `SHARED_ALLOCATE_DEALLOCATE_PANICS` on).
@@ -902,6 +902,21 @@ fn shared_seeds() -> Vec<(String, Vec<u8>)> {
                 sop::release(0, 0),
                 sop::release(0, 0),
                 sop::inject(ON_FREE, 1),
+                sop::alloc(0, 2),
+                sop::alloc(0, 2),
+            ],
+        ),
+        // The retry's frees are offered after its cache step; one panics:
+        // the booking is dropped.
+        (
+            "panic-oom-retry-deallocate",
+            ft().capacity(2).limit(7).palette(&[S500, S100, S1000]),
+            vec![
+                sop::alloc(0, 0),
+                sop::alloc(0, 1),
+                sop::release(0, 0),
+                sop::release(0, 0),
+                sop::inject(DEALLOCATE, 1),
                 sop::alloc(0, 2),
                 sop::alloc(0, 2),
             ],

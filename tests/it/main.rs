@@ -25,3 +25,5 @@ mod timed_store;
 // blocked by its isolation.
 #[cfg(not(miri))]
 mod trace;
+#[cfg(not(miri))]
+mod trace_input;

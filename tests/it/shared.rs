@@ -527,6 +527,50 @@ fn a_panicking_deallocator_poisons_nothing_and_loses_nothing() {
     alloc.inner.assert_all_freed();
 }
 
+/// Found by the fuzz harness's injected panics (`shared_ops` seeds
+/// `seed-panic-allocate-{hit,miss}-eviction-deallocate`): a handle's
+/// `allocate` offers the expired blocks its cache step let go to
+/// `deallocate` after that step; when one of those calls panics, the block
+/// the step took for a hit must not be lost, and a miss's booking against
+/// the limit must not stay.
+#[test]
+fn a_deallocate_panic_inside_allocate_loses_no_block_and_no_booking() {
+    let alloc = Panicky::default();
+    let clock = ManualClock::new();
+    let pool = SharedPool::new(
+        DecayingPool::builder(alloc.clone())
+            .policy(FixedTime::new(Duration::from_secs(1)))
+            .clock(clock.clone())
+            .limit(2000)
+            .build(),
+    );
+    // A hit on 200 after the expired 100 is evicted.
+    drop(pool.allocate(100).unwrap());
+    clock.advance(Duration::from_millis(500));
+    drop(pool.allocate(200).unwrap());
+    clock.advance(Duration::from_millis(500));
+    alloc.panic_dealloc.store(true, Ordering::SeqCst);
+    assert!(quiet(|| pool.allocate(200).map(drop)).is_err());
+    pool.with(|p| p.validate());
+    let s = pool.stats();
+    assert_eq!(s.blocks_in_use, 0, "the hit's block was lost: {s:?}");
+    // A miss of 1000 after an expired block is evicted.
+    drop(pool.allocate(300).unwrap());
+    clock.advance(Duration::from_secs(1));
+    alloc.panic_dealloc.store(true, Ordering::SeqCst);
+    assert!(quiet(|| pool.allocate(1000).map(drop)).is_err());
+    pool.with(|p| p.validate());
+    // Two blocks of 1000 fit the limit of 2000 only if nothing stays booked.
+    let a = pool.allocate(1000).unwrap();
+    let b = pool
+        .allocate(1000)
+        .expect("the panicked miss is still booked");
+    drop((a, b));
+    pool.with(|p| p.validate());
+    drop(pool);
+    alloc.inner.assert_all_freed();
+}
+
 #[test]
 fn a_pooled_dropped_while_unwinding_does_not_abort() {
     let alloc = Panicky::default();
