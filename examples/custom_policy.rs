@@ -30,7 +30,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         &Config::new(PolicyKind::KeepAll).named("max-idle 16MiB"),
         MaxIdle(16 << 20),
     );
-    for event in TraceReader::open(&path, Default::default()).map_err(|e| format!("{path}: {e}"))? {
+    // An error opening the file names it.
+    for event in TraceReader::open(&path, Default::default()).map_err(|e| e.to_string())? {
         r.event(&event.map_err(|e| format!("{path}: {e}"))?);
     }
     print!("{}", format_table(&r.finish("inference")));
