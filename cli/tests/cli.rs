@@ -319,6 +319,39 @@ fn an_unwritable_output_fails_before_the_replay() {
 }
 
 #[test]
+fn device_and_stream_select_rows() {
+    let t = Scratch::new(
+        "devices.csv",
+        "device,time_us,action,addr,size,stream\n\
+         0,1,alloc,0x10,4096,0\n\
+         1,2,alloc,0x20,8192,0\n\
+         1,3,alloc,0x30,8192,5\n\
+         0,4,free_completed,0x10,4096,0\n\
+         1,5,free_completed,0x20,8192,0\n\
+         1,6,free_completed,0x30,8192,5\n",
+    );
+    let allocs = |args: &[&str]| {
+        let mut a = vec!["replay", "--json", t.path()];
+        a.extend(args);
+        let o = run(&a);
+        assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+        let out = stdout(&o);
+        let i = out.find("\"allocs\":").expect("an allocs field") + 9;
+        out[i..].split(',').next().unwrap().parse::<u64>().unwrap()
+    };
+    assert_eq!(allocs(&[]), 1); // the first device seen: 0
+    assert_eq!(allocs(&["--device", "1"]), 2);
+    assert_eq!(allocs(&["--device", "1", "--stream", "5"]), 1);
+    let o = run(&["replay", t.path(), "--stream", "five"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        stderr(&o).contains("`five` is not a stream number"),
+        "{}",
+        stderr(&o)
+    );
+}
+
+#[test]
 fn unknown_options_are_usage_errors() {
     let o = run(&["replay", "--frobnicate"]);
     assert_eq!(o.status.code(), Some(2));
