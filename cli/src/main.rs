@@ -653,7 +653,16 @@ fn replay(a: &ReplayArgs) -> Result<(), Failure> {
         }
     } else {
         for p in &a.traces {
-            outcomes.push(replay_file(a, p, &configs, &capacities, record)?);
+            match replay_file(a, p, &configs, &capacities, record) {
+                Ok(o) => outcomes.push(o),
+                Err(f) => {
+                    // Leave no empty output behind.
+                    for (p, _) in outputs.values() {
+                        let _ = std::fs::remove_file(p);
+                    }
+                    return Err(f);
+                }
+            }
         }
     }
 

@@ -246,13 +246,17 @@ fn malformed_rows_name_the_file_and_line() {
         "bad.csv",
         "time_ns,action,addr,size\n0,alloc,0x10,64\n5,alloc,zz,64\n",
     );
-    let o = run(&["replay", t.path()]);
+    let svg = format!("{}.svg", t.path());
+    let o = run(&["replay", t.path(), "--svg", &svg]);
     assert_eq!(o.status.code(), Some(2));
     let e = stderr(&o);
     assert!(
         e.starts_with(&format!("decaying-pool: {}: line 3: ", t.path())),
         "{e}"
     );
+    assert!(e.contains("addr"), "{e}");
+    // The output opened before the replay is not left behind empty.
+    assert!(!Path::new(&svg).exists(), "{svg} was left behind");
 
     let t = Scratch::new("header.csv", "a,b,c\n");
     let o = run(&["replay", t.path()]);
