@@ -36,8 +36,9 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use decaying_pool::trace::{
-    format_table, reports_to_json, workloads, write_chrome_trace, write_svg, Config, CostModel,
-    Event, Op, ReadOptions, ReadStats, Recorder, ReplayOptions, Replayer, Report, TraceReader,
+    cli, format_table, reports_to_json, workloads, write_chrome_trace, write_svg, Config,
+    CostModel, Event, Op, ReadOptions, ReadStats, Recorder, ReplayOptions, Replayer, Report,
+    TraceErrorKind, TraceReader,
 };
 use indicatif::{ProgressBar, ProgressStyle};
 
@@ -64,43 +65,30 @@ fn parse_args() -> Result<Args, String> {
         ..Args::default()
     };
     let mut it = std::env::args_os().skip(1);
-    let ms = |v: Option<std::ffi::OsString>, flag: &str| -> Result<Duration, String> {
+    let value = |v: Option<std::ffi::OsString>, flag: &str| -> Result<String, String> {
         let v = v.ok_or(format!("{flag} needs a value"))?;
-        let x: f64 = v
-            .to_string_lossy()
-            .parse()
-            .map_err(|e| format!("{flag}: {e}"))?;
-        if !(x.is_finite() && x >= 0.0) {
-            return Err(format!("{flag}: must be a non-negative number"));
-        }
-        Ok(Duration::from_secs_f64(x / 1e3))
+        Ok(v.to_string_lossy().into_owned())
     };
+    let refused = |e: cli::ArgError| e.to_string();
     while let Some(arg) = it.next() {
         match arg.to_string_lossy().as_ref() {
             "--json" => a.json = true,
             "--strict" => a.strict = true,
             "--repeat" => {
-                let v = it.next().ok_or("--repeat needs a value")?;
-                a.repeat = v
-                    .to_string_lossy()
-                    .parse()
-                    .map_err(|e| format!("--repeat: {e}"))?;
-                if a.repeat == 0 {
-                    return Err("--repeat must be at least 1".into());
-                }
+                a.repeat = cli::parse_repeat("--repeat", &value(it.next(), "--repeat")?)
+                    .map_err(refused)?
             }
-            "--gap" => a.gap = ms(it.next(), "--gap")?,
+            "--gap" => {
+                a.gap = cli::parse_millis("--gap", &value(it.next(), "--gap")?).map_err(refused)?
+            }
             "--reaper" => {
-                let d = ms(it.next(), "--reaper")?;
+                let d = cli::parse_millis("--reaper", &value(it.next(), "--reaper")?)
+                    .map_err(refused)?;
                 a.reaper = (!d.is_zero()).then_some(d);
             }
             "--capacity" => {
-                let v = it.next().ok_or("--capacity needs a value")?;
-                let gib: f64 = v
-                    .to_string_lossy()
-                    .parse()
-                    .map_err(|e| format!("--capacity: {e}"))?;
-                a.capacity = Some((gib * (1u64 << 30) as f64) as usize);
+                let v = value(it.next(), "--capacity")?;
+                a.capacity = Some(cli::parse_capacity_gib("--capacity", &v).map_err(refused)?);
             }
             "--chrome-trace" => {
                 a.chrome = Some(it.next().ok_or("--chrome-trace needs a path")?.into())
@@ -160,11 +148,25 @@ fn options(args: &Args, capacity: Option<usize>) -> ReplayOptions {
     }
 }
 
+/// Opens a trace; a header error is prefixed with the file's path (an
+/// open error names it already).
+fn open(
+    path: &Path,
+    read_opts: ReadOptions,
+) -> Result<TraceReader<std::io::BufReader<std::fs::File>>, String> {
+    TraceReader::open(path, read_opts).map_err(|e| match e.kind {
+        TraceErrorKind::Open { .. } => e.to_string(),
+        _ => format!("{}: {e}", path.display()),
+    })
+}
+
 fn replay_file(args: &Args, path: &Path) -> Result<Outcome, Box<dyn Error>> {
     let read_opts = ReadOptions {
         lenient_frees: !args.strict,
         ..ReadOptions::default()
     };
+    // Opening first: its error names the file.
+    drop(open(path, read_opts)?);
     let len = std::fs::metadata(path)?.len();
     let mut opts = options(args, None);
     if len > 64 << 20 {
@@ -187,8 +189,7 @@ fn replay_file(args: &Args, path: &Path) -> Result<Outcome, Box<dyn Error>> {
     let mut floor = Floor::default();
     let mut read = None;
     for pass in 0..args.repeat {
-        let mut reader =
-            TraceReader::open(path, read_opts).map_err(|e| format!("{}: {e}", path.display()))?;
+        let mut reader = open(path, read_opts)?;
         replayer.begin_pass();
         let done = u64::from(pass) * len;
         let mut n = 0u64;

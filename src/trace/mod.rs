@@ -82,6 +82,7 @@ use std::collections::HashMap;
 use std::io::{self, BufRead, Write};
 
 mod chrome;
+pub mod cli;
 mod record;
 mod replay;
 mod svg;
@@ -244,6 +245,13 @@ impl fmt::Display for Format {
 pub enum TraceErrorKind {
     /// Reading failed.
     Io(io::Error),
+    /// The trace file could not be opened.
+    Open {
+        /// The file's path.
+        path: std::path::PathBuf,
+        /// Why it could not be opened.
+        source: io::Error,
+    },
     /// The input held no header line.
     Empty,
     /// The header line is none of the known formats.
@@ -296,6 +304,9 @@ impl fmt::Display for TraceError {
         }
         match &self.kind {
             TraceErrorKind::Io(e) => write!(f, "read error: {e}"),
+            TraceErrorKind::Open { path, source } => {
+                write!(f, "cannot open {}: {source}", path.display())
+            }
             TraceErrorKind::Empty => f.write_str("no header line: empty trace"),
             TraceErrorKind::UnknownHeader(h) => write!(
                 f,
@@ -324,7 +335,7 @@ impl fmt::Display for TraceError {
 impl std::error::Error for TraceError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match &self.kind {
-            TraceErrorKind::Io(e) => Some(e),
+            TraceErrorKind::Io(e) | TraceErrorKind::Open { source: e, .. } => Some(e),
             _ => None,
         }
     }
@@ -437,19 +448,28 @@ impl TraceReader<io::BufReader<std::fs::File>> {
     ///
     /// # Errors
     ///
-    /// When the file cannot be opened or its header is not a known format.
+    /// When the file cannot be opened ([`TraceErrorKind::Open`], naming
+    /// the path) or its header is not a known format.
     ///
     /// # Examples
     ///
     /// ```
     /// use decaying_pool::trace::{ReadOptions, TraceReader};
-    /// assert!(TraceReader::open("/no/such/trace.csv", ReadOptions::default()).is_err());
+    /// let err = TraceReader::open("/no/such/trace.csv", ReadOptions::default()).unwrap_err();
+    /// assert!(err.to_string().starts_with("cannot open /no/such/trace.csv: "));
     /// ```
     pub fn open(
         path: impl AsRef<std::path::Path>,
         options: ReadOptions,
     ) -> Result<Self, TraceError> {
-        let file = std::fs::File::open(path)?;
+        let path = path.as_ref();
+        let file = std::fs::File::open(path).map_err(|source| TraceError {
+            line: None,
+            kind: TraceErrorKind::Open {
+                path: path.to_owned(),
+                source,
+            },
+        })?;
         Self::with_options(io::BufReader::with_capacity(1 << 16, file), options)
     }
 }
@@ -572,6 +592,10 @@ impl<R: BufRead> TraceReader<R> {
         }
         self.stats.lines += 1;
         self.stats.bytes += n as u64;
+        if self.stats.lines == 1 && self.line.starts_with('\u{feff}') {
+            // A UTF-8 byte-order mark, as spreadsheet programs write.
+            self.line.drain(..'\u{feff}'.len_utf8());
+        }
         Ok(true)
     }
 
@@ -666,15 +690,19 @@ impl<R: BufRead> TraceReader<R> {
                     // Some RMM versions log seconds since the epoch.
                     parse_seconds(fields[1])?
                 };
+                let out_of_range = || malformed(format!("time {:?} out of range", fields[1]));
+                let mut day = self.rmm_day;
                 if let Some(prev) = self.rmm_prev {
                     const HALF_DAY: u64 = 12 * 3600 * 1_000_000_000;
-                    if tod + HALF_DAY < prev {
-                        self.rmm_day += 2 * HALF_DAY;
+                    if tod.saturating_add(HALF_DAY) < prev {
+                        day = day.checked_add(2 * HALF_DAY).ok_or_else(out_of_range)?;
                     }
                 }
+                let t = day.checked_add(tod).ok_or_else(out_of_range)?;
+                self.rmm_day = day;
                 self.rmm_prev = Some(tod);
                 (
-                    self.rmm_day + tod,
+                    t,
                     op,
                     parse_hex(fields[3], "pointer")?,
                     parse_u64(fields[4], "size")?,

@@ -18,3 +18,4 @@ mod timed_store;
 // blocked by its isolation.
 #[cfg(not(miri))]
 mod trace;
+mod trace_input;
