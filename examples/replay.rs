@@ -4,7 +4,7 @@
 //!
 //! ```text
 //! cargo run --release --example replay -- [--json] [--repeat N --gap MS]
-//!     [--reaper MS] [--capacity GIB] [--strict] [--packing KEY=VALUE,...]
+//!     [--reaper MS] [--capacity GIB] [--strict]
 //!     [--chrome-trace OUT.json] [--svg OUT.svg] [TRACE ...]
 //! ```
 //!
@@ -24,14 +24,6 @@
 //! - `--strict`: a free of an address the trace never allocated is an
 //!   error. By default such frees (blocks allocated before the trace
 //!   began) are skipped and counted.
-//! - `--packing KEY=VALUE,...`: one more row, `packed KEY=VALUE,...`: the
-//!   `packed` row's packing with these settings changed (keys as
-//!   `decaying_pool::Packing`'s fields: `small_threshold`,
-//!   `medium_threshold`, `small_segment`, `medium_segment`, `max_segment`,
-//!   `growth`, `segment_multiple`, `cap_fraction`, `capacity`,
-//!   `granularity`, `large_rounding`; sizes take K/M/G; `off` packs
-//!   nothing). Without `capacity`, the row gets `--capacity`'s. May be
-//!   given several times.
 //! - `--chrome-trace OUT.json`, `--svg OUT.svg`: the pool's counters over
 //!   time for every configuration (with several workloads, the workload's
 //!   name is added to the file name).
@@ -44,11 +36,10 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use decaying_pool::trace::{
-    format_table, reports_to_json, workloads, write_chrome_trace, write_svg, Config, CostModel,
-    Event, Op, PolicyKind, ReadOptions, ReadStats, Recorder, ReplayOptions, Replayer, Report,
-    TraceReader,
+    cli, format_table, reports_to_json, workloads, write_chrome_trace, write_svg, Config,
+    CostModel, Event, Op, ReadOptions, ReadStats, Recorder, ReplayOptions, Replayer, Report,
+    TraceErrorKind, TraceReader,
 };
-use decaying_pool::Packing;
 use indicatif::{ProgressBar, ProgressStyle};
 
 #[derive(Default)]
@@ -62,25 +53,10 @@ struct Args {
     chrome: Option<PathBuf>,
     svg: Option<PathBuf>,
     traces: Vec<PathBuf>,
-    /// Extra packed rows: (the flag's value, the setting).
-    packings: Vec<(String, Packing)>,
-}
-
-/// The rows to replay: the defaults and one per `--packing`.
-fn configs(args: &Args) -> Vec<Config> {
-    let mut c = Config::defaults();
-    for (text, p) in &args.packings {
-        c.push(
-            Config::new(PolicyKind::FixedTime(Duration::from_secs(1)))
-                .packing(*p)
-                .named(format!("packed {text}")),
-        );
-    }
-    c
 }
 
 const USAGE: &str = "usage: replay [--json] [--repeat N --gap MS] [--reaper MS] [--capacity GIB] \
-                     [--strict] [--packing KEY=VALUE,...] [--chrome-trace OUT.json] [--svg OUT.svg] [TRACE ...]";
+                     [--strict] [--chrome-trace OUT.json] [--svg OUT.svg] [TRACE ...]";
 
 fn parse_args() -> Result<Args, String> {
     let mut a = Args {
@@ -89,54 +65,35 @@ fn parse_args() -> Result<Args, String> {
         ..Args::default()
     };
     let mut it = std::env::args_os().skip(1);
-    let ms = |v: Option<std::ffi::OsString>, flag: &str| -> Result<Duration, String> {
+    let value = |v: Option<std::ffi::OsString>, flag: &str| -> Result<String, String> {
         let v = v.ok_or(format!("{flag} needs a value"))?;
-        let x: f64 = v
-            .to_string_lossy()
-            .parse()
-            .map_err(|e| format!("{flag}: {e}"))?;
-        if !(x.is_finite() && x >= 0.0) {
-            return Err(format!("{flag}: must be a non-negative number"));
-        }
-        Ok(Duration::from_secs_f64(x / 1e3))
+        Ok(v.to_string_lossy().into_owned())
     };
+    let refused = |e: cli::ArgError| e.to_string();
     while let Some(arg) = it.next() {
         match arg.to_string_lossy().as_ref() {
             "--json" => a.json = true,
             "--strict" => a.strict = true,
             "--repeat" => {
-                let v = it.next().ok_or("--repeat needs a value")?;
-                a.repeat = v
-                    .to_string_lossy()
-                    .parse()
-                    .map_err(|e| format!("--repeat: {e}"))?;
-                if a.repeat == 0 {
-                    return Err("--repeat must be at least 1".into());
-                }
+                a.repeat = cli::parse_repeat("--repeat", &value(it.next(), "--repeat")?)
+                    .map_err(refused)?
             }
-            "--gap" => a.gap = ms(it.next(), "--gap")?,
+            "--gap" => {
+                a.gap = cli::parse_millis("--gap", &value(it.next(), "--gap")?).map_err(refused)?
+            }
             "--reaper" => {
-                let d = ms(it.next(), "--reaper")?;
+                let d = cli::parse_millis("--reaper", &value(it.next(), "--reaper")?)
+                    .map_err(refused)?;
                 a.reaper = (!d.is_zero()).then_some(d);
             }
             "--capacity" => {
-                let v = it.next().ok_or("--capacity needs a value")?;
-                let gib: f64 = v
-                    .to_string_lossy()
-                    .parse()
-                    .map_err(|e| format!("--capacity: {e}"))?;
-                a.capacity = Some((gib * (1u64 << 30) as f64) as usize);
+                let v = value(it.next(), "--capacity")?;
+                a.capacity = Some(cli::parse_capacity_gib("--capacity", &v).map_err(refused)?);
             }
             "--chrome-trace" => {
                 a.chrome = Some(it.next().ok_or("--chrome-trace needs a path")?.into())
             }
             "--svg" => a.svg = Some(it.next().ok_or("--svg needs a path")?.into()),
-            "--packing" => {
-                let v = it.next().ok_or("--packing needs KEY=VALUE,...")?;
-                let v = v.to_string_lossy().into_owned();
-                let p: Packing = v.parse().map_err(|e| format!("--packing: {e}"))?;
-                a.packings.push((v, p));
-            }
             "-h" | "--help" => return Err(USAGE.into()),
             s if s.starts_with("--") => return Err(format!("unknown option {s}\n{USAGE}")),
             _ => a.traces.push(arg.into()),
@@ -191,18 +148,32 @@ fn options(args: &Args, capacity: Option<usize>) -> ReplayOptions {
     }
 }
 
+/// Opens a trace; a header error is prefixed with the file's path (an
+/// open error names it already).
+fn open(
+    path: &Path,
+    read_opts: ReadOptions,
+) -> Result<TraceReader<std::io::BufReader<std::fs::File>>, String> {
+    TraceReader::open(path, read_opts).map_err(|e| match e.kind {
+        TraceErrorKind::Open { .. } => e.to_string(),
+        _ => format!("{}: {e}", path.display()),
+    })
+}
+
 fn replay_file(args: &Args, path: &Path) -> Result<Outcome, Box<dyn Error>> {
     let read_opts = ReadOptions {
         lenient_frees: !args.strict,
         ..ReadOptions::default()
     };
+    // Opening first: its error names the file.
+    drop(open(path, read_opts)?);
     let len = std::fs::metadata(path)?.len();
     let mut opts = options(args, None);
     if len > 64 << 20 {
         // Long traces: one sample per 100 µs keeps the recording small.
         opts.record_resolution = Duration::from_micros(100);
     }
-    let mut replayer = Replayer::new(&configs(args), opts);
+    let mut replayer = Replayer::new(&Config::defaults(), opts);
     let bar = ProgressBar::new(len * u64::from(args.repeat));
     bar.set_style(
         ProgressStyle::with_template(
@@ -218,8 +189,7 @@ fn replay_file(args: &Args, path: &Path) -> Result<Outcome, Box<dyn Error>> {
     let mut floor = Floor::default();
     let mut read = None;
     for pass in 0..args.repeat {
-        let mut reader =
-            TraceReader::open(path, read_opts).map_err(|e| format!("{}: {e}", path.display()))?;
+        let mut reader = open(path, read_opts)?;
         replayer.begin_pass();
         let done = u64::from(pass) * len;
         let mut n = 0u64;
@@ -262,7 +232,7 @@ fn replay_file(args: &Args, path: &Path) -> Result<Outcome, Box<dyn Error>> {
 }
 
 fn replay_builtin(args: &Args, w: &workloads::Workload) -> Outcome {
-    let mut replayer = Replayer::new(&configs(args), options(args, w.capacity));
+    let mut replayer = Replayer::new(&Config::defaults(), options(args, w.capacity));
     let mut floor = Floor::default();
     for pass in 0..args.repeat {
         replayer.begin_pass();
