@@ -82,6 +82,7 @@ use std::collections::HashMap;
 use std::io::{self, BufRead, Write};
 
 mod chrome;
+pub mod cli;
 #[cfg(feature = "pickle")]
 mod pickle;
 mod record;
@@ -252,7 +253,7 @@ pub enum TraceErrorKind {
     Io(io::Error),
     /// The trace file could not be opened.
     Open {
-        /// The path given.
+        /// The file's path.
         path: std::path::PathBuf,
         /// Why it could not be opened.
         source: io::Error,
@@ -464,7 +465,7 @@ impl TraceReader<io::BufReader<std::fs::File>> {
     ///
     /// ```
     /// use decaying_pool::trace::{ReadOptions, TraceReader};
-    /// let err = TraceReader::open("/no/such/trace.csv", ReadOptions::default()).err().unwrap();
+    /// let err = TraceReader::open("/no/such/trace.csv", ReadOptions::default()).unwrap_err();
     /// assert!(err.to_string().starts_with("cannot open /no/such/trace.csv: "));
     /// ```
     pub fn open(
@@ -530,9 +531,7 @@ impl<R: BufRead> TraceReader<R> {
             if !r.read_line()? {
                 return Err(r.error(TraceErrorKind::Empty));
             }
-            // A UTF-8 byte-order mark (spreadsheets write one) is not
-            // part of the header.
-            let l = r.line.trim_start_matches('\u{feff}').trim();
+            let l = r.line.trim();
             if l.is_empty() || l.starts_with('#') {
                 continue;
             }
@@ -603,6 +602,10 @@ impl<R: BufRead> TraceReader<R> {
         }
         self.stats.lines += 1;
         self.stats.bytes += n as u64;
+        if self.stats.lines == 1 && self.line.starts_with('\u{feff}') {
+            // A UTF-8 byte-order mark, as spreadsheet programs write.
+            self.line.drain(..'\u{feff}'.len_utf8());
+        }
         Ok(true)
     }
 
@@ -709,21 +712,19 @@ impl<R: BufRead> TraceReader<R> {
                     // Some RMM versions log seconds since the epoch.
                     parse_seconds(fields[1])?
                 };
-                let out_of_range = || malformed(format!("Time {:?} out of range", fields[1]));
+                let out_of_range = || malformed(format!("time {:?} out of range", fields[1]));
+                let mut day = self.rmm_day;
                 if let Some(prev) = self.rmm_prev {
                     const HALF_DAY: u64 = 12 * 3600 * 1_000_000_000;
                     if tod.saturating_add(HALF_DAY) < prev {
-                        // The clock passed midnight: the next day.
-                        self.rmm_day = self
-                            .rmm_day
-                            .checked_add(2 * HALF_DAY)
-                            .ok_or_else(out_of_range)?;
+                        day = day.checked_add(2 * HALF_DAY).ok_or_else(out_of_range)?;
                     }
                 }
-                let time = self.rmm_day.checked_add(tod).ok_or_else(out_of_range)?;
+                let t = day.checked_add(tod).ok_or_else(out_of_range)?;
+                self.rmm_day = day;
                 self.rmm_prev = Some(tod);
                 (
-                    time,
+                    t,
                     op,
                     parse_hex(fields[3], "pointer")?,
                     parse_u64(fields[4], "size")?,
