@@ -10,6 +10,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
+use decaying_pool::trace::cli;
 use decaying_pool::trace::{
     format_table, reports_to_json, workloads, write_chrome_trace, write_svg, Config, CostModel,
     Event, Op, PolicyKind, ReadOptions, ReadStats, Recorder, ReplayOptions, Replayer, Report,
@@ -87,20 +88,20 @@ struct ReplayArgs {
     #[arg(long, value_name = "SIZE,...", value_delimiter = ',', allow_hyphen_values = true, value_parser = parse_capacity)]
     capacity: Vec<usize>,
     /// Loop each trace N times, so decay over idle time shows.
-    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = |s: &str| cli::parse_repeat("--repeat", s))]
     repeat: u32,
     /// Idle time between passes of --repeat (e.g. 500ms, 2s; a bare number is ms).
-    #[arg(long, value_name = "TIME", default_value = "0", allow_hyphen_values = true, value_parser = parse_duration)]
+    #[arg(long, value_name = "TIME", default_value = "0", allow_hyphen_values = true, value_parser = |s: &str| parse_duration("--gap", s))]
     gap: Duration,
     /// Call collect every TIME of trace time, as SharedPool's reaper thread
     /// would (0: never; a pool then decays only when the trace calls it).
-    #[arg(long, value_name = "TIME", default_value = "1ms", allow_hyphen_values = true, value_parser = parse_duration)]
+    #[arg(long, value_name = "TIME", default_value = "1ms", allow_hyphen_values = true, value_parser = |s: &str| parse_duration("--reaper", s))]
     reaper: Duration,
     /// Sweep: fixed-time policies with these time-to-live values (e.g. 10ms,100ms,1s).
-    #[arg(long, value_name = "TIME,...", value_delimiter = ',', allow_hyphen_values = true, value_parser = parse_duration)]
+    #[arg(long, value_name = "TIME,...", value_delimiter = ',', allow_hyphen_values = true, value_parser = |s: &str| parse_duration("--ttl", s))]
     ttl: Vec<Duration>,
     /// Sweep: exponential policies with these half-lives.
-    #[arg(long, value_name = "TIME,...", value_delimiter = ',', allow_hyphen_values = true, value_parser = parse_duration)]
+    #[arg(long, value_name = "TIME,...", value_delimiter = ',', allow_hyphen_values = true, value_parser = |s: &str| parse_duration("--half-life", s))]
     half_life: Vec<Duration>,
     /// Sweep: fixed-capacity policies with these numbers of slots.
     #[arg(long, value_name = "N,...", value_delimiter = ',')]
@@ -167,8 +168,9 @@ fn non_negative(s: &str) -> Result<f64, String> {
     Ok(x)
 }
 
-/// `10ms`, `1.5s`, `100us`, `250ns`, `2m`; a bare number is milliseconds.
-fn parse_duration(s: &str) -> Result<Duration, String> {
+/// `10ms`, `1.5s`, `100us`, `250ns`, `2m`; a bare number is milliseconds
+/// (read by [`trace::cli::parse_millis`] for `option`).
+fn parse_duration(option: &str, s: &str) -> Result<Duration, String> {
     let t = s.trim();
     let mut split = t.trim_end_matches(char::is_alphabetic).len();
     if t[..split].trim().is_empty() {
@@ -176,9 +178,12 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
         split = t.len();
     }
     let (num, unit) = t.split_at(split);
+    if unit.is_empty() {
+        return cli::parse_millis(option, s).map_err(|e| e.to_string());
+    }
     let x = non_negative(num).map_err(|e| format!("{e} (expected a time such as 10ms or 1s)"))?;
     let secs = match unit {
-        "" | "ms" => x / 1e3,
+        "ms" => x / 1e3,
         "s" => x,
         "us" | "µs" => x / 1e6,
         "ns" => x / 1e9,
@@ -211,6 +216,11 @@ fn parse_size(s: &str, bare_unit: f64) -> Result<usize, String> {
 }
 
 fn parse_capacity(s: &str) -> Result<usize, String> {
+    let t = s.trim();
+    if t.parse::<f64>().is_ok() || t.eq_ignore_ascii_case("nan") {
+        // A bare number of GiB, as the replay has always taken it.
+        return cli::parse_capacity_gib("--capacity", s).map_err(|e| e.to_string());
+    }
     let c = parse_size(s, 1024f64.powi(3))?;
     if c == 0 {
         return Err("a capacity of 0 bytes holds nothing".into());

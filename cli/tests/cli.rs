@@ -213,17 +213,35 @@ fn a_missing_file_is_named_with_exit_code_2() {
 #[test]
 fn bad_numbers_are_rejected_with_exit_code_2() {
     for (args, want) in [
-        (vec!["--capacity", "-1"], "`-1` is negative"),
+        (
+            vec!["--capacity", "-1"],
+            "--capacity: \"-1\" is not a positive number of GiB",
+        ),
         (
             vec!["--capacity", "0"],
+            "--capacity: \"0\" is not a positive number of GiB",
+        ),
+        (vec!["--capacity", "-1G"], "`-1` is negative"),
+        (
+            vec!["--capacity", "0M"],
             "a capacity of 0 bytes holds nothing",
         ),
-        (vec!["--gap", "NaN"], "`NaN` is not a finite number"),
-        (vec!["--gap", "inf"], "`inf` is not a finite number"),
+        (
+            vec!["--gap", "NaN"],
+            "--gap: \"NaN\" is not a non-negative number of milliseconds",
+        ),
+        (vec!["--gap", "inf"], "--gap: \"inf\" is not a non-negative"),
+        (vec!["--gap", "1e400s"], "`1e400` is not a finite number"),
         (vec!["--reaper", "-5ms"], "is negative"),
-        (vec!["--ttl", "10ms,abc"], "`abc` is not a number"),
+        (
+            vec!["--ttl", "10ms,abc"],
+            "--ttl: \"abc\" is not a non-negative number",
+        ),
         (vec!["--ttl", "10 parsecs"], "unknown time unit `parsecs`"),
-        (vec!["--repeat", "0"], "--repeat"),
+        (
+            vec!["--repeat", "0"],
+            "--repeat: \"0\" is not a whole number of passes",
+        ),
         (
             vec!["--size-class", "pow3"],
             "expected exact, pow2, pow2/K or xN",

@@ -1,6 +1,7 @@
-//! Parsing of the numbers the `decaying-pool` command line takes (bare
-//! numbers of `--gap`, `--reaper`, `--capacity`, `--repeat`), so that every bad value is refused with a message naming the option and
-//! the value, never a panic or a silent zero.
+//! Parsing of the bare numbers the `decaying-pool` command line takes
+//! (`--gap`, `--reaper`, `--capacity`, `--repeat`), so that every bad
+//! value is refused with a message naming the option and the value, never
+//! a panic or a silent zero.
 //!
 //! # Examples
 //!
