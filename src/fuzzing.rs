@@ -551,6 +551,8 @@ struct Model {
     peak_live: usize,
     from_pool: usize,
     from_backing: usize,
+    /// Class minus requested bytes over successful allocations (saturating).
+    waste: usize,
 }
 
 impl Model {
@@ -577,6 +579,7 @@ impl Model {
             peak_live: 0,
             from_pool: 0,
             from_backing: 0,
+            waste: 0,
         }
     }
 
@@ -616,6 +619,10 @@ impl Model {
             peak_bytes_in_use: self.peak_in_use,
             bytes_from_pool: self.from_pool,
             bytes_from_backing: self.from_backing,
+            bytes_requested: self
+                .from_pool
+                .saturating_add(self.from_backing)
+                .saturating_sub(self.waste),
         }
     }
 
@@ -749,6 +756,7 @@ impl Model {
             }
             self.hits += 1;
             self.from_pool = self.from_pool.saturating_add(class);
+            self.waste = self.waste.saturating_add(class - size);
             self.live.push(Live {
                 block: hit.block,
                 size,
@@ -790,6 +798,7 @@ impl Model {
         let block = result.map_err(PoolError::Backing)?;
         self.misses += 1;
         self.from_backing = self.from_backing.saturating_add(class);
+        self.waste = self.waste.saturating_add(class - size);
         self.live.push(Live { block, size, class });
         Ok(block)
     }

@@ -55,6 +55,7 @@ mod clock;
 mod error;
 #[cfg(feature = "fuzzing")]
 pub mod fuzzing;
+mod observe;
 pub mod policy;
 mod pool;
 mod raw;
@@ -74,8 +75,11 @@ pub use backend::SystemAllocator;
 pub use class::SizeClass;
 pub use clock::{Clock, ManualClock, MonotonicClock, PreciseClock};
 pub use error::PoolError;
-pub use policy::{EvictionPolicy, Exponential, FixedCapacity, FixedTime, Policy, Reuse};
+pub use observe::{Event, Reason};
+pub use policy::{
+    AnyPolicy, BoxedPolicy, EvictionPolicy, Exponential, FixedCapacity, FixedTime, Policy, Reuse,
+};
 pub use pool::{Builder, DecayingPool};
 pub use raw::{RawAllocator, SendBlock};
 pub use shared::{LockedPool, Pooled, Reaper, SharedPool};
-pub use stats::Stats;
+pub use stats::{ClassStats, HumanBytes, Stats};

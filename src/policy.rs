@@ -11,7 +11,7 @@
 
 use core::time::Duration;
 
-use crate::store::{fixed::FixedStore, timed::TimedStore, Store};
+use crate::store::{any::AnyStore, fixed::FixedStore, timed::TimedStore, Store};
 
 /// Which cached block of a size class a hit hands out.
 ///
@@ -175,6 +175,131 @@ pub trait EvictionPolicy {
     fn deadline(&self, oldest: Oldest) -> Option<Duration> {
         let _ = oldest;
         None
+    }
+}
+
+/// A boxed policy is a policy: `Box<dyn EvictionPolicy + Send>` picks a
+/// timed policy at run time without changing the pool's type.
+///
+/// # Examples
+///
+/// ```
+/// use core::time::Duration;
+/// use decaying_pool::policy::BoxedPolicy;
+/// use decaying_pool::testing::CheckingAllocator;
+/// use decaying_pool::{DecayingPool, EvictionPolicy, Exponential, FixedTime};
+///
+/// let from_config = "exponential";
+/// let policy: BoxedPolicy = match from_config {
+///     "exponential" => Box::new(Exponential::half_life(Duration::from_secs(1))),
+///     _ => Box::new(FixedTime::new(Duration::from_secs(1))),
+/// };
+/// let mut pool: DecayingPool<CheckingAllocator, BoxedPolicy> =
+///     DecayingPool::new(CheckingAllocator::new(), policy);
+/// let b = pool.allocate(64)?;
+/// unsafe { pool.release(b, 64) };
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+impl<P: EvictionPolicy + ?Sized> EvictionPolicy for Box<P> {
+    #[inline]
+    fn on_release(&mut self, now: Duration, size: usize, bytes_cached: usize) {
+        (**self).on_release(now, size, bytes_cached)
+    }
+
+    #[inline]
+    fn on_hit(&mut self, now: Duration, size: usize, before: usize, after: usize) {
+        (**self).on_hit(now, size, before, after)
+    }
+
+    #[inline]
+    fn on_free(&mut self, now: Duration, size: usize, after: usize, reason: FreeReason) {
+        (**self).on_free(now, size, after, reason)
+    }
+
+    #[inline]
+    fn must_evict(&mut self, now: Duration, oldest: Oldest, bytes_cached: usize) -> bool {
+        (**self).must_evict(now, oldest, bytes_cached)
+    }
+
+    #[inline]
+    fn deadline(&self, oldest: Oldest) -> Option<Duration> {
+        (**self).deadline(oldest)
+    }
+}
+
+/// A timed policy chosen at run time.
+pub type BoxedPolicy = Box<dyn EvictionPolicy + Send>;
+
+/// Any policy, chosen at run time (from a config file or a flag), in one
+/// pool type: a boxed timed policy or a [`FixedCapacity`] table.
+///
+/// A pool over `AnyPolicy` reads the clock even when it runs a
+/// `FixedCapacity` table, and every store operation dispatches on the
+/// variant; pick the concrete policy type where it is known at compile time.
+///
+/// # Examples
+///
+/// ```
+/// use core::time::Duration;
+/// use decaying_pool::policy::AnyPolicy;
+/// use decaying_pool::testing::CheckingAllocator;
+/// use decaying_pool::{DecayingPool, FixedCapacity, FixedTime};
+///
+/// fn pool_for(flag: &str) -> DecayingPool<CheckingAllocator, AnyPolicy> {
+///     let policy = match flag {
+///         "fixed" => AnyPolicy::from(FixedCapacity::new(64)),
+///         _ => AnyPolicy::timed(FixedTime::new(Duration::from_secs(2))),
+///     };
+///     DecayingPool::new(CheckingAllocator::new(), policy)
+/// }
+/// let mut fixed = pool_for("fixed");
+/// let mut timed = pool_for("ttl");
+/// for pool in [&mut fixed, &mut timed] {
+///     let b = pool.allocate(100)?;
+///     unsafe { pool.release(b, 100) };
+///     assert_eq!(pool.stats().blocks_cached, 1);
+/// }
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub enum AnyPolicy {
+    /// A timed policy ([`FixedTime`], [`Exponential`], your own), boxed.
+    Timed(BoxedPolicy),
+    /// A fixed table of slots.
+    Fixed(FixedCapacity),
+}
+
+impl AnyPolicy {
+    /// Boxes a timed policy.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use decaying_pool::{policy::AnyPolicy, FixedTime};
+    /// assert!(matches!(AnyPolicy::timed(FixedTime::default()), AnyPolicy::Timed(_)));
+    /// ```
+    pub fn timed(policy: impl EvictionPolicy + Send + 'static) -> Self {
+        AnyPolicy::Timed(Box::new(policy))
+    }
+}
+
+impl From<FixedCapacity> for AnyPolicy {
+    fn from(policy: FixedCapacity) -> Self {
+        AnyPolicy::Fixed(policy)
+    }
+}
+
+impl From<BoxedPolicy> for AnyPolicy {
+    fn from(policy: BoxedPolicy) -> Self {
+        AnyPolicy::Timed(policy)
+    }
+}
+
+impl core::fmt::Debug for AnyPolicy {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            AnyPolicy::Timed(_) => f.write_str("AnyPolicy::Timed(..)"),
+            AnyPolicy::Fixed(p) => f.debug_tuple("AnyPolicy::Fixed").field(p).finish(),
+        }
     }
 }
 
@@ -574,5 +699,18 @@ impl Policy for FixedCapacity {
 
     fn into_store<B>(self, reuse: Reuse) -> Self::Store<B> {
         FixedStore::new(self.slots, reuse)
+    }
+}
+
+impl sealed::Sealed for AnyPolicy {}
+
+impl Policy for AnyPolicy {
+    type Store<B> = AnyStore<B>;
+
+    fn into_store<B>(self, reuse: Reuse) -> Self::Store<B> {
+        match self {
+            AnyPolicy::Timed(p) => AnyStore::Timed(TimedStore::new(p, reuse)),
+            AnyPolicy::Fixed(p) => AnyStore::Fixed(p.into_store(reuse)),
+        }
     }
 }

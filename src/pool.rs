@@ -7,9 +7,10 @@ use crate::cache::{Cache, FirstPanic, Retry};
 use crate::class::SizeClass;
 use crate::clock::{Clock, MonotonicClock};
 use crate::error::PoolError;
+use crate::observe::{Event, Extras, Observer, Reason};
 use crate::policy::{FixedTime, Policy, Reuse};
 use crate::raw::RawAllocator;
-use crate::stats::Stats;
+use crate::stats::{ClassStats, Stats};
 
 /// A caching allocator in front of a costly [`RawAllocator`], whose idle
 /// blocks decay back to it.
@@ -91,6 +92,8 @@ pub struct Builder<A, P = FixedTime, C = MonotonicClock> {
     size_class: SizeClass,
     reuse: Reuse,
     limit: Option<usize>,
+    observer: Option<Observer>,
+    by_class: bool,
 }
 
 impl<A, P, C> Builder<A, P, C> {
@@ -111,6 +114,8 @@ impl<A, P, C> Builder<A, P, C> {
             size_class: self.size_class,
             reuse: self.reuse,
             limit: self.limit,
+            observer: self.observer,
+            by_class: self.by_class,
         }
     }
 
@@ -132,6 +137,8 @@ impl<A, P, C> Builder<A, P, C> {
             size_class: self.size_class,
             reuse: self.reuse,
             limit: self.limit,
+            observer: self.observer,
+            by_class: self.by_class,
         }
     }
 
@@ -177,6 +184,58 @@ impl<A, P, C> Builder<A, P, C> {
         self.limit = Some(bytes);
         self
     }
+
+    /// A callback told of every block the pool gives back to the backing
+    /// allocator, with its size and [`Reason`], and of every failed backing
+    /// allocation ([`Event`]): moka's eviction listener, RMM's failure
+    /// callback. Default: none, and a pool without one pays nothing for it
+    /// on the hit path (the release path tests one pointer).
+    ///
+    /// The callback runs inside the pool's call (for a
+    /// [`SharedPool`](crate::SharedPool), under its cache lock): keep it
+    /// short, and do not call the pool from it. A `Freed` event comes after
+    /// the backing `deallocate` returned. A panic in the callback is passed
+    /// on like a panic of the backing allocator; dropping a pool whose
+    /// observer panicked tells it of no further frees.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::sync::{Arc, Mutex};
+    /// use decaying_pool::testing::CheckingAllocator;
+    /// use decaying_pool::{DecayingPool, Event, Reason};
+    ///
+    /// let seen = Arc::new(Mutex::new(Vec::new()));
+    /// let log = seen.clone();
+    /// let mut pool = DecayingPool::builder(CheckingAllocator::new())
+    ///     .observer(move |e: Event| log.lock().unwrap().push(e))
+    ///     .build();
+    /// let b = pool.allocate(4096)?;
+    /// unsafe { pool.release(b, 4096) };
+    /// pool.trim();
+    /// assert_eq!(*seen.lock().unwrap(), [Event::Freed { size: 4096, reason: Reason::Trimmed }]);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn observer(mut self, observer: impl FnMut(Event) + Send + 'static) -> Self {
+        self.observer = Some(Observer::new(observer));
+        self
+    }
+
+    /// Whether to keep statistics by size class
+    /// ([`DecayingPool::class_stats`]; default: no). They cost a table
+    /// lookup on every hit and release, so they are opt-in.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use decaying_pool::{testing::CheckingAllocator, DecayingPool};
+    /// let pool = DecayingPool::builder(CheckingAllocator::new()).class_stats(true).build();
+    /// assert_eq!(pool.class_stats(), Some(vec![]));
+    /// ```
+    pub fn class_stats(mut self, keep: bool) -> Self {
+        self.by_class = keep;
+        self
+    }
 }
 
 impl<A: RawAllocator, P: Policy, C: Clock> Builder<A, P, C> {
@@ -198,6 +257,7 @@ impl<A: RawAllocator, P: Policy, C: Clock> Builder<A, P, C> {
                 self.size_class,
                 self.reuse,
                 self.limit,
+                Extras::new(self.observer, self.by_class),
             ),
         }
     }
@@ -224,6 +284,8 @@ impl<A: RawAllocator> DecayingPool<A, FixedTime, MonotonicClock> {
             size_class: SizeClass::Exact,
             reuse: Reuse::Lifo,
             limit: None,
+            observer: None,
+            by_class: false,
         }
     }
 }
@@ -296,7 +358,7 @@ impl<A: RawAllocator, P: Policy, C: Clock> DecayingPool<A, P, C> {
         let now = cache.now();
         cache.run_policy(now, free);
         let class = cache.class_of(size)?;
-        if let Some(block) = cache.take(class, now) {
+        if let Some(block) = cache.take(size, class, now) {
             return Ok(block);
         }
         self.miss(size, class, now)
@@ -395,7 +457,7 @@ impl<A: RawAllocator, P: Policy, C: Clock> DecayingPool<A, P, C> {
     pub fn trim(&mut self) -> usize {
         let Self { alloc, cache } = self;
         let now = cache.now();
-        cache.trim_all(now, &mut |block, class| {
+        cache.trim_all(now, Reason::Trimmed, &mut |block, class| {
             // SAFETY: as in `allocate`.
             unsafe { alloc.deallocate(block, class) }
         })
@@ -412,6 +474,88 @@ impl<A: RawAllocator, P: Policy, C: Clock> DecayingPool<A, P, C> {
     /// ```
     pub fn stats(&self) -> Stats {
         self.cache.stats()
+    }
+
+    /// Changes the byte limit (`None`: no limit); returns the bytes freed.
+    ///
+    /// Lowering it frees cached blocks, oldest first, until the bytes
+    /// reserved fit under the new limit (each told to the observer as
+    /// [`Reason::Limit`]). When the blocks in use alone exceed it, the
+    /// cache is emptied and every miss fails with
+    /// [`PoolError::LimitExceeded`] until enough of them are released; the
+    /// blocks released meanwhile are cached (hits still work), and the
+    /// next miss that needs the room frees them.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, FixedTime, PoolError};
+    /// let mut pool = DecayingPool::new(CheckingAllocator::new(), FixedTime::default());
+    /// let (a, b) = (pool.allocate(100)?, pool.allocate(200)?);
+    /// unsafe { pool.release(a, 100) }; // cached, the oldest
+    /// assert_eq!(pool.set_limit(Some(250)), 100);
+    /// assert_eq!(pool.stats().bytes_reserved, 200);
+    /// assert!(matches!(pool.allocate(100), Err(PoolError::LimitExceeded { .. })));
+    /// unsafe { pool.release(b, 200) };
+    /// let c = pool.allocate(100)?; // fits now: frees the cached 200 first
+    /// assert_eq!(pool.stats().bytes_reserved, 100);
+    /// # unsafe { pool.release(c, 100) };
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn set_limit(&mut self, limit: Option<usize>) -> usize {
+        let Self { alloc, cache } = self;
+        let now = cache.now();
+        cache.set_limit(limit, now, &mut |block, class| {
+            // SAFETY: as in `allocate`.
+            unsafe { alloc.deallocate(block, class) }
+        })
+    }
+
+    /// Sets every peak ([`Stats::peak_bytes_reserved`],
+    /// [`Stats::peak_bytes_in_use`]) to its current value, to measure the
+    /// peak of a phase (as `torch.cuda.reset_peak_memory_stats`).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, FixedTime};
+    /// let mut pool = DecayingPool::new(CheckingAllocator::new(), FixedTime::default());
+    /// let b = pool.allocate(1000)?;
+    /// unsafe { pool.release(b, 1000) };
+    /// pool.reset_peaks();
+    /// let s = pool.stats();
+    /// assert_eq!((s.peak_bytes_reserved, s.peak_bytes_in_use), (1000, 0));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn reset_peaks(&mut self) {
+        self.cache.reset_peaks();
+    }
+
+    /// The statistics by size class, in the order the classes were first
+    /// seen; `None` unless the pool was built with
+    /// [`Builder::class_stats`]. What to look at to pick a size-class rule
+    /// or a limit.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, SizeClass};
+    /// let mut pool = DecayingPool::builder(CheckingAllocator::new())
+    ///     .size_class(SizeClass::PowerOfTwo)
+    ///     .class_stats(true)
+    ///     .build();
+    /// let a = pool.allocate(3000)?;
+    /// let b = pool.allocate(100)?;
+    /// unsafe { pool.release(a, 3000) };
+    /// let classes = pool.class_stats().unwrap();
+    /// let sizes: Vec<_> = classes.iter().map(|c| c.size).collect();
+    /// assert_eq!(sizes, [4096, 128]);
+    /// assert_eq!((classes[0].blocks_cached, classes[1].blocks_in_use), (1, 1));
+    /// # unsafe { pool.release(b, 100) };
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn class_stats(&self) -> Option<Vec<ClassStats>> {
+        self.cache.class_stats()
     }
 
     /// The class size a request of `size` bytes is served with, or `None`
@@ -559,7 +703,7 @@ impl<A: RawAllocator, P: Policy, C: Clock> DecayingPool<A, P, C> {
         loop {
             let err = match alloc.allocate(class) {
                 Ok(block) => {
-                    booking.settle().miss_done(class);
+                    booking.settle().miss_done(size, class);
                     return Ok(block);
                 }
                 Err(e) => e,

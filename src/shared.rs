@@ -23,10 +23,11 @@ use std::thread::{self, JoinHandle};
 use crate::cache::{Cache, Retry};
 use crate::clock::{Clock, MonotonicClock};
 use crate::error::PoolError;
+use crate::observe::Reason;
 use crate::policy::{FixedTime, Policy};
 use crate::pool::DecayingPool;
 use crate::raw::{RawAllocator, SendBlock};
-use crate::stats::Stats;
+use crate::stats::{ClassStats, Stats};
 
 /// A thread-safe, cheaply cloneable handle to a [`DecayingPool`].
 ///
@@ -161,7 +162,7 @@ type Frees<B> = Vec<(B, usize)>;
 /// What the cache decided for an `allocate`.
 enum Step<B> {
     Hit(B),
-    Miss { class: usize, now: u64 },
+    Miss { size: usize, class: usize, now: u64 },
 }
 
 fn recover<T>(r: Result<T, PoisonError<T>>) -> T {
@@ -234,22 +235,22 @@ impl<A: RawAllocator, P: Policy, C: Clock> Inner<A, P, C> {
             let now = cache.now();
             cache.run_policy(now, free);
             let class = cache.class_of(size)?;
-            if let Some(block) = cache.take(class, now) {
+            if let Some(block) = cache.take(size, class, now) {
                 return Ok(Step::Hit(block));
             }
             cache.make_room(size, class, now, free)?;
-            Ok(Step::Miss { class, now })
+            Ok(Step::Miss { size, class, now })
         })?;
         match step {
             Step::Hit(block) => Ok(block),
-            Step::Miss { class, now } => self.miss(class, now),
+            Step::Miss { size, class, now } => self.miss(size, class, now),
         }
     }
 
     /// A miss whose class is booked: the backing calls and the retry
     /// ladder, with the cache lock released around every backing call.
     #[inline(never)]
-    fn miss(&self, class: usize, now: u64) -> Result<A::Block, PoolError<A::Error>> {
+    fn miss(&self, size: usize, class: usize, now: u64) -> Result<A::Block, PoolError<A::Error>> {
         /// Drops the booking if the backing allocator panics.
         struct Booking<'a, A: RawAllocator, P: Policy, C: Clock> {
             inner: &'a Inner<A, P, C>,
@@ -266,7 +267,7 @@ impl<A: RawAllocator, P: Policy, C: Clock> Inner<A, P, C> {
             let err = match self.alloc(|alloc| alloc.allocate(class)) {
                 Ok(block) => {
                     core::mem::forget(booking);
-                    self.cache(|cache| cache.miss_done(class));
+                    self.cache(|cache| cache.miss_done(size, class));
                     return Ok(block);
                 }
                 Err(e) => e,
@@ -294,10 +295,17 @@ impl<A: RawAllocator, P: Policy, C: Clock> Inner<A, P, C> {
         })
     }
 
+    fn set_limit(&self, limit: Option<usize>) -> usize {
+        self.cache_then_free(|cache, free| {
+            let now = cache.now();
+            cache.set_limit(limit, now, free)
+        })
+    }
+
     fn trim(&self) -> usize {
         self.cache_then_free(|cache, free| {
             let now = cache.now();
-            cache.trim_all(now, free)
+            cache.trim_all(now, Reason::Trimmed, free)
         })
     }
 }
@@ -422,6 +430,69 @@ impl<A: RawAllocator, P: Policy, C: Clock> SharedPool<A, P, C> {
     /// ```
     pub fn trim(&self) -> usize {
         self.inner.trim()
+    }
+
+    /// Changes the byte limit ([`DecayingPool::set_limit`]); the blocks
+    /// freed are deallocated outside the cache lock. Returns the bytes
+    /// freed.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, FixedTime, SharedPool};
+    /// let pool = SharedPool::new(DecayingPool::new(CheckingAllocator::new(), FixedTime::default()));
+    /// drop(pool.allocate(4096)?);
+    /// assert_eq!(pool.set_limit(Some(1024)), 4096);
+    /// assert_eq!(pool.limit(), Some(1024));
+    /// assert!(pool.allocate(4096).is_err());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn set_limit(&self, limit: Option<usize>) -> usize {
+        self.inner.set_limit(limit)
+    }
+
+    /// The byte limit, if any ([`DecayingPool::limit`]).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, FixedTime, SharedPool};
+    /// let pool = SharedPool::new(DecayingPool::new(CheckingAllocator::new(), FixedTime::default()));
+    /// assert_eq!(pool.limit(), None);
+    /// ```
+    pub fn limit(&self) -> Option<usize> {
+        self.inner.cache(|cache| cache.limit())
+    }
+
+    /// Sets every peak to its current value ([`DecayingPool::reset_peaks`]).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, FixedTime, SharedPool};
+    /// let pool = SharedPool::new(DecayingPool::new(CheckingAllocator::new(), FixedTime::default()));
+    /// drop(pool.allocate(4096)?);
+    /// pool.reset_peaks();
+    /// assert_eq!(pool.stats().peak_bytes_in_use, 0);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn reset_peaks(&self) {
+        self.inner.cache(|cache| cache.reset_peaks());
+    }
+
+    /// The statistics by size class ([`DecayingPool::class_stats`]).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, SharedPool};
+    /// let pool = SharedPool::new(DecayingPool::builder(CheckingAllocator::new()).class_stats(true).build());
+    /// drop(pool.allocate(64)?);
+    /// assert_eq!(pool.class_stats().unwrap()[0].blocks_cached, 1);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn class_stats(&self) -> Option<Vec<ClassStats>> {
+        self.inner.cache(|cache| cache.class_stats())
     }
 
     /// Runs `f` on the whole pool, with both locks held, for anything this
@@ -718,6 +789,37 @@ impl<A: RawAllocator, P: Policy, C: Clock> LockedPool<'_, A, P, C> {
     /// ```
     pub fn trim(&mut self) -> usize {
         self.pool.trim()
+    }
+
+    /// Changes the byte limit ([`DecayingPool::set_limit`]).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, FixedTime, SharedPool};
+    /// let pool = SharedPool::new(DecayingPool::new(CheckingAllocator::new(), FixedTime::default()));
+    /// drop(pool.allocate(8)?);
+    /// assert_eq!(pool.with(|p| p.set_limit(Some(0))), 8);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn set_limit(&mut self, limit: Option<usize>) -> usize {
+        self.pool.set_limit(limit)
+    }
+
+    /// Sets every peak to its current value ([`DecayingPool::reset_peaks`]).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, FixedTime, SharedPool};
+    /// let pool = SharedPool::new(DecayingPool::new(CheckingAllocator::new(), FixedTime::default()));
+    /// drop(pool.allocate(8)?);
+    /// pool.with(|p| p.reset_peaks());
+    /// assert_eq!(pool.stats().peak_bytes_in_use, 0);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn reset_peaks(&mut self) {
+        self.pool.reset_peaks()
     }
 }
 

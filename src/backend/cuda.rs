@@ -84,6 +84,53 @@ pub fn available() -> bool {
     std::panic::catch_unwind(|| CudaContext::device_count().is_ok_and(|n| n > 0)).unwrap_or(false)
 }
 
+/// `fraction` of the total memory of `ctx`'s device, in bytes: a byte
+/// limit for [`DecayingPool::set_limit`](crate::DecayingPool::set_limit) or
+/// [`Builder::limit`](crate::Builder::limit), as PyTorch's
+/// `set_per_process_memory_fraction`.
+///
+/// `fraction` is clamped to `0.0..=1.0` (NaN counts as 0); the result is
+/// rounded down.
+///
+/// # Errors
+///
+/// The driver's error when it cannot tell the device's memory
+/// ([`CudaError::Driver`], size 0).
+///
+/// # Examples
+///
+/// ```
+/// use decaying_pool::{cuda, DecayingPool, FixedTime};
+/// if cuda::available() {
+///     let alloc = cuda::DeviceAllocator::new(0)?;
+///     let limit = cuda::memory_fraction(alloc.context(), 0.5)?;
+///     let mut pool = DecayingPool::new(alloc, FixedTime::default());
+///     pool.set_limit(Some(limit));
+///     assert!(pool.allocate(limit + 1).is_err());
+/// }
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub fn memory_fraction(ctx: &CudaContext, fraction: f64) -> Result<usize, CudaError> {
+    let total = ctx
+        .total_mem()
+        .map_err(|error| CudaError::Driver { size: 0, error })?;
+    Ok(fraction_of(total, fraction))
+}
+
+/// `fraction` (clamped to `0.0..=1.0`, NaN as 0) of `total`, rounded down.
+fn fraction_of(total: usize, fraction: f64) -> usize {
+    let f = if fraction.is_nan() {
+        0.0
+    } else {
+        fraction.clamp(0.0, 1.0)
+    };
+    if f >= 1.0 {
+        return total;
+    }
+    // `as` saturates; `f < 1` keeps the product below `total`.
+    ((total as f64 * f) as usize).min(total)
+}
+
 /// Why a CUDA allocator failed.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub enum CudaError {

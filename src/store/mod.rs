@@ -3,6 +3,7 @@
 //! Implementation detail of [`Policy`](crate::policy::Policy); public only
 //! because the policy trait names it.
 
+pub mod any;
 pub mod fixed;
 mod ring;
 pub mod timed;

@@ -6,6 +6,7 @@ mod cuda;
 mod exponential;
 mod fixed_capacity;
 mod fuzz_corpus;
+mod knobs;
 mod limit_retry;
 mod model;
 mod robustness;
