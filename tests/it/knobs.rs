@@ -12,8 +12,20 @@ use decaying_pool::{
     ClassStats, DecayingPool, Event, EvictionPolicy, Exponential, FixedCapacity, FixedTime,
     ManualClock, PoolError, Reason, SharedPool, SizeClass, Stats,
 };
+use decaying_pool::{Clock, Policy, RawAllocator};
 
 use crate::support::freed_ids;
+
+/// Gives back a block of `pool`.
+fn put<A: RawAllocator, P: Policy, C: Clock>(
+    pool: &mut DecayingPool<A, P, C>,
+    block: A::Block,
+    size: usize,
+) {
+    // SAFETY: every caller passes a block this pool's `allocate(size)`
+    // handed out, once, and does not use it afterwards.
+    unsafe { pool.release(block, size) }
+}
 
 fn events() -> (Arc<Mutex<Vec<Event>>>, impl FnMut(Event) + Send + 'static) {
     let seen = Arc::new(Mutex::new(Vec::new()));
@@ -38,7 +50,7 @@ fn lowering_the_limit_frees_cached_blocks_oldest_first_and_misses_fail_until_rel
         .collect();
     for &(b, s) in &blocks[..3] {
         clock.advance(Duration::from_millis(1));
-        unsafe { pool.release(b, s) };
+        put(&mut pool, b, s);
     }
     // 1000 reserved; a limit of 750 frees the two oldest (100, 200): 700 left.
     assert_eq!(pool.set_limit(Some(750)), 300);
@@ -82,13 +94,13 @@ fn lowering_the_limit_frees_cached_blocks_oldest_first_and_misses_fail_until_rel
     }
     assert_eq!(alloc.allocs(), 4, "no backing call for a refused miss");
     // Released: it is cached (over the limit until a miss needs room) ...
-    unsafe { pool.release(blocks[3].0, 400) };
+    put(&mut pool, blocks[3].0, 400);
     assert_eq!(pool.stats().bytes_cached, 400);
     pool.validate();
     // ... and a hit still works ...
     let again = pool.allocate(400).unwrap();
     assert_eq!(again, blocks[3].0);
-    unsafe { pool.release(again, 400) };
+    put(&mut pool, again, 400);
     // ... and the next miss frees it to make room.
     let small = pool.allocate(300).unwrap();
     let s = pool.stats();
@@ -107,7 +119,7 @@ fn lowering_the_limit_frees_cached_blocks_oldest_first_and_misses_fail_until_rel
     // Raising (or removing) the limit frees nothing.
     assert_eq!(pool.set_limit(None), 0);
     assert_eq!(pool.limit(), None);
-    unsafe { pool.release(small, 300) };
+    put(&mut pool, small, 300);
     drop(pool);
     alloc.assert_all_freed();
 }
@@ -141,7 +153,7 @@ fn reset_peaks_sets_each_peak_to_its_current_value() {
     let mut pool = DecayingPool::new(CheckingAllocator::new(), FixedTime::default());
     let a = pool.allocate(1 << 20).unwrap();
     let b = pool.allocate(2 << 20).unwrap();
-    unsafe { pool.release(b, 2 << 20) };
+    put(&mut pool, b, 2 << 20);
     let s = pool.stats();
     assert_eq!(
         (s.peak_bytes_reserved, s.peak_bytes_in_use),
@@ -164,10 +176,8 @@ fn reset_peaks_sets_each_peak_to_its_current_value() {
     let c = pool.allocate(4 << 20).unwrap();
     assert_eq!(pool.stats().peak_bytes_in_use, 5 << 20);
     pool.validate();
-    unsafe {
-        pool.release(a, 1 << 20);
-        pool.release(c, 4 << 20);
-    }
+    put(&mut pool, a, 1 << 20);
+    put(&mut pool, c, 4 << 20);
 }
 
 #[test]
@@ -177,7 +187,7 @@ fn stats_display_shows_humanised_figures_and_the_rounding_waste() {
         .build();
     let a = pool.allocate(3 << 20).unwrap(); // 4 MiB class
     let b = pool.allocate(1536).unwrap(); // 2 KiB class
-    unsafe { pool.release(b, 1536) };
+    put(&mut pool, b, 1536);
     let b = pool.allocate(1500).unwrap(); // a hit, 2 KiB class
     let s = pool.stats();
     assert_eq!(s.bytes_requested, (3 << 20) + 1536 + 1500);
@@ -197,10 +207,8 @@ fn stats_display_shows_humanised_figures_and_the_rounding_waste() {
     ] {
         assert!(text.contains(want), "{want:?} not in\n{text}");
     }
-    unsafe {
-        pool.release(a, 3 << 20);
-        pool.release(b, 1500);
-    }
+    put(&mut pool, a, 3 << 20);
+    put(&mut pool, b, 1500);
     // Exact sizes waste nothing.
     let mut exact = DecayingPool::new(CheckingAllocator::new(), FixedTime::default());
     let c = exact.allocate(1000).unwrap();
@@ -209,7 +217,7 @@ fn stats_display_shows_humanised_figures_and_the_rounding_waste() {
     assert!(s
         .to_string()
         .contains("1000 B requested, rounding waste 0 B (0.0%)"));
-    unsafe { exact.release(c, 1000) };
+    put(&mut exact, c, 1000);
 }
 
 #[test]
@@ -227,16 +235,14 @@ fn class_stats_are_exact_after_a_scripted_sequence_in_first_seen_order() {
     let a = pool.allocate(3000).unwrap(); // miss 4096
     let b = pool.allocate(100).unwrap(); // miss 128
     let c = pool.allocate(4000).unwrap(); // miss 4096
-    unsafe { pool.release(a, 3000) };
+    put(&mut pool, a, 3000);
     let a = pool.allocate(4096).unwrap(); // hit 4096
     let d = pool.allocate(40_000).unwrap(); // miss 65536
-    unsafe {
-        pool.release(a, 4096);
-        pool.release(d, 40_000);
-    }
+    put(&mut pool, a, 4096);
+    put(&mut pool, d, 40_000);
     clock.advance(Duration::from_secs(1));
     assert_eq!(pool.collect(), 2); // 4096 and 65536 expire
-    unsafe { pool.release(b, 100) };
+    put(&mut pool, b, 100);
     pool.trim(); // the 128 is trimmed
     let classes = pool.class_stats().unwrap();
     assert_eq!(
@@ -269,14 +275,14 @@ fn class_stats_are_exact_after_a_scripted_sequence_in_first_seen_order() {
     );
     pool.validate();
     // An out-of-memory retry frees the cached 4096 block.
-    unsafe { pool.release(c, 4000) };
+    put(&mut pool, c, 4000);
     alloc.fail_next(1);
     let e = pool.allocate(100).unwrap();
     let classes = pool.class_stats().unwrap();
     assert_eq!((classes[0].blocks_cached, classes[0].trimmed), (0, 1));
     assert_eq!((classes[1].misses, classes[1].blocks_in_use), (2, 1));
     pool.validate();
-    unsafe { pool.release(e, 100) };
+    put(&mut pool, e, 100);
     // Not kept unless asked for.
     let plain = DecayingPool::new(CheckingAllocator::new(), FixedTime::default());
     assert_eq!(plain.class_stats(), None);
@@ -297,7 +303,7 @@ fn observer_hears_every_reason_with_the_class_size_and_backing_failures() {
 
     // Expired.
     let a = pool.allocate(150).unwrap();
-    unsafe { pool.release(a, 150) };
+    put(&mut pool, a, 150);
     clock.advance(Duration::from_secs(1));
     pool.collect();
     assert_eq!(
@@ -309,7 +315,7 @@ fn observer_hears_every_reason_with_the_class_size_and_backing_failures() {
     );
     // Trimmed.
     let a = pool.allocate(250).unwrap();
-    unsafe { pool.release(a, 250) };
+    put(&mut pool, a, 250);
     pool.trim();
     assert_eq!(
         take(&seen),
@@ -320,7 +326,7 @@ fn observer_hears_every_reason_with_the_class_size_and_backing_failures() {
     );
     // Out of memory: the first failure frees the cached 400, the retry works.
     let a = pool.allocate(400).unwrap();
-    unsafe { pool.release(a, 400) };
+    put(&mut pool, a, 400);
     alloc.fail_next(1);
     let b = pool.allocate(500).unwrap();
     assert_eq!(
@@ -347,7 +353,7 @@ fn observer_hears_every_reason_with_the_class_size_and_backing_failures() {
         }]
     );
     // Limit.
-    unsafe { pool.release(b, 500) };
+    put(&mut pool, b, 500);
     pool.set_limit(Some(100));
     assert_eq!(
         take(&seen),
@@ -359,7 +365,7 @@ fn observer_hears_every_reason_with_the_class_size_and_backing_failures() {
     pool.set_limit(None);
     // Dropped.
     let a = pool.allocate(700).unwrap();
-    unsafe { pool.release(a, 700) };
+    put(&mut pool, a, 700);
     drop(pool);
     assert_eq!(
         take(&seen),
@@ -377,10 +383,8 @@ fn observer_hears_every_reason_with_the_class_size_and_backing_failures() {
         .observer(observer)
         .build();
     let (a, b) = (pool.allocate(64).unwrap(), pool.allocate(64).unwrap());
-    unsafe {
-        pool.release(a, 64);
-        pool.release(b, 64);
-    }
+    put(&mut pool, a, 64);
+    put(&mut pool, b, 64);
     assert_eq!(
         take(&seen),
         [Event::Freed {
@@ -454,7 +458,7 @@ fn policies_chosen_at_run_time_share_one_pool_type() {
         let mut pool = pool_from_config(name);
         let blocks: Vec<_> = (0..3).map(|_| pool.allocate(64).unwrap()).collect();
         for b in blocks {
-            unsafe { pool.release(b, 64) };
+            put(&mut pool, b, 64);
         }
         // A timed policy runs at the start of each call.
         pool.collect();
@@ -462,7 +466,7 @@ fn policies_chosen_at_run_time_share_one_pool_type() {
         assert_eq!((s.blocks_cached, s.evictions), (cached, evicted), "{name}");
         let b = pool.allocate(64).unwrap();
         assert_eq!(pool.stats().hits, 1, "{name}");
-        unsafe { pool.release(b, 64) };
+        put(&mut pool, b, 64);
         pool.clock().advance(Duration::from_secs(10));
         let decayed = pool.collect();
         // Only the timed policies decay.
@@ -481,7 +485,7 @@ fn policies_chosen_at_run_time_share_one_pool_type() {
         .clock(clock.clone())
         .build();
     let b = pool.allocate(8).unwrap();
-    unsafe { pool.release(b, 8) };
+    put(&mut pool, b, 8);
     clock.advance(Duration::from_secs(1));
     assert_eq!(pool.collect(), 1);
 }
@@ -494,7 +498,7 @@ fn stats_class_stats_events_and_reports_round_trip_through_serde_json() {
         .build();
     let a = pool.allocate(3000).unwrap();
     let b = pool.allocate(100).unwrap();
-    unsafe { pool.release(b, 100) };
+    put(&mut pool, b, 100);
     let stats = pool.stats();
     let json = serde_json::to_string(&stats).unwrap();
     assert!(json.contains("\"bytes_requested\":3100"), "{json}");
@@ -523,7 +527,7 @@ fn stats_class_stats_events_and_reports_round_trip_through_serde_json() {
     };
     let json = serde_json::to_string(&e).unwrap();
     assert_eq!(serde_json::from_str::<Event>(&json).unwrap(), e);
-    unsafe { pool.release(a, 3000) };
+    put(&mut pool, a, 3000);
 
     let mut r = Replayer::new(&[Config::new(PolicyKind::NoPool)], ReplayOptions::default());
     r.event(&TraceEvent::alloc(Duration::ZERO, 1, 1_000_000));
