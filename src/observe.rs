@@ -6,7 +6,8 @@ use core::fmt;
 use crate::stats::ClassStats;
 
 /// Why the pool gave a block back to the backing allocator, as an
-/// [`Event::Freed`] tells an observer.
+/// [`Event::Freed`] tells an observer. `Serialize`/`Deserialize` with the
+/// **`serde`** feature.
 ///
 /// # Examples
 ///
@@ -66,6 +67,7 @@ impl fmt::Display for Reason {
 }
 
 /// What a pool tells its observer ([`Builder::observer`](crate::Builder::observer)).
+/// `Serialize`/`Deserialize` with the **`serde`** feature.
 ///
 /// # Examples
 ///

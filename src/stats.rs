@@ -10,6 +10,10 @@ use core::fmt;
 /// backing_allocs`, `bytes_reserved == bytes_in_use + bytes_cached`, and
 /// `backing_allocs - backing_deallocs == blocks_in_use + blocks_cached`.
 ///
+/// `Display` prints a summary for people (see the `impl Display`).
+/// With the **`serde`** feature, `Stats` is `Serialize` and `Deserialize`;
+/// a field missing from an older snapshot reads as zero.
+///
 /// # Examples
 ///
 /// ```
@@ -165,8 +169,8 @@ impl fmt::Display for HumanBytes {
 ///     .build();
 /// let b = pool.allocate(3 << 20)?; // served with a 4 MiB block
 /// let text = pool.stats().to_string();
-/// assert!(text.contains("in use            4.00 MiB"), "{text}");
-/// assert!(text.contains("3.00 MiB requested"), "{text}");
+/// assert!(text.contains("in use           4.00 MiB     4.00 MiB"), "{text}");
+/// assert!(text.contains("4.00 MiB in classes for 3.00 MiB requested"), "{text}");
 /// assert!(text.contains("rounding waste 1.00 MiB (25.0%)"), "{text}");
 /// unsafe { pool.release(b, 3 << 20) };
 /// # Ok::<(), Box<dyn std::error::Error>>(())
@@ -242,7 +246,8 @@ impl fmt::Display for Stats {
 /// when the pool was built with
 /// [`Builder::class_stats`](crate::Builder::class_stats)).
 ///
-/// Counts are blocks; the byte figures are the counts times `size`.
+/// Counts are blocks; the byte figures are the counts times `size`. With
+/// the **`serde`** feature, `ClassStats` is `Serialize` and `Deserialize`.
 ///
 /// # Examples
 ///

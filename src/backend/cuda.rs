@@ -681,3 +681,24 @@ impl<T, P: Policy, C: Clock> Drop for PooledSlice<T, P, C> {
         drop(unsafe { Pooled::from_raw(&self.pool, ptr, self.size) });
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::fraction_of;
+
+    #[test]
+    fn fraction_of_clamps_and_rounds_down() {
+        assert_eq!(fraction_of(1000, 0.5), 500);
+        assert_eq!(fraction_of(1000, 0.8), 800);
+        assert_eq!(fraction_of(1001, 0.5), 500);
+        assert_eq!(fraction_of(1000, 1.0), 1000);
+        assert_eq!(fraction_of(1000, 7.0), 1000);
+        assert_eq!(fraction_of(1000, -0.5), 0);
+        assert_eq!(fraction_of(1000, f64::NAN), 0);
+        assert_eq!(
+            fraction_of(usize::MAX, 0.999_999_999),
+            (usize::MAX as f64 * 0.999_999_999) as usize
+        );
+        assert!(fraction_of(usize::MAX, 1.0 - f64::EPSILON) <= usize::MAX);
+    }
+}

@@ -544,3 +544,16 @@ fn stats_class_stats_events_and_reports_round_trip_through_serde_json() {
         report.modelled_backing_seconds
     );
 }
+
+#[test]
+fn an_observer_and_class_stats_keep_the_pool_send_and_sync() {
+    fn send_sync<T: Send + Sync>() {}
+    fn send<T: Send>() {}
+    // The observer is boxed inside the pool whatever its closure type.
+    send_sync::<DecayingPool<CheckingAllocator, FixedTime, ManualClock>>();
+    // A boxed policy is `Send` only: the pool is, and a `SharedPool` of it
+    // is `Send + Sync`.
+    send::<DecayingPool<CheckingAllocator, AnyPolicy, ManualClock>>();
+    send_sync::<SharedPool<CheckingAllocator, AnyPolicy, ManualClock>>();
+    send_sync::<SharedPool<CheckingAllocator, BoxedPolicy, ManualClock>>();
+}
