@@ -188,9 +188,6 @@ impl<B, P: Policy, C: Clock> Cache<B, P, C> {
     pub(crate) fn take(&mut self, size: usize, class: usize, now: u64) -> Option<B> {
         let block = self.store.take(class, now)?;
         self.count_request(size, class);
-        if let Some(x) = self.extras.as_deref_mut() {
-            x.hit(class);
-        }
         let in_use = self.bytes_in_use();
         let s = &mut self.stats;
         if in_use > s.peak_bytes_in_use {
@@ -493,7 +490,9 @@ impl<B, P: Policy, C: Clock> Cache<B, P, C> {
 
     /// The statistics by class, in first-seen order, when kept.
     pub(crate) fn class_stats(&self) -> Option<Vec<ClassStats>> {
-        self.extras.as_deref()?.class_stats()
+        self.extras
+            .as_deref()?
+            .class_stats(|class| self.store.cached_of(class))
     }
 
     pub(crate) fn stats(&self) -> Stats {

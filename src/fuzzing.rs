@@ -979,7 +979,9 @@ fn build<P: Policy>(
         .policy(policy)
         .clock(clock.clone())
         .size_class(cfg.size_class)
-        .reuse(cfg.reuse);
+        .reuse(cfg.reuse)
+        // `validate` then checks the statistics by class against the totals.
+        .class_stats(true);
     if let Some(limit) = cfg.limit {
         builder = builder.limit(limit);
     }

@@ -128,13 +128,15 @@ impl Observer {
     }
 }
 
-/// Per-class counters: blocks, the byte figures are derived.
+/// Per-class counters, in blocks. Hits are not counted (the hit path
+/// stays as it is): every block released into the cache left it by a hit
+/// or a free, or is still there, so `hits = released - evictions -
+/// trimmed - cached`, with `cached` asked of the store; then `in_use =
+/// misses + hits - released`.
 #[derive(Clone, Copy, Debug, Default)]
 struct Counts {
-    in_use: u64,
-    cached: u64,
-    hits: u64,
     misses: u64,
+    released: u64,
     evictions: u64,
     trimmed: u64,
 }
@@ -165,25 +167,13 @@ impl Extras {
         self.classes.as_mut().and_then(|c| c.get_mut(&class))
     }
 
-    /// A hit on `class`.
-    #[inline]
-    pub(crate) fn hit(&mut self, class: usize) {
-        if let Some(c) = self.class(class) {
-            c.hits += 1;
-            c.cached -= 1;
-            c.in_use += 1;
-        }
-    }
-
     /// A miss on `class`, served. The only place a class is added (every
     /// block the pool knows of was a miss first), so it is the only place
     /// the table may allocate.
     #[cold]
     pub(crate) fn miss(&mut self, class: usize) {
         if let Some(classes) = &mut self.classes {
-            let c = classes.entry(class).or_default();
-            c.misses += 1;
-            c.in_use += 1;
+            classes.entry(class).or_default().misses += 1;
         }
     }
 
@@ -191,8 +181,7 @@ impl Extras {
     #[inline]
     pub(crate) fn released(&mut self, class: usize) {
         if let Some(c) = self.class(class) {
-            c.in_use -= 1;
-            c.cached += 1;
+            c.released += 1;
         }
     }
 
@@ -200,7 +189,6 @@ impl Extras {
     #[cold]
     pub(crate) fn freeing(&mut self, class: usize, reason: Reason) {
         if let Some(c) = self.class(class) {
-            c.cached -= 1;
             if reason.is_eviction() {
                 c.evictions += 1;
             } else {
@@ -217,22 +205,31 @@ impl Extras {
         }
     }
 
-    /// The table by class, in first-seen order; `None` when not kept.
-    pub(crate) fn class_stats(&self) -> Option<Vec<ClassStats>> {
+    /// The table by class, in first-seen order, given the number of
+    /// blocks cached of each class; `None` when not kept.
+    pub(crate) fn class_stats(
+        &self,
+        cached_of: impl Fn(usize) -> usize,
+    ) -> Option<Vec<ClassStats>> {
         let classes = self.classes.as_ref()?;
         Some(
             classes
                 .iter()
-                .map(|(&size, c)| ClassStats {
-                    size,
-                    blocks_in_use: c.in_use,
-                    bytes_in_use: size.saturating_mul(c.in_use as usize),
-                    blocks_cached: c.cached,
-                    bytes_cached: size.saturating_mul(c.cached as usize),
-                    hits: c.hits,
-                    misses: c.misses,
-                    evictions: c.evictions,
-                    trimmed: c.trimmed,
+                .map(|(&size, c)| {
+                    let cached = cached_of(size) as u64;
+                    let hits = c.released - c.evictions - c.trimmed - cached;
+                    let in_use = c.misses + hits - c.released;
+                    ClassStats {
+                        size,
+                        blocks_in_use: in_use,
+                        bytes_in_use: size.saturating_mul(in_use as usize),
+                        blocks_cached: cached,
+                        bytes_cached: size.saturating_mul(cached as usize),
+                        hits,
+                        misses: c.misses,
+                        evictions: c.evictions,
+                        trimmed: c.trimmed,
+                    }
                 })
                 .collect(),
         )

@@ -58,6 +58,10 @@ impl<B> Store<B> for AnyStore<B> {
         dispatch!(self, s => s.bytes())
     }
 
+    fn cached_of(&self, class: usize) -> usize {
+        dispatch!(self, s => s.cached_of(class))
+    }
+
     #[inline]
     fn taken(&self) -> (u64, u64) {
         dispatch!(self, s => s.taken())

@@ -224,6 +224,14 @@ impl<B> Store<B> for FixedStore<B> {
         (self.taken, self.taken_bytes)
     }
 
+    fn cached_of(&self, class: usize) -> usize {
+        self.table
+            .iter()
+            .flatten()
+            .filter(|e| e.class == class)
+            .count()
+    }
+
     fn check(&self) {
         let (mut len, mut bytes) = (0usize, 0usize);
         for (i, e) in self.table.iter().enumerate() {

@@ -48,6 +48,9 @@ pub trait Store<B> {
     /// Cached bytes.
     fn bytes(&self) -> usize;
 
+    /// Cached blocks of `class` (for statistics: not on the hot path).
+    fn cached_of(&self, class: usize) -> usize;
+
     /// Blocks taken by hits so far, and their bytes (saturating): the pool's
     /// `hits` and `bytes_from_pool`, counted where the hit happens.
     fn taken(&self) -> (u64, u64);

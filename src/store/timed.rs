@@ -537,6 +537,12 @@ impl<B, P: EvictionPolicy> Store<B> for TimedStore<B, P> {
         (self.taken, self.taken_bytes)
     }
 
+    fn cached_of(&self, class: usize) -> usize {
+        self.classes.get(class).map_or(0, |c| {
+            usize::from(c.items.newest.is_some()) + c.items.older.len()
+        })
+    }
+
     fn check(&self) {
         assert!(
             self.classes.len() <= self.sweep_at,
