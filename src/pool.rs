@@ -195,8 +195,9 @@ impl<A, P, C> Builder<A, P, C> {
     /// [`SharedPool`](crate::SharedPool), under its cache lock): keep it
     /// short, and do not call the pool from it. A `Freed` event comes after
     /// the backing `deallocate` returned. A panic in the callback is passed
-    /// on like a panic of the backing allocator; dropping a pool whose
-    /// observer panicked tells it of no further frees.
+    /// on like a panic of the backing allocator (the pool loses no block
+    /// and its counters stay true); if it panics while the pool drops, the
+    /// frees left are made without telling it.
     ///
     /// # Examples
     ///
@@ -223,7 +224,8 @@ impl<A, P, C> Builder<A, P, C> {
 
     /// Whether to keep statistics by size class
     /// ([`DecayingPool::class_stats`]; default: no). They cost a table
-    /// lookup on every hit and release, so they are opt-in.
+    /// lookup on every release (hits are derived from releases, frees and
+    /// what is cached), so they are opt-in.
     ///
     /// # Examples
     ///

@@ -557,3 +557,43 @@ fn an_observer_and_class_stats_keep_the_pool_send_and_sync() {
     send_sync::<SharedPool<CheckingAllocator, AnyPolicy, ManualClock>>();
     send_sync::<SharedPool<CheckingAllocator, BoxedPolicy, ManualClock>>();
 }
+
+#[test]
+fn a_panicking_observer_loses_no_block_and_keeps_the_counters_true() {
+    use std::panic::{catch_unwind, AssertUnwindSafe};
+    let clock = ManualClock::new();
+    let alloc = CheckingAllocator::new();
+    use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
+    let told = Arc::new(AtomicU32::new(0));
+    let count = told.clone();
+    let mut pool = DecayingPool::builder(alloc.clone())
+        .policy(FixedTime::new(Duration::from_secs(1)))
+        .clock(clock.clone())
+        .class_stats(true)
+        .observer(move |_| {
+            if count.fetch_add(1, Relaxed) < 2 {
+                panic!("observer panics on its first two events");
+            }
+        })
+        .build();
+    let (a, b) = (pool.allocate(100).unwrap(), pool.allocate(200).unwrap());
+    put(&mut pool, a, 100);
+    clock.advance(Duration::from_secs(1));
+    // The release runs the policy first: the 100 expires, the observer
+    // panics, and `b` is still cached.
+    let r = catch_unwind(AssertUnwindSafe(|| put(&mut pool, b, 200)));
+    assert!(r.is_err());
+    let s = pool.stats();
+    assert_eq!(
+        (s.evictions, s.backing_deallocs, s.blocks_cached),
+        (1, 1, 1)
+    );
+    pool.validate();
+    assert_eq!(alloc.deallocs(), 1);
+    // Dropping the pool: the observer panics again, every block goes back,
+    // the panic is passed on.
+    let r = catch_unwind(AssertUnwindSafe(|| drop(pool)));
+    assert!(r.is_err());
+    alloc.assert_all_freed();
+    assert_eq!(told.load(Relaxed), 2);
+}
