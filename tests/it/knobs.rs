@@ -597,3 +597,106 @@ fn a_panicking_observer_loses_no_block_and_keeps_the_counters_true() {
     alloc.assert_all_freed();
     assert_eq!(told.load(Relaxed), 2);
 }
+
+/// One step of [`limits_set_at_run_time_keep_every_invariant`].
+#[derive(Clone, Debug)]
+enum Step {
+    Allocate(usize),
+    Release(usize),
+    SetLimit(Option<usize>),
+    Advance(u64),
+    Trim,
+}
+
+fn step() -> impl proptest::strategy::Strategy<Value = Step> {
+    use proptest::prelude::*;
+    prop_oneof![
+        4 => proptest::sample::select(vec![100usize, 200, 300, 1000, 1500]).prop_map(Step::Allocate),
+        3 => any::<usize>().prop_map(Step::Release),
+        1 => proptest::option::of(0usize..4000).prop_map(Step::SetLimit),
+        1 => (0u64..1500).prop_map(Step::Advance),
+        1 => Just(Step::Trim),
+    ]
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig {
+        cases: if cfg!(miri) { 1 } else { 300 },
+        failure_persistence: None,
+        ..proptest::prelude::ProptestConfig::default()
+    })]
+
+    /// Limits changed at run time, with class statistics and an observer:
+    /// the pool validates after every step (class sums included), the
+    /// observer hears of every backing free, `bytes_reserved` never grows
+    /// while above the limit, and every block goes back once.
+    #[test]
+    fn limits_set_at_run_time_keep_every_invariant(
+        steps in proptest::collection::vec(step(), 1..120),
+        fifo in proptest::prelude::any::<bool>(),
+    ) {
+        let clock = ManualClock::new();
+        let alloc = CheckingAllocator::new();
+        let (seen, observer) = events();
+        let mut pool = DecayingPool::builder(alloc.clone())
+            .policy(FixedTime::new(Duration::from_secs(1)))
+            .clock(clock.clone())
+            .size_class(SizeClass::Multiple(256))
+            .reuse(if fifo { decaying_pool::Reuse::Fifo } else { decaying_pool::Reuse::Lifo })
+            .class_stats(true)
+            .observer(observer)
+            .build();
+        let mut live = Vec::new();
+        for step in steps {
+            let before = pool.stats().bytes_reserved;
+            match step {
+                Step::Allocate(size) => {
+                    if let Ok(b) = pool.allocate(size) {
+                        live.push((b, size));
+                    }
+                    if let Some(limit) = pool.limit() {
+                        let after = pool.stats().bytes_reserved;
+                        assert!(after <= limit || after <= before, "{after} > {limit}, {before}");
+                    }
+                }
+                Step::Release(i) if !live.is_empty() => {
+                    let (b, size) = live.swap_remove(i % live.len());
+                    put(&mut pool, b, size);
+                    assert!(pool.stats().bytes_reserved <= before);
+                }
+                Step::Release(_) => {}
+                Step::SetLimit(limit) => {
+                    pool.set_limit(limit);
+                    let s = pool.stats();
+                    if let Some(limit) = limit {
+                        // Down to the limit, or to the bytes in use.
+                        assert!(s.bytes_reserved <= limit.max(s.bytes_in_use));
+                        assert!(s.bytes_reserved <= limit || s.blocks_cached == 0);
+                    }
+                }
+                Step::Advance(ms) => clock.advance(Duration::from_millis(ms)),
+                Step::Trim => {
+                    pool.trim();
+                }
+            }
+            pool.validate();
+            let s = pool.stats();
+            let freed = seen
+                .lock()
+                .unwrap()
+                .iter()
+                .filter(|e| matches!(e, Event::Freed { .. }))
+                .count() as u64;
+            assert_eq!(freed, s.backing_deallocs);
+            let classes = pool.class_stats().unwrap();
+            let cached: usize = classes.iter().map(|c| c.bytes_cached).sum();
+            let in_use: usize = classes.iter().map(|c| c.bytes_in_use).sum();
+            assert_eq!((cached, in_use), (s.bytes_cached, s.bytes_in_use));
+        }
+        for (b, size) in live {
+            put(&mut pool, b, size);
+        }
+        drop(pool);
+        alloc.assert_all_freed();
+    }
+}
