@@ -81,7 +81,8 @@ impl fmt::Display for Reason {
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub enum Event {
     /// A cached block of `size` class bytes went back to the backing
-    /// allocator (after its `deallocate` returned).
+    /// allocator (see [`Builder::observer`](crate::Builder::observer) for
+    /// when exactly).
     Freed {
         /// The block's class size.
         size: usize,

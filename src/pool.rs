@@ -194,7 +194,8 @@ impl<A, P, C> Builder<A, P, C> {
     /// The callback runs inside the pool's call (for a
     /// [`SharedPool`](crate::SharedPool), under its cache lock): keep it
     /// short, and do not call the pool from it. A `Freed` event comes after
-    /// the backing `deallocate` returned. A panic in the callback is passed
+    /// the backing `deallocate` returned (a `SharedPool` deallocates once
+    /// its cache lock is released: there the event comes just before). A panic in the callback is passed
     /// on like a panic of the backing allocator (the pool loses no block
     /// and its counters stay true); if it panics while the pool drops, the
     /// frees left are made without telling it.

@@ -395,7 +395,7 @@ fn observer_hears_every_reason_with_the_class_size_and_backing_failures() {
 }
 
 #[test]
-fn observer_on_a_shared_pool_hears_frees_made_outside_the_lock() {
+fn observer_on_a_shared_pool_hears_its_frees() {
     let clock = ManualClock::new();
     let (seen, observer) = events();
     let pool = SharedPool::new(
