@@ -99,7 +99,7 @@ impl<B, P: Policy, C: Clock> Cache<B, P, C> {
     /// never reads the clock).
     #[inline]
     pub(crate) fn now(&self) -> u64 {
-        if <P::Store<B> as Store<B>>::TIMED {
+        if self.store.timed() {
             self.clock.now_nanos()
         } else {
             0

@@ -233,9 +233,9 @@ pub type BoxedPolicy = Box<dyn EvictionPolicy + Send>;
 /// Any policy, chosen at run time (from a config file or a flag), in one
 /// pool type: a boxed timed policy or a [`FixedCapacity`] table.
 ///
-/// A pool over `AnyPolicy` reads the clock even when it runs a
-/// `FixedCapacity` table, and every store operation dispatches on the
-/// variant; pick the concrete policy type where it is known at compile time.
+/// A pool over `AnyPolicy` running a `FixedCapacity` table never reads the
+/// clock either, but every store operation dispatches on the variant: pick
+/// the concrete policy type where it is known at compile time.
 ///
 /// # Examples
 ///

@@ -22,8 +22,13 @@ macro_rules! dispatch {
 }
 
 impl<B> Store<B> for AnyStore<B> {
-    // The fixed table ignores the time it is given.
+    // Either may be timed; `timed` tells which.
     const TIMED: bool = true;
+
+    #[inline]
+    fn timed(&self) -> bool {
+        matches!(self, AnyStore::Timed(_))
+    }
 
     #[inline]
     fn take(&mut self, class: usize, now: u64) -> Option<B> {

@@ -18,6 +18,13 @@ pub trait Store<B> {
     /// never reads it.
     const TIMED: bool;
 
+    /// Whether this store reads the clock: [`Store::TIMED`], unless the
+    /// store is chosen at run time.
+    #[inline(always)]
+    fn timed(&self) -> bool {
+        Self::TIMED
+    }
+
     /// Takes a cached block of `class` bytes (a hit), choosing by the
     /// store's reuse order.
     fn take(&mut self, class: usize, now: u64) -> Option<B>;

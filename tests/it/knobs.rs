@@ -700,3 +700,22 @@ proptest::proptest! {
         alloc.assert_all_freed();
     }
 }
+
+#[test]
+fn a_run_time_fixed_capacity_never_reads_the_clock_and_a_timed_one_does() {
+    use decaying_pool::testing::PanickingClock;
+    for (policy, timed) in [
+        (AnyPolicy::from(FixedCapacity::new(4)), false),
+        (AnyPolicy::timed(FixedTime::default()), true),
+    ] {
+        let clock = PanickingClock::new(ManualClock::new());
+        let mut pool = DecayingPool::builder(CheckingAllocator::new())
+            .policy(policy)
+            .clock(clock.clone())
+            .build();
+        let b = pool.allocate(64).unwrap();
+        put(&mut pool, b, 64);
+        pool.collect();
+        assert_eq!(clock.switch().calls() > 0, timed);
+    }
+}
