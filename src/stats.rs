@@ -84,11 +84,11 @@ impl Stats {
     /// assert_eq!(s.hit_rate(), 0.75);
     /// ```
     pub fn hit_rate(&self) -> f64 {
-        let total = self.hits + self.misses;
-        if total == 0 {
+        let total = self.hits as f64 + self.misses as f64;
+        if total == 0.0 {
             0.0
         } else {
-            self.hits as f64 / total as f64
+            self.hits as f64 / total
         }
     }
 
@@ -203,7 +203,7 @@ impl fmt::Display for Stats {
         writeln!(
             f,
             "  allocations: {} ({} hits, {} misses, hit rate {:.1}%)",
-            self.hits + self.misses,
+            self.hits.saturating_add(self.misses),
             self.hits,
             self.misses,
             self.hit_rate() * 100.0

@@ -719,3 +719,19 @@ fn a_run_time_fixed_capacity_never_reads_the_clock_and_a_timed_one_does() {
         assert_eq!(clock.switch().calls() > 0, timed);
     }
 }
+
+#[test]
+fn any_stats_display_without_panicking() {
+    let s = Stats {
+        hits: u64::MAX,
+        misses: u64::MAX,
+        bytes_from_pool: usize::MAX,
+        bytes_from_backing: usize::MAX,
+        bytes_reserved: usize::MAX,
+        ..Default::default()
+    };
+    let text = s.to_string();
+    assert!(text.contains("allocations: 18446744073709551615"), "{text}");
+    assert!(text.contains("16.00 EiB"), "{text}");
+    assert_eq!(s.hit_rate(), 0.5);
+}
