@@ -8,7 +8,7 @@ use crate::class::SizeClass;
 use crate::clock::{Clock, MonotonicClock};
 use crate::error::PoolError;
 use crate::policy::{FixedTime, Policy, Reuse};
-use crate::raw::RawAllocator;
+use crate::raw::{RawAllocator, SendBlock};
 use crate::stats::Stats;
 
 /// A caching allocator in front of a costly [`RawAllocator`], whose idle
@@ -61,6 +61,22 @@ use crate::stats::Stats;
 pub struct DecayingPool<A: RawAllocator, P: Policy = FixedTime, C: Clock = MonotonicClock> {
     alloc: A,
     cache: Cache<A::Block, P, C>,
+}
+
+// SAFETY: a pool owns its allocator, policy and clock (each `Send`) and the
+// blocks it caches; `SendBlock` says a block may move to another thread and
+// be given back to the allocator from there. The pool keeps no thread-local
+// state and no reference shared with another owner (the `Cell` used while
+// dropping lives on the stack of `drop`), so moving the whole pool moves
+// everything it reaches. It is not `Sync`: every method that touches the
+// cache takes `&mut self`, or reads plain counters.
+unsafe impl<A, P, C> Send for DecayingPool<A, P, C>
+where
+    A: RawAllocator + Send,
+    A::Block: SendBlock,
+    P: Policy + Send,
+    C: Clock + Send,
+{
 }
 
 /// Configures a [`DecayingPool`]; from [`DecayingPool::builder`].

@@ -1,5 +1,6 @@
 //! The crate's integration tests: one binary, a module per area.
 
+mod adoption_safety;
 mod backends;
 #[cfg(feature = "cuda")]
 mod cuda;
