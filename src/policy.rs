@@ -171,6 +171,47 @@ pub trait EvictionPolicy {
     /// The pool then skips the policy check until that time: on the hit
     /// path it becomes one comparison. A deadline that is too early only
     /// costs a check; one that is too late delays evictions.
+    ///
+    /// # Panics (debug builds)
+    ///
+    /// In debug builds (`debug_assertions`), every collection
+    /// ([`collect`](crate::DecayingPool::collect), the reaper) that the
+    /// deadline would let skip the policy asks
+    /// [`must_evict`](Self::must_evict) anyway, and panics with a message
+    /// naming both times when it answers `true` before the deadline: such a
+    /// policy would otherwise silently never evict. `must_evict` must
+    /// therefore tolerate being asked at any time (the crate's policies
+    /// do). Release builds skip the check.
+    ///
+    /// ```should_panic
+    /// # #[cfg(not(debug_assertions))] panic!("EvictionPolicy::deadline disagrees with must_evict");
+    /// use core::time::Duration;
+    /// use decaying_pool::policy::{EvictionPolicy, Oldest};
+    /// use decaying_pool::{DecayingPool, ManualClock, SystemAllocator};
+    ///
+    /// /// Evicts after a second of idleness, but claims nothing is due for an hour.
+    /// struct Inconsistent;
+    /// impl EvictionPolicy for Inconsistent {
+    ///     fn must_evict(&mut self, now: Duration, oldest: Oldest, _: usize) -> bool {
+    ///         oldest.idle(now) >= Duration::from_secs(1)
+    ///     }
+    ///     fn deadline(&self, oldest: Oldest) -> Option<Duration> {
+    ///         Some(oldest.released_at + Duration::from_secs(3600))
+    ///     }
+    /// }
+    ///
+    /// let clock = ManualClock::new();
+    /// let mut pool = DecayingPool::builder(SystemAllocator::new())
+    ///     .policy(Inconsistent)
+    ///     .clock(clock.clone())
+    ///     .build();
+    /// let (a, b) = (pool.allocate(64)?, pool.allocate(64)?);
+    /// // SAFETY: each block came from this pool with this size, released once.
+    /// unsafe { pool.release(a, 64); pool.release(b, 64) };
+    /// clock.advance(Duration::from_secs(2));
+    /// pool.collect(); // panics: "EvictionPolicy::deadline disagrees with must_evict: …"
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     #[inline]
     fn deadline(&self, oldest: Oldest) -> Option<Duration> {
         let _ = oldest;

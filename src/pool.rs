@@ -389,7 +389,7 @@ impl<A: RawAllocator, P: Policy, C: Clock> DecayingPool<A, P, C> {
     pub fn collect(&mut self) -> usize {
         let Self { alloc, cache } = self;
         let now = cache.now();
-        cache.run_policy(now, &mut |block, class| {
+        cache.collect(now, &mut |block, class| {
             // SAFETY: as in `allocate`.
             unsafe { alloc.deallocate(block, class) }
         })

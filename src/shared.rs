@@ -290,7 +290,7 @@ impl<A: RawAllocator, P: Policy, C: Clock> Inner<A, P, C> {
     fn collect(&self) -> usize {
         self.cache_then_free(|cache, free| {
             let now = cache.now();
-            cache.run_policy(now, free)
+            cache.collect(now, free)
         })
     }
 
@@ -535,6 +535,39 @@ impl<A: RawAllocator, P: Policy, C: Clock> SharedPool<A, P, C> {
     /// assert_eq!(pool.stats().blocks_cached, 0);
     /// drop(reaper); // stops and joins the thread
     /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// Host pools qualify, stacked ones too: a [`DecayingPool`] is `Send`
+    /// when its allocator, policy and clock are and its blocks are
+    /// [`SendBlock`](crate::SendBlock).
+    ///
+    /// ```
+    /// use core::time::Duration;
+    /// use decaying_pool::{DecayingPool, FixedTime, SharedPool, SystemAllocator};
+    ///
+    /// let host = DecayingPool::new(SystemAllocator::new(), FixedTime::new(Duration::from_secs(60)));
+    /// let pool = SharedPool::new(DecayingPool::new(host, FixedTime::new(Duration::from_secs(1))));
+    /// let _reaper = pool.spawn_reaper(Duration::from_millis(100));
+    /// ```
+    ///
+    /// A policy (or clock, or allocator) that cannot cross threads is
+    /// refused at compile time, and the error names only your type and
+    /// public ones ("`Rc<()>` cannot be sent between threads safely …
+    /// required for `SharedPool<SystemAllocator, NotSend>` to implement
+    /// `Send`"):
+    ///
+    /// ```compile_fail,E0277
+    /// use core::time::Duration;
+    /// use std::rc::Rc;
+    /// use decaying_pool::policy::{EvictionPolicy, Oldest};
+    /// use decaying_pool::{DecayingPool, SharedPool, SystemAllocator};
+    ///
+    /// struct NotSend(Rc<()>);
+    /// impl EvictionPolicy for NotSend {
+    ///     fn must_evict(&mut self, _: Duration, _: Oldest, _: usize) -> bool { false }
+    /// }
+    /// let pool = SharedPool::new(DecayingPool::new(SystemAllocator::new(), NotSend(Rc::new(()))));
+    /// let _reaper = pool.spawn_reaper(Duration::from_secs(1));
     /// ```
     pub fn spawn_reaper(&self, period: Duration) -> Reaper
     where

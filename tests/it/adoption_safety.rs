@@ -42,14 +42,21 @@ fn shared_pools_over_host_pools_are_send_and_sync() {
 
 #[test]
 fn a_host_pool_moves_to_another_thread_and_back() {
-    let mut pool = DecayingPool::new(SystemAllocator::new(), FixedTime::new(Duration::from_secs(60)));
+    let mut pool = DecayingPool::new(
+        SystemAllocator::new(),
+        FixedTime::new(Duration::from_secs(60)),
+    );
     let b = pool.allocate(4096).unwrap();
     // SAFETY: `b` came from this pool with this size and is not used again.
     unsafe { pool.release(b, 4096) };
     let addr = b.as_ptr() as usize;
     let mut pool = thread::spawn(move || {
         let again = pool.allocate(4096).unwrap();
-        assert_eq!(again.as_ptr() as usize, addr, "the block cached on the first thread is a hit here");
+        assert_eq!(
+            again.as_ptr() as usize,
+            addr,
+            "the block cached on the first thread is a hit here"
+        );
         // SAFETY: as above.
         unsafe { pool.release(again, 4096) };
         pool
@@ -89,4 +96,73 @@ fn a_stacked_host_pool_gets_a_reaper() {
     let inner_cached = shared.with(|p| p.allocator().stats().blocks_cached);
     assert_eq!(inner_cached, 1);
     drop(reaper);
+}
+
+// ---------------------------------------------------------------------------
+// A custom policy whose `deadline` disagrees with `must_evict`.
+
+/// Frees a block idle for a second, but claims nothing is due for an hour.
+struct LateDeadline;
+
+impl decaying_pool::policy::EvictionPolicy for LateDeadline {
+    fn must_evict(
+        &mut self,
+        now: Duration,
+        oldest: decaying_pool::policy::Oldest,
+        _bytes_cached: usize,
+    ) -> bool {
+        oldest.idle(now) >= Duration::from_secs(1)
+    }
+
+    fn deadline(&self, oldest: decaying_pool::policy::Oldest) -> Option<Duration> {
+        Some(oldest.released_at + Duration::from_secs(3600))
+    }
+}
+
+#[test]
+#[cfg(debug_assertions)]
+#[should_panic(expected = "EvictionPolicy::deadline disagrees with must_evict")]
+fn a_deadline_later_than_must_evict_allows_is_caught_in_debug_builds() {
+    let clock = ManualClock::new();
+    let mut pool = DecayingPool::builder(decaying_pool::testing::CheckingAllocator::new())
+        .policy(LateDeadline)
+        .clock(clock.clone())
+        .build();
+    let a = pool.allocate(64).unwrap();
+    let b = pool.allocate(64).unwrap();
+    // SAFETY: each block came from this pool with this size and is released once.
+    unsafe { pool.release(a, 64) };
+    // The policy is asked here (no deadline yet) and answers with its hour.
+    unsafe { pool.release(b, 64) };
+    clock.advance(Duration::from_secs(2));
+    // Without the check this returns 0: nothing is evicted for an hour.
+    pool.collect();
+}
+
+/// The crate's own policies pass the debug check: collections every 7 ms
+/// across their whole decay never panic.
+#[test]
+fn the_crate_policies_deadlines_agree_with_must_evict() {
+    fn run<P: decaying_pool::Policy>(policy: P) {
+        let clock = ManualClock::new();
+        let mut pool = DecayingPool::builder(decaying_pool::testing::CheckingAllocator::new())
+            .policy(policy)
+            .clock(clock.clone())
+            .build();
+        let blocks: Vec<_> = (1..=16)
+            .map(|i| (pool.allocate(i * 100).unwrap(), i * 100))
+            .collect();
+        for (b, size) in blocks {
+            // SAFETY: each block came from this pool with this size and is released once.
+            unsafe { pool.release(b, size) };
+            clock.advance(Duration::from_millis(3));
+        }
+        for _ in 0..2000 {
+            clock.advance(Duration::from_millis(7));
+            pool.collect();
+        }
+        assert_eq!(pool.stats().blocks_cached, 0);
+    }
+    run(FixedTime::new(Duration::from_secs(1)));
+    run(Exponential::half_life(Duration::from_secs(1)));
 }
