@@ -469,6 +469,29 @@ impl EvictionPolicy for Exponential {
 /// worst case. `collect` is a no-op; `trim` empties the table;
 /// `FixedCapacity::new(0)` caches nothing.
 ///
+/// # Blocks of one size
+///
+/// `slots` bounds the whole table; the window bounds each size class: at
+/// most [`max_per_size`](Self::max_per_size) blocks of one class are
+/// cached, by default `min(slots, WINDOW)` = 8. A 24th block of a size
+/// released into `FixedCapacity::new(256)` evicts that class's oldest.
+/// When a workload keeps many buffers of the same shape, raise the bound
+/// with [`per_size`](Self::per_size) (each operation scans that many slots):
+///
+/// ```
+/// use decaying_pool::testing::CheckingAllocator;
+/// use decaying_pool::{DecayingPool, FixedCapacity};
+///
+/// let policy = FixedCapacity::new(256).per_size(32);
+/// assert_eq!(policy.max_per_size(), 32);
+/// let mut pool = DecayingPool::new(CheckingAllocator::new(), policy);
+/// let blocks: Vec<_> = (0..24).map(|_| pool.allocate(1 << 20).unwrap()).collect();
+/// for b in blocks {
+///     unsafe { pool.release(b, 1 << 20) };
+/// }
+/// assert_eq!((pool.stats().blocks_cached, pool.stats().evictions), (24, 0));
+/// ```
+///
 /// # Examples
 ///
 /// ```
@@ -486,11 +509,13 @@ impl EvictionPolicy for Exponential {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct FixedCapacity {
     slots: usize,
+    per_size: usize,
 }
 
 impl FixedCapacity {
-    /// The longest probe window: a class's blocks live within this many
-    /// slots of its home slot.
+    /// The default probe window: a class's blocks live within this many
+    /// slots of its home slot, so at most this many blocks of one size are
+    /// cached unless [`per_size`](Self::per_size) says otherwise.
     pub const WINDOW: usize = 8;
 
     /// The most entries a table may have: 2^20 (1,048,576), a table of
@@ -515,7 +540,10 @@ impl FixedCapacity {
         } else {
             slots
         };
-        FixedCapacity { slots }
+        FixedCapacity {
+            slots,
+            per_size: Self::WINDOW,
+        }
     }
 
     /// A table of `slots` entries.
@@ -535,7 +563,10 @@ impl FixedCapacity {
         if slots > Self::MAX_SLOTS {
             Err(TooManySlots { requested: slots })
         } else {
-            Ok(FixedCapacity { slots })
+            Ok(FixedCapacity {
+                slots,
+                per_size: Self::WINDOW,
+            })
         }
     }
 
@@ -548,6 +579,46 @@ impl FixedCapacity {
     /// ```
     pub const fn slots(&self) -> usize {
         self.slots
+    }
+
+    /// Sets the most blocks of one size class the table holds: its probe
+    /// window, [`WINDOW`](Self::WINDOW) (8) by default, at least 1 and at
+    /// most `slots` (clamped). Every allocate and release scans this many
+    /// slots, so it is a cost as well as a bound.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use decaying_pool::FixedCapacity;
+    /// assert_eq!(FixedCapacity::new(256).max_per_size(), 8);
+    /// assert_eq!(FixedCapacity::new(256).per_size(24).max_per_size(), 24);
+    /// assert_eq!(FixedCapacity::new(16).per_size(24).max_per_size(), 16);
+    /// assert_eq!(FixedCapacity::new(16).per_size(0).max_per_size(), 1);
+    /// ```
+    #[must_use]
+    pub const fn per_size(self, blocks: usize) -> Self {
+        FixedCapacity {
+            slots: self.slots,
+            per_size: if blocks == 0 { 1 } else { blocks },
+        }
+    }
+
+    /// The most blocks of one size class the table holds:
+    /// `min(slots, per_size)` (see [`per_size`](Self::per_size)).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use decaying_pool::FixedCapacity;
+    /// assert_eq!(FixedCapacity::new(4).max_per_size(), 4);
+    /// assert_eq!(FixedCapacity::new(1024).max_per_size(), FixedCapacity::WINDOW);
+    /// ```
+    pub const fn max_per_size(&self) -> usize {
+        if self.per_size < self.slots {
+            self.per_size
+        } else {
+            self.slots
+        }
     }
 }
 
@@ -614,6 +685,6 @@ impl Policy for FixedCapacity {
     type Store<B> = FixedStore<B>;
 
     fn into_store<B>(self, reuse: Reuse) -> Self::Store<B> {
-        FixedStore::new(self.slots, reuse)
+        FixedStore::new(self.slots, self.per_size, reuse)
     }
 }

@@ -166,3 +166,39 @@ fn the_crate_policies_deadlines_agree_with_must_evict() {
     run(FixedTime::new(Duration::from_secs(1)));
     run(Exponential::half_life(Duration::from_secs(1)));
 }
+
+// ---------------------------------------------------------------------------
+// `FixedCapacity`: the per-size bound is explicit.
+
+fn cache_24_same_size(policy: FixedCapacity) -> (u64, u64, u64) {
+    let alloc = decaying_pool::testing::CheckingAllocator::new();
+    let mut pool = DecayingPool::new(alloc.clone(), policy);
+    for _round in 0..3 {
+        let blocks: Vec<_> = (0..24).map(|_| pool.allocate(4096).unwrap()).collect();
+        for b in blocks {
+            // SAFETY: each block came from this pool with this size and is released once.
+            unsafe { pool.release(b, 4096) };
+        }
+    }
+    pool.validate();
+    let s = pool.stats();
+    drop(pool);
+    alloc.assert_all_freed();
+    (s.blocks_cached, s.evictions, s.misses)
+}
+
+#[test]
+fn twenty_four_same_size_blocks_fit_when_the_per_size_bound_says_so() {
+    let policy = FixedCapacity::new(256).per_size(24);
+    assert_eq!(policy.max_per_size(), 24);
+    // Three rounds of 24: one round of misses, then hits only.
+    assert_eq!(cache_24_same_size(policy), (24, 0, 24));
+}
+
+#[test]
+fn the_default_per_size_bound_is_the_documented_window() {
+    let policy = FixedCapacity::new(256);
+    assert_eq!(policy.max_per_size(), FixedCapacity::WINDOW);
+    // 8 of the 24 stay cached; each round misses 16 and evicts 16.
+    assert_eq!(cache_24_same_size(policy), (8, 48, 56));
+}
