@@ -55,6 +55,7 @@ mod clock;
 mod error;
 #[cfg(feature = "fuzzing")]
 pub mod fuzzing;
+mod local;
 pub mod policy;
 mod pool;
 mod raw;
@@ -74,6 +75,7 @@ pub use backend::SystemAllocator;
 pub use class::SizeClass;
 pub use clock::{Clock, ManualClock, MonotonicClock, PreciseClock};
 pub use error::PoolError;
+pub use local::{HostMemory, LocalBlock, LocalPool};
 pub use policy::{EvictionPolicy, Exponential, FixedCapacity, FixedTime, Policy, Reuse};
 pub use pool::{Builder, DecayingPool};
 pub use raw::{RawAllocator, SendBlock};

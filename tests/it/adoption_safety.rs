@@ -202,3 +202,105 @@ fn the_default_per_size_bound_is_the_documented_window() {
     // 8 of the 24 stay cached; each round misses 16 and evicts 16.
     assert_eq!(cache_24_same_size(policy), (8, 48, 56));
 }
+
+// ---------------------------------------------------------------------------
+// `LocalPool`: a safe handle for one thread.
+
+mod local {
+    use core::mem::MaybeUninit;
+    use core::time::Duration;
+    use std::panic::{catch_unwind, AssertUnwindSafe};
+
+    use decaying_pool::testing::CheckingAllocator;
+    use decaying_pool::{DecayingPool, FixedTime, LocalPool, SystemAllocator};
+
+    #[test]
+    fn a_dropped_guard_returns_its_block_with_its_size() {
+        let alloc = CheckingAllocator::new();
+        let pool = LocalPool::new(DecayingPool::new(
+            alloc.clone(),
+            FixedTime::new(Duration::from_secs(60)),
+        ));
+        let a = pool.allocate(100).unwrap();
+        let b = pool.allocate(300).unwrap();
+        let s = pool.stats();
+        assert_eq!((s.blocks_in_use, s.bytes_in_use), (2, 400));
+        drop(a);
+        let s = pool.stats();
+        assert_eq!(
+            (s.blocks_in_use, s.blocks_cached, s.bytes_cached),
+            (1, 1, 100)
+        );
+        drop(b);
+        let again = pool.allocate(300).unwrap();
+        assert_eq!(pool.stats().hits, 1);
+        drop(again);
+        pool.with(|p| p.validate());
+        drop(pool);
+        // Every block went back with the size it was allocated with.
+        alloc.assert_all_freed();
+    }
+
+    #[test]
+    fn a_panic_in_user_code_still_returns_the_block() {
+        let alloc = CheckingAllocator::new();
+        let pool = LocalPool::new(DecayingPool::new(
+            alloc.clone(),
+            FixedTime::new(Duration::from_secs(60)),
+        ));
+        let r = catch_unwind(AssertUnwindSafe(|| {
+            let _block = pool.allocate(64).unwrap();
+            panic!("user code fails while holding a block");
+        }));
+        assert!(r.is_err());
+        let s = pool.stats();
+        assert_eq!((s.blocks_in_use, s.blocks_cached), (0, 1));
+        drop(pool);
+        alloc.assert_all_freed();
+    }
+
+    #[test]
+    fn blocks_outlive_the_pool_handle() {
+        let alloc = CheckingAllocator::new();
+        let pool = LocalPool::new(DecayingPool::new(alloc.clone(), FixedTime::default()));
+        let block = pool.allocate(8).unwrap();
+        let other = pool.clone();
+        drop(pool);
+        drop(block);
+        assert_eq!(other.trim(), 8);
+        drop(other);
+        alloc.assert_all_freed();
+    }
+
+    #[test]
+    fn a_guard_dropped_while_the_pool_is_borrowed_is_never_freed_twice() {
+        let alloc = CheckingAllocator::new();
+        let pool = LocalPool::new(DecayingPool::new(alloc.clone(), FixedTime::default()));
+        let block = pool.allocate(8).unwrap();
+        pool.with(|_| drop(block));
+        assert_eq!(pool.stats().blocks_in_use, 1, "kept in use, not released");
+    }
+
+    #[test]
+    fn host_byte_views_cover_the_requested_size_and_a_hit_keeps_the_bytes() {
+        let pool = LocalPool::new(DecayingPool::new(
+            SystemAllocator::new(),
+            FixedTime::default(),
+        ));
+        let mut a = pool.allocate(1000).unwrap();
+        assert_eq!(a.as_uninit().len(), 1000);
+        let bytes = a.fill(0xAB);
+        assert_eq!(bytes.len(), 1000);
+        bytes[999] = 1;
+        let addr = a.as_ptr() as usize;
+        drop(a);
+        // A hit returns the previous user's bytes.
+        let mut b = pool.allocate(1000).unwrap();
+        assert_eq!(b.as_ptr() as usize, addr);
+        let view = b.as_uninit_mut();
+        // SAFETY: the previous user initialised every byte.
+        let (first, last) = unsafe { (view[0].assume_init(), view[999].assume_init()) };
+        assert_eq!((first, last), (0xAB, 1));
+        view[0] = MaybeUninit::new(2);
+    }
+}
