@@ -47,6 +47,7 @@
 //! ```
 
 #![warn(missing_docs)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod backend;
 mod cache;
@@ -54,6 +55,7 @@ mod class;
 mod clock;
 mod error;
 #[cfg(feature = "fuzzing")]
+#[cfg_attr(docsrs, doc(cfg(feature = "fuzzing")))]
 pub mod fuzzing;
 mod local;
 pub mod policy;
@@ -64,11 +66,15 @@ mod stats;
 #[doc(hidden)]
 pub mod store;
 #[cfg(feature = "testing")]
+#[cfg_attr(docsrs, doc(cfg(feature = "testing")))]
 pub mod testing;
 pub mod trace;
 
 #[cfg(feature = "cuda")]
-pub use backend::cuda;
+#[cfg_attr(docsrs, doc(cfg(feature = "cuda")))]
+pub mod cuda;
+#[cfg(feature = "cuda")]
+mod cuda_slice;
 #[cfg(unix)]
 pub use backend::MmapAllocator;
 pub use backend::SystemAllocator;

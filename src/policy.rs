@@ -100,6 +100,8 @@ pub enum FreeReason {
 /// A policy that keeps at most `max` idle bytes:
 ///
 /// ```
+/// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+/// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// use core::time::Duration;
 /// use decaying_pool::policy::{EvictionPolicy, Oldest};
 /// use decaying_pool::testing::CheckingAllocator;
@@ -123,6 +125,8 @@ pub enum FreeReason {
 /// }
 /// pool.collect();
 /// assert_eq!(pool.stats().bytes_cached, 200);
+/// # Ok(())
+/// # }
 /// ```
 pub trait EvictionPolicy {
     /// A block of `size` bytes entered the cache at `now`;
@@ -225,6 +229,8 @@ pub trait EvictionPolicy {
 /// # Examples
 ///
 /// ```
+/// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+/// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// use core::time::Duration;
 /// use decaying_pool::testing::CheckingAllocator;
 /// use decaying_pool::{DecayingPool, FixedTime, ManualClock};
@@ -240,6 +246,8 @@ pub trait EvictionPolicy {
 /// assert_eq!(pool.collect(), 0);
 /// clock.advance(Duration::from_millis(1));
 /// assert_eq!(pool.collect(), 1);
+/// # Ok(())
+/// # }
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct FixedTime {
@@ -333,6 +341,8 @@ impl EvictionPolicy for FixedTime {
 /// # Examples
 ///
 /// ```
+/// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+/// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// use core::time::Duration;
 /// use decaying_pool::testing::CheckingAllocator;
 /// use decaying_pool::{DecayingPool, Exponential, ManualClock};
@@ -352,6 +362,8 @@ impl EvictionPolicy for FixedTime {
 /// clock.advance(Duration::from_secs(1));
 /// pool.collect();
 /// assert_eq!(pool.stats().blocks_cached, 2);
+/// # Ok(())
+/// # }
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Exponential {
@@ -479,6 +491,8 @@ impl EvictionPolicy for Exponential {
 /// with [`per_size`](Self::per_size) (each operation scans that many slots):
 ///
 /// ```
+/// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+/// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// use decaying_pool::testing::CheckingAllocator;
 /// use decaying_pool::{DecayingPool, FixedCapacity};
 ///
@@ -490,11 +504,15 @@ impl EvictionPolicy for Exponential {
 ///     unsafe { pool.release(b, 1 << 20) };
 /// }
 /// assert_eq!((pool.stats().blocks_cached, pool.stats().evictions), (24, 0));
+/// # Ok(())
+/// # }
 /// ```
 ///
 /// # Examples
 ///
 /// ```
+/// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+/// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// use decaying_pool::testing::CheckingAllocator;
 /// use decaying_pool::{DecayingPool, FixedCapacity};
 ///
@@ -505,6 +523,8 @@ impl EvictionPolicy for Exponential {
 /// }
 /// let s = pool.stats();
 /// assert_eq!((s.blocks_cached, s.evictions), (2, 1));
+/// # Ok(())
+/// # }
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct FixedCapacity {

@@ -84,6 +84,8 @@ where
 /// # Examples
 ///
 /// ```
+/// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+/// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// use core::time::Duration;
 /// use decaying_pool::testing::CheckingAllocator;
 /// use decaying_pool::{DecayingPool, Exponential, ManualClock, Reuse, SizeClass};
@@ -98,6 +100,8 @@ where
 ///     .build();
 /// assert_eq!(pool.class_size(3000), Some(4096));
 /// assert_eq!(pool.limit(), Some(8 << 30));
+/// # Ok(())
+/// # }
 /// ```
 #[must_use = "a builder does nothing until `build` is called"]
 pub struct Builder<A, P = FixedTime, C = MonotonicClock> {
@@ -115,9 +119,13 @@ impl<A, P, C> Builder<A, P, C> {
     /// # Examples
     ///
     /// ```
+    /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+    /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, FixedCapacity};
     /// let pool = DecayingPool::builder(CheckingAllocator::new()).policy(FixedCapacity::new(16)).build();
     /// # drop(pool);
+    /// # Ok(())
+    /// # }
     /// ```
     pub fn policy<Q: Policy>(self, policy: Q) -> Builder<A, Q, C> {
         Builder {
@@ -135,10 +143,14 @@ impl<A, P, C> Builder<A, P, C> {
     /// # Examples
     ///
     /// ```
+    /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+    /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, ManualClock};
     /// let clock = ManualClock::new();
     /// let pool = DecayingPool::builder(CheckingAllocator::new()).clock(clock.clone()).build();
     /// # drop(pool);
+    /// # Ok(())
+    /// # }
     /// ```
     pub fn clock<D: Clock>(self, clock: D) -> Builder<A, P, D> {
         Builder {
@@ -156,9 +168,13 @@ impl<A, P, C> Builder<A, P, C> {
     /// # Examples
     ///
     /// ```
+    /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+    /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, SizeClass};
     /// let pool = DecayingPool::builder(CheckingAllocator::new()).size_class(SizeClass::Multiple(512)).build();
     /// assert_eq!(pool.class_size(1), Some(512));
+    /// # Ok(())
+    /// # }
     /// ```
     pub fn size_class(mut self, size_class: SizeClass) -> Self {
         self.size_class = size_class;
@@ -170,9 +186,13 @@ impl<A, P, C> Builder<A, P, C> {
     /// # Examples
     ///
     /// ```
+    /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+    /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, Reuse};
     /// let pool = DecayingPool::builder(CheckingAllocator::new()).reuse(Reuse::Fifo).build();
     /// assert_eq!(pool.reuse(), Reuse::Fifo);
+    /// # Ok(())
+    /// # }
     /// ```
     pub fn reuse(mut self, reuse: Reuse) -> Self {
         self.reuse = reuse;
@@ -185,9 +205,13 @@ impl<A, P, C> Builder<A, P, C> {
     /// # Examples
     ///
     /// ```
+    /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+    /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, PoolError};
     /// let mut pool = DecayingPool::builder(CheckingAllocator::new()).limit(1000).build();
     /// assert!(matches!(pool.allocate(1001), Err(PoolError::LimitExceeded { .. })));
+    /// # Ok(())
+    /// # }
     /// ```
     pub fn limit(mut self, bytes: usize) -> Self {
         self.limit = Some(bytes);
@@ -201,9 +225,13 @@ impl<A: RawAllocator, P: Policy, C: Clock> Builder<A, P, C> {
     /// # Examples
     ///
     /// ```
+    /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+    /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool};
     /// let pool = DecayingPool::builder(CheckingAllocator::new()).build();
     /// assert_eq!(pool.stats().bytes_reserved, 0);
+    /// # Ok(())
+    /// # }
     /// ```
     pub fn build(self) -> DecayingPool<A, P, C> {
         DecayingPool {
@@ -294,10 +322,14 @@ impl<A: RawAllocator, P: Policy, C: Clock> DecayingPool<A, P, C> {
     /// # Examples
     ///
     /// ```
+    /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+    /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, FixedTime};
     /// let mut pool = DecayingPool::new(CheckingAllocator::new(), FixedTime::default());
     /// let b = pool.allocate(256).unwrap();
     /// unsafe { pool.release(b, 256) };
+    /// # Ok(())
+    /// # }
     /// ```
     // Always inlined: the hit path is short and a call would cost a good
     // share of it; the miss path is a separate function.
@@ -347,12 +379,16 @@ impl<A: RawAllocator, P: Policy, C: Clock> DecayingPool<A, P, C> {
     /// # Examples
     ///
     /// ```
+    /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+    /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, FixedTime};
     /// let mut pool = DecayingPool::new(CheckingAllocator::new(), FixedTime::default());
     /// let b = pool.allocate(100).unwrap();
     /// // SAFETY: `b` came from `pool.allocate(100)` and is not used again.
     /// unsafe { pool.release(b, 100) };
     /// assert_eq!(pool.stats().blocks_cached, 1);
+    /// # Ok(())
+    /// # }
     /// ```
     #[inline(always)]
     pub unsafe fn release(&mut self, block: A::Block, size: usize) {
@@ -373,6 +409,8 @@ impl<A: RawAllocator, P: Policy, C: Clock> DecayingPool<A, P, C> {
     /// # Examples
     ///
     /// ```
+    /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+    /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use core::time::Duration;
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, FixedTime, ManualClock};
     /// let clock = ManualClock::new();
@@ -385,6 +423,8 @@ impl<A: RawAllocator, P: Policy, C: Clock> DecayingPool<A, P, C> {
     /// clock.advance(Duration::from_secs(1));
     /// assert_eq!(pool.collect(), 1);
     /// assert_eq!(pool.stats().backing_deallocs, 1);
+    /// # Ok(())
+    /// # }
     /// ```
     pub fn collect(&mut self) -> usize {
         let Self { alloc, cache } = self;
@@ -401,12 +441,16 @@ impl<A: RawAllocator, P: Policy, C: Clock> DecayingPool<A, P, C> {
     /// # Examples
     ///
     /// ```
+    /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+    /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, FixedTime};
     /// let mut pool = DecayingPool::new(CheckingAllocator::new(), FixedTime::default());
     /// let (a, b) = (pool.allocate(100).unwrap(), pool.allocate(200).unwrap());
     /// unsafe { pool.release(a, 100); pool.release(b, 200) };
     /// assert_eq!(pool.trim(), 300);
     /// assert_eq!(pool.stats().trimmed, 2);
+    /// # Ok(())
+    /// # }
     /// ```
     pub fn trim(&mut self) -> usize {
         let Self { alloc, cache } = self;
@@ -422,9 +466,13 @@ impl<A: RawAllocator, P: Policy, C: Clock> DecayingPool<A, P, C> {
     /// # Examples
     ///
     /// ```
+    /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+    /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, FixedTime};
     /// let pool = DecayingPool::new(CheckingAllocator::new(), FixedTime::default());
     /// assert_eq!(pool.stats(), decaying_pool::Stats::default());
+    /// # Ok(())
+    /// # }
     /// ```
     pub fn stats(&self) -> Stats {
         self.cache.stats()
@@ -436,10 +484,14 @@ impl<A: RawAllocator, P: Policy, C: Clock> DecayingPool<A, P, C> {
     /// # Examples
     ///
     /// ```
+    /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+    /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, SizeClass};
     /// let pool = DecayingPool::builder(CheckingAllocator::new()).size_class(SizeClass::PowerOfTwo).build();
     /// assert_eq!(pool.class_size(1025), Some(2048));
     /// assert_eq!(pool.class_size(0), None);
+    /// # Ok(())
+    /// # }
     /// ```
     pub fn class_size(&self, size: usize) -> Option<usize> {
         self.cache.size_class().round(size)
@@ -450,11 +502,15 @@ impl<A: RawAllocator, P: Policy, C: Clock> DecayingPool<A, P, C> {
     /// # Examples
     ///
     /// ```
+    /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+    /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, FixedTime};
     /// let mut pool = DecayingPool::new(CheckingAllocator::new(), FixedTime::default());
     /// let b = pool.allocate(8).unwrap();
     /// assert_eq!(pool.allocator().allocs(), 1);
     /// unsafe { pool.release(b, 8) };
+    /// # Ok(())
+    /// # }
     /// ```
     pub fn allocator(&self) -> &A {
         &self.alloc
@@ -465,9 +521,13 @@ impl<A: RawAllocator, P: Policy, C: Clock> DecayingPool<A, P, C> {
     /// # Examples
     ///
     /// ```
+    /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+    /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, FixedTime, SizeClass};
     /// let pool = DecayingPool::new(CheckingAllocator::new(), FixedTime::default());
     /// assert_eq!(pool.size_class(), SizeClass::Exact);
+    /// # Ok(())
+    /// # }
     /// ```
     pub fn size_class(&self) -> SizeClass {
         self.cache.size_class()
@@ -478,9 +538,13 @@ impl<A: RawAllocator, P: Policy, C: Clock> DecayingPool<A, P, C> {
     /// # Examples
     ///
     /// ```
+    /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+    /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, FixedTime, Reuse};
     /// let pool = DecayingPool::new(CheckingAllocator::new(), FixedTime::default());
     /// assert_eq!(pool.reuse(), Reuse::Lifo);
+    /// # Ok(())
+    /// # }
     /// ```
     pub fn reuse(&self) -> Reuse {
         self.cache.reuse()
@@ -491,9 +555,13 @@ impl<A: RawAllocator, P: Policy, C: Clock> DecayingPool<A, P, C> {
     /// # Examples
     ///
     /// ```
+    /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+    /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, FixedTime};
     /// let pool = DecayingPool::new(CheckingAllocator::new(), FixedTime::default());
     /// assert_eq!(pool.limit(), None);
+    /// # Ok(())
+    /// # }
     /// ```
     pub fn limit(&self) -> Option<usize> {
         self.cache.limit()
@@ -504,10 +572,14 @@ impl<A: RawAllocator, P: Policy, C: Clock> DecayingPool<A, P, C> {
     /// # Examples
     ///
     /// ```
+    /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+    /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use decaying_pool::{testing::CheckingAllocator, Clock, DecayingPool, ManualClock};
     /// let clock = ManualClock::new();
     /// let pool = DecayingPool::builder(CheckingAllocator::new()).clock(clock.clone()).build();
     /// assert_eq!(pool.clock().now(), clock.now());
+    /// # Ok(())
+    /// # }
     /// ```
     pub fn clock(&self) -> &C {
         self.cache.clock()
@@ -523,12 +595,16 @@ impl<A: RawAllocator, P: Policy, C: Clock> DecayingPool<A, P, C> {
     /// # Examples
     ///
     /// ```
+    /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+    /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, FixedTime};
     /// let mut pool = DecayingPool::new(CheckingAllocator::new(), FixedTime::default());
     /// let b = pool.allocate(8).unwrap();
     /// pool.validate();
     /// unsafe { pool.release(b, 8) };
     /// pool.validate();
+    /// # Ok(())
+    /// # }
     /// ```
     #[cfg(any(test, feature = "testing"))]
     pub fn validate(&self) {

@@ -319,9 +319,13 @@ impl<A: RawAllocator, P: Policy, C: Clock> SharedPool<A, P, C> {
     /// # Examples
     ///
     /// ```
+    /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+    /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, FixedTime, SharedPool};
     /// let pool = SharedPool::new(DecayingPool::new(CheckingAllocator::new(), FixedTime::default()));
     /// assert_eq!(pool.stats().bytes_reserved, 0);
+    /// # Ok(())
+    /// # }
     /// ```
     pub fn new(pool: DecayingPool<A, P, C>) -> Self {
         let (alloc, cache) = pool.into_parts();
@@ -348,6 +352,8 @@ impl<A: RawAllocator, P: Policy, C: Clock> SharedPool<A, P, C> {
     /// # Examples
     ///
     /// ```
+    /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+    /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, FixedTime, PoolError, SharedPool};
     /// let pool = SharedPool::new(DecayingPool::new(CheckingAllocator::new(), FixedTime::default()));
     /// let block = pool.allocate(100)?;
@@ -356,7 +362,8 @@ impl<A: RawAllocator, P: Policy, C: Clock> SharedPool<A, P, C> {
     /// drop(block);
     /// assert_eq!(pool.stats().blocks_cached, 1);
     /// assert!(matches!(pool.allocate(0), Err(PoolError::ZeroSize)));
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # Ok(())
+    /// # }
     /// ```
     pub fn allocate(&self, size: usize) -> Result<Pooled<A, P, C>, PoolError<A::Error>> {
         let block = self.inner.allocate(size)?;
@@ -372,12 +379,15 @@ impl<A: RawAllocator, P: Policy, C: Clock> SharedPool<A, P, C> {
     /// # Examples
     ///
     /// ```
+    /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+    /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, FixedTime, SharedPool};
     /// let pool = SharedPool::new(DecayingPool::new(CheckingAllocator::new(), FixedTime::default()));
     /// let b = pool.allocate(64)?;
     /// assert_eq!(pool.stats().bytes_in_use, 64);
     /// # drop(b);
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # Ok(())
+    /// # }
     /// ```
     pub fn stats(&self) -> Stats {
         self.inner.cache(|cache| cache.stats())
@@ -389,6 +399,8 @@ impl<A: RawAllocator, P: Policy, C: Clock> SharedPool<A, P, C> {
     /// # Examples
     ///
     /// ```
+    /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+    /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use core::time::Duration;
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, FixedTime, ManualClock, SharedPool};
     /// let clock = ManualClock::new();
@@ -401,7 +413,8 @@ impl<A: RawAllocator, P: Policy, C: Clock> SharedPool<A, P, C> {
     /// drop(pool.allocate(64)?);
     /// clock.advance(Duration::from_secs(1));
     /// assert_eq!(pool.collect(), 1);
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # Ok(())
+    /// # }
     /// ```
     pub fn collect(&self) -> usize {
         self.inner.collect()
@@ -413,12 +426,15 @@ impl<A: RawAllocator, P: Policy, C: Clock> SharedPool<A, P, C> {
     /// # Examples
     ///
     /// ```
+    /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+    /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, FixedTime, SharedPool};
     /// let pool = SharedPool::new(DecayingPool::new(CheckingAllocator::new(), FixedTime::default()));
     /// drop(pool.allocate(64)?);
     /// assert_eq!(pool.trim(), 64);
     /// assert_eq!(pool.stats().bytes_reserved, 0);
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # Ok(())
+    /// # }
     /// ```
     pub fn trim(&self) -> usize {
         self.inner.trim()
@@ -448,6 +464,8 @@ impl<A: RawAllocator, P: Policy, C: Clock> SharedPool<A, P, C> {
     /// # Examples
     ///
     /// ```
+    /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+    /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, FixedTime, SharedPool};
     /// let pool = SharedPool::new(
     ///     DecayingPool::builder(CheckingAllocator::new()).limit(1 << 20).build(),
@@ -459,7 +477,8 @@ impl<A: RawAllocator, P: Policy, C: Clock> SharedPool<A, P, C> {
     /// // SAFETY: `raw` came from this pool with 64 bytes and is not used again.
     /// pool.with(|p| unsafe { p.release(raw, 64) });
     /// assert_eq!(pool.stats().blocks_cached, 1);
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # Ok(())
+    /// # }
     /// ```
     pub fn with<R>(&self, f: impl FnOnce(&mut LockedPool<'_, A, P, C>) -> R) -> R {
         let mut cache_slot = recover(self.inner.cache.lock());
@@ -484,11 +503,15 @@ impl<A: RawAllocator, P: Policy, C: Clock> SharedPool<A, P, C> {
     /// # Examples
     ///
     /// ```
+    /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+    /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, FixedTime, SharedPool};
     /// let a = SharedPool::new(DecayingPool::new(CheckingAllocator::new(), FixedTime::default()));
     /// let b = SharedPool::new(DecayingPool::new(CheckingAllocator::new(), FixedTime::default()));
     /// assert!(a.ptr_eq(&a.clone()));
     /// assert!(!a.ptr_eq(&b));
+    /// # Ok(())
+    /// # }
     /// ```
     pub fn ptr_eq(&self, other: &Self) -> bool {
         Arc::ptr_eq(&self.inner, &other.inner)
@@ -518,6 +541,8 @@ impl<A: RawAllocator, P: Policy, C: Clock> SharedPool<A, P, C> {
     /// # Examples
     ///
     /// ```
+    /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+    /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use core::time::Duration;
     /// use decaying_pool::{DecayingPool, FixedTime, SharedPool, testing::CheckingAllocator};
     ///
@@ -534,7 +559,8 @@ impl<A: RawAllocator, P: Policy, C: Clock> SharedPool<A, P, C> {
     /// }
     /// assert_eq!(pool.stats().blocks_cached, 0);
     /// drop(reaper); // stops and joins the thread
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # Ok(())
+    /// # }
     /// ```
     ///
     /// Host pools qualify, stacked ones too: a [`DecayingPool`] is `Send`
@@ -638,12 +664,15 @@ where
 /// # Examples
 ///
 /// ```
+/// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+/// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, FixedTime, SharedPool};
 /// let pool = SharedPool::new(DecayingPool::new(CheckingAllocator::new(), FixedTime::default()));
 /// drop(pool.allocate(100)?);
 /// let (cached, trimmed) = pool.with(|p| (p.stats().bytes_cached, p.trim()));
 /// assert_eq!((cached, trimmed), (100, 100));
-/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// # Ok(())
+/// # }
 /// ```
 ///
 /// The pool cannot be replaced (when `with` handed out `&mut
@@ -686,12 +715,15 @@ impl<A: RawAllocator, P: Policy, C: Clock> LockedPool<'_, A, P, C> {
     /// # Examples
     ///
     /// ```
+    /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+    /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, FixedTime, Pooled, SharedPool};
     /// let pool = SharedPool::new(DecayingPool::new(CheckingAllocator::new(), FixedTime::default()));
     /// let raw = pool.with(|p| p.allocate(8))?;
     /// // SAFETY: `raw` came from this pool with 8 bytes, and is given back once.
     /// drop(unsafe { Pooled::from_raw(&pool, raw, 8) });
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # Ok(())
+    /// # }
     /// ```
     pub fn allocate(&mut self, size: usize) -> Result<A::Block, PoolError<A::Error>> {
         self.pool.allocate(size)
@@ -713,12 +745,15 @@ impl<A: RawAllocator, P: Policy, C: Clock> LockedPool<'_, A, P, C> {
     /// # Examples
     ///
     /// ```
+    /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+    /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, FixedTime, SharedPool};
     /// let pool = SharedPool::new(DecayingPool::new(CheckingAllocator::new(), FixedTime::default()));
     /// let (block, size) = pool.allocate(8)?.into_raw();
     /// // SAFETY: `block` came from this pool with `size`, through `into_raw`, once.
     /// pool.with(|p| unsafe { p.release(block, size) });
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # Ok(())
+    /// # }
     /// ```
     pub unsafe fn release(&mut self, block: A::Block, size: usize) {
         // SAFETY: the caller upholds `DecayingPool::release`'s contract.
@@ -730,9 +765,13 @@ impl<A: RawAllocator, P: Policy, C: Clock> LockedPool<'_, A, P, C> {
     /// # Examples
     ///
     /// ```
+    /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+    /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, FixedTime, SharedPool};
     /// let pool = SharedPool::new(DecayingPool::new(CheckingAllocator::new(), FixedTime::default()));
     /// assert_eq!(pool.with(|p| p.collect()), 0);
+    /// # Ok(())
+    /// # }
     /// ```
     pub fn collect(&mut self) -> usize {
         self.pool.collect()
@@ -743,11 +782,14 @@ impl<A: RawAllocator, P: Policy, C: Clock> LockedPool<'_, A, P, C> {
     /// # Examples
     ///
     /// ```
+    /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+    /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, FixedTime, SharedPool};
     /// let pool = SharedPool::new(DecayingPool::new(CheckingAllocator::new(), FixedTime::default()));
     /// drop(pool.allocate(8)?);
     /// assert_eq!(pool.with(|p| p.trim()), 8);
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # Ok(())
+    /// # }
     /// ```
     pub fn trim(&mut self) -> usize {
         self.pool.trim()
@@ -841,6 +883,8 @@ impl Stop {
 /// # Examples
 ///
 /// ```
+/// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+/// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// use core::time::Duration;
 /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, FixedTime, SharedPool};
 ///
@@ -849,6 +893,8 @@ impl Stop {
 /// let start = std::time::Instant::now();
 /// drop(reaper);
 /// assert!(start.elapsed() < Duration::from_secs(5));
+/// # Ok(())
+/// # }
 /// ```
 #[must_use = "dropping the Reaper stops the thread at once"]
 pub struct Reaper {
@@ -863,6 +909,8 @@ impl Reaper {
     /// # Examples
     ///
     /// ```
+    /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+    /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use core::time::Duration;
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, FixedTime, SharedPool};
     ///
@@ -875,6 +923,8 @@ impl Reaper {
     ///     std::thread::sleep(Duration::from_millis(1));
     /// }
     /// assert!(!reaper.is_running());
+    /// # Ok(())
+    /// # }
     /// ```
     pub fn is_running(&self) -> bool {
         self.handle.as_ref().is_some_and(|h| !h.is_finished())
@@ -910,6 +960,8 @@ impl fmt::Debug for Reaper {
 /// # Examples
 ///
 /// ```
+/// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+/// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, FixedTime, SharedPool};
 /// let pool = SharedPool::new(DecayingPool::new(CheckingAllocator::new(), FixedTime::default()));
 /// let block = pool.allocate(256)?;
@@ -917,7 +969,8 @@ impl fmt::Debug for Reaper {
 /// assert_eq!(id, 1);
 /// drop(block);
 /// assert_eq!(*pool.allocate(256)?, 1); // a hit: the same block again
-/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// # Ok(())
+/// # }
 /// ```
 pub struct Pooled<A: RawAllocator, P: Policy = FixedTime, C: Clock = MonotonicClock> {
     block: ManuallyDrop<A::Block>,
@@ -947,6 +1000,8 @@ impl<A: RawAllocator, P: Policy, C: Clock> Pooled<A, P, C> {
     /// # Examples
     ///
     /// ```
+    /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+    /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, SharedPool, SizeClass};
     /// let pool = SharedPool::new(
     ///     DecayingPool::builder(CheckingAllocator::new()).size_class(SizeClass::PowerOfTwo).build(),
@@ -954,7 +1009,8 @@ impl<A: RawAllocator, P: Policy, C: Clock> Pooled<A, P, C> {
     /// let block = pool.allocate(3000)?;
     /// assert_eq!(block.size(), 3000);
     /// assert_eq!(pool.stats().bytes_in_use, 4096);
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # Ok(())
+    /// # }
     /// ```
     pub fn size(&self) -> usize {
         self.size
@@ -965,11 +1021,14 @@ impl<A: RawAllocator, P: Policy, C: Clock> Pooled<A, P, C> {
     /// # Examples
     ///
     /// ```
+    /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+    /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, FixedTime, SharedPool};
     /// let pool = SharedPool::new(DecayingPool::new(CheckingAllocator::new(), FixedTime::default()));
     /// let block = pool.allocate(8)?;
     /// assert!(block.pool().ptr_eq(&pool));
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # Ok(())
+    /// # }
     /// ```
     pub fn pool(&self) -> &SharedPool<A, P, C> {
         &self.pool
@@ -986,6 +1045,8 @@ impl<A: RawAllocator, P: Policy, C: Clock> Pooled<A, P, C> {
     /// # Examples
     ///
     /// ```
+    /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+    /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, FixedTime, Pooled, SharedPool};
     /// let pool = SharedPool::new(DecayingPool::new(CheckingAllocator::new(), FixedTime::default()));
     /// let (block, size) = pool.allocate(512)?.into_raw();
@@ -996,7 +1057,8 @@ impl<A: RawAllocator, P: Policy, C: Clock> Pooled<A, P, C> {
     /// let back = unsafe { Pooled::from_raw(&pool, block, size) };
     /// drop(back);
     /// assert_eq!(pool.stats().blocks_cached, 1);
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # Ok(())
+    /// # }
     /// ```
     pub fn into_raw(self) -> (A::Block, usize) {
         let mut this = ManuallyDrop::new(self);
@@ -1027,13 +1089,16 @@ impl<A: RawAllocator, P: Policy, C: Clock> Pooled<A, P, C> {
     /// # Examples
     ///
     /// ```
+    /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+    /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, FixedTime, Pooled, SharedPool};
     /// let pool = SharedPool::new(DecayingPool::new(CheckingAllocator::new(), FixedTime::default()));
     /// let (block, size) = pool.allocate(100)?.into_raw();
     /// // SAFETY: `block` and `size` came from `into_raw` on this pool, once.
     /// let again = unsafe { Pooled::from_raw(&pool, block, size) };
     /// assert_eq!((*again, again.size()), (block, 100));
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # Ok(())
+    /// # }
     /// ```
     pub unsafe fn from_raw(pool: &SharedPool<A, P, C>, block: A::Block, size: usize) -> Self {
         Pooled {

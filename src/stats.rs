@@ -11,6 +11,8 @@
 /// # Examples
 ///
 /// ```
+/// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+/// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// use decaying_pool::testing::CheckingAllocator;
 /// use decaying_pool::{DecayingPool, FixedTime};
 /// use core::time::Duration;
@@ -23,6 +25,8 @@
 /// assert_eq!((s.hits, s.misses, s.backing_allocs), (1, 1, 1));
 /// assert_eq!((s.bytes_in_use, s.bytes_cached, s.bytes_reserved), (100, 0, 100));
 /// unsafe { pool.release(b, 100) };
+/// # Ok(())
+/// # }
 /// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct Stats {
