@@ -106,6 +106,18 @@ impl<B, P: Policy, C: Clock> Cache<B, P, C> {
         }
     }
 
+    /// A collection: [`run_policy`](Self::run_policy), after checking in
+    /// debug builds that the policy's deadline agrees with `must_evict`.
+    pub(crate) fn collect(
+        &mut self,
+        now: u64,
+        free: &mut (impl FnMut(B, usize) + ?Sized),
+    ) -> usize {
+        #[cfg(debug_assertions)]
+        self.store.check_deadline(now);
+        self.run_policy(now, free)
+    }
+
     /// Frees every block the policy says must go at `now`; returns how many.
     #[inline(always)]
     pub(crate) fn run_policy(

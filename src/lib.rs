@@ -47,6 +47,7 @@
 //! ```
 
 #![warn(missing_docs)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod backend;
 mod cache;
@@ -54,7 +55,9 @@ mod class;
 mod clock;
 mod error;
 #[cfg(feature = "fuzzing")]
+#[cfg_attr(docsrs, doc(cfg(feature = "fuzzing")))]
 pub mod fuzzing;
+mod local;
 mod observe;
 pub mod policy;
 mod pool;
@@ -64,17 +67,22 @@ mod stats;
 #[doc(hidden)]
 pub mod store;
 #[cfg(feature = "testing")]
+#[cfg_attr(docsrs, doc(cfg(feature = "testing")))]
 pub mod testing;
 pub mod trace;
 
 #[cfg(feature = "cuda")]
-pub use backend::cuda;
+#[cfg_attr(docsrs, doc(cfg(feature = "cuda")))]
+pub mod cuda;
+#[cfg(feature = "cuda")]
+mod cuda_slice;
 #[cfg(unix)]
 pub use backend::MmapAllocator;
 pub use backend::SystemAllocator;
 pub use class::SizeClass;
 pub use clock::{Clock, ManualClock, MonotonicClock, PreciseClock};
 pub use error::PoolError;
+pub use local::{HostMemory, LocalBlock, LocalPool};
 pub use observe::{Event, Reason};
 pub use policy::{
     AnyPolicy, BoxedPolicy, EvictionPolicy, Exponential, FixedCapacity, FixedTime, Policy, Reuse,

@@ -100,6 +100,8 @@ pub enum FreeReason {
 /// A policy that keeps at most `max` idle bytes:
 ///
 /// ```
+/// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+/// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// use core::time::Duration;
 /// use decaying_pool::policy::{EvictionPolicy, Oldest};
 /// use decaying_pool::testing::CheckingAllocator;
@@ -123,6 +125,8 @@ pub enum FreeReason {
 /// }
 /// pool.collect();
 /// assert_eq!(pool.stats().bytes_cached, 200);
+/// # Ok(())
+/// # }
 /// ```
 pub trait EvictionPolicy {
     /// A block of `size` bytes entered the cache at `now`;
@@ -171,6 +175,47 @@ pub trait EvictionPolicy {
     /// The pool then skips the policy check until that time: on the hit
     /// path it becomes one comparison. A deadline that is too early only
     /// costs a check; one that is too late delays evictions.
+    ///
+    /// # Panics (debug builds)
+    ///
+    /// In debug builds (`debug_assertions`), every collection
+    /// ([`collect`](crate::DecayingPool::collect), the reaper) that the
+    /// deadline would let skip the policy asks
+    /// [`must_evict`](Self::must_evict) anyway, and panics with a message
+    /// naming both times when it answers `true` before the deadline: such a
+    /// policy would otherwise silently never evict. `must_evict` must
+    /// therefore tolerate being asked at any time (the crate's policies
+    /// do). Release builds skip the check.
+    ///
+    /// ```should_panic
+    /// # #[cfg(not(debug_assertions))] panic!("EvictionPolicy::deadline disagrees with must_evict");
+    /// use core::time::Duration;
+    /// use decaying_pool::policy::{EvictionPolicy, Oldest};
+    /// use decaying_pool::{DecayingPool, ManualClock, SystemAllocator};
+    ///
+    /// /// Evicts after a second of idleness, but claims nothing is due for an hour.
+    /// struct Inconsistent;
+    /// impl EvictionPolicy for Inconsistent {
+    ///     fn must_evict(&mut self, now: Duration, oldest: Oldest, _: usize) -> bool {
+    ///         oldest.idle(now) >= Duration::from_secs(1)
+    ///     }
+    ///     fn deadline(&self, oldest: Oldest) -> Option<Duration> {
+    ///         Some(oldest.released_at + Duration::from_secs(3600))
+    ///     }
+    /// }
+    ///
+    /// let clock = ManualClock::new();
+    /// let mut pool = DecayingPool::builder(SystemAllocator::new())
+    ///     .policy(Inconsistent)
+    ///     .clock(clock.clone())
+    ///     .build();
+    /// let (a, b) = (pool.allocate(64)?, pool.allocate(64)?);
+    /// // SAFETY: each block came from this pool with this size, released once.
+    /// unsafe { pool.release(a, 64); pool.release(b, 64) };
+    /// clock.advance(Duration::from_secs(2));
+    /// pool.collect(); // panics: "EvictionPolicy::deadline disagrees with must_evict: …"
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     #[inline]
     fn deadline(&self, oldest: Oldest) -> Option<Duration> {
         let _ = oldest;
@@ -309,6 +354,8 @@ impl core::fmt::Debug for AnyPolicy {
 /// # Examples
 ///
 /// ```
+/// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+/// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// use core::time::Duration;
 /// use decaying_pool::testing::CheckingAllocator;
 /// use decaying_pool::{DecayingPool, FixedTime, ManualClock};
@@ -324,6 +371,8 @@ impl core::fmt::Debug for AnyPolicy {
 /// assert_eq!(pool.collect(), 0);
 /// clock.advance(Duration::from_millis(1));
 /// assert_eq!(pool.collect(), 1);
+/// # Ok(())
+/// # }
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct FixedTime {
@@ -417,6 +466,8 @@ impl EvictionPolicy for FixedTime {
 /// # Examples
 ///
 /// ```
+/// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+/// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// use core::time::Duration;
 /// use decaying_pool::testing::CheckingAllocator;
 /// use decaying_pool::{DecayingPool, Exponential, ManualClock};
@@ -436,6 +487,8 @@ impl EvictionPolicy for FixedTime {
 /// clock.advance(Duration::from_secs(1));
 /// pool.collect();
 /// assert_eq!(pool.stats().blocks_cached, 2);
+/// # Ok(())
+/// # }
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Exponential {
@@ -553,9 +606,38 @@ impl EvictionPolicy for Exponential {
 /// worst case. `collect` is a no-op; `trim` empties the table;
 /// `FixedCapacity::new(0)` caches nothing.
 ///
+/// # Blocks of one size
+///
+/// `slots` bounds the whole table; the window bounds each size class: at
+/// most [`max_per_size`](Self::max_per_size) blocks of one class are
+/// cached, by default `min(slots, WINDOW)` = 8. A 24th block of a size
+/// released into `FixedCapacity::new(256)` evicts that class's oldest.
+/// When a workload keeps many buffers of the same shape, raise the bound
+/// with [`per_size`](Self::per_size) (each operation scans that many slots):
+///
+/// ```
+/// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+/// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// use decaying_pool::testing::CheckingAllocator;
+/// use decaying_pool::{DecayingPool, FixedCapacity};
+///
+/// let policy = FixedCapacity::new(256).per_size(32);
+/// assert_eq!(policy.max_per_size(), 32);
+/// let mut pool = DecayingPool::new(CheckingAllocator::new(), policy);
+/// let blocks: Vec<_> = (0..24).map(|_| pool.allocate(1 << 20).unwrap()).collect();
+/// for b in blocks {
+///     unsafe { pool.release(b, 1 << 20) };
+/// }
+/// assert_eq!((pool.stats().blocks_cached, pool.stats().evictions), (24, 0));
+/// # Ok(())
+/// # }
+/// ```
+///
 /// # Examples
 ///
 /// ```
+/// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+/// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// use decaying_pool::testing::CheckingAllocator;
 /// use decaying_pool::{DecayingPool, FixedCapacity};
 ///
@@ -566,15 +648,19 @@ impl EvictionPolicy for Exponential {
 /// }
 /// let s = pool.stats();
 /// assert_eq!((s.blocks_cached, s.evictions), (2, 1));
+/// # Ok(())
+/// # }
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct FixedCapacity {
     slots: usize,
+    per_size: usize,
 }
 
 impl FixedCapacity {
-    /// The longest probe window: a class's blocks live within this many
-    /// slots of its home slot.
+    /// The default probe window: a class's blocks live within this many
+    /// slots of its home slot, so at most this many blocks of one size are
+    /// cached unless [`per_size`](Self::per_size) says otherwise.
     pub const WINDOW: usize = 8;
 
     /// The most entries a table may have: 2^20 (1,048,576), a table of
@@ -599,7 +685,10 @@ impl FixedCapacity {
         } else {
             slots
         };
-        FixedCapacity { slots }
+        FixedCapacity {
+            slots,
+            per_size: Self::WINDOW,
+        }
     }
 
     /// A table of `slots` entries.
@@ -619,7 +708,10 @@ impl FixedCapacity {
         if slots > Self::MAX_SLOTS {
             Err(TooManySlots { requested: slots })
         } else {
-            Ok(FixedCapacity { slots })
+            Ok(FixedCapacity {
+                slots,
+                per_size: Self::WINDOW,
+            })
         }
     }
 
@@ -632,6 +724,46 @@ impl FixedCapacity {
     /// ```
     pub const fn slots(&self) -> usize {
         self.slots
+    }
+
+    /// Sets the most blocks of one size class the table holds: its probe
+    /// window, [`WINDOW`](Self::WINDOW) (8) by default, at least 1 and at
+    /// most `slots` (clamped). Every allocate and release scans this many
+    /// slots, so it is a cost as well as a bound.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use decaying_pool::FixedCapacity;
+    /// assert_eq!(FixedCapacity::new(256).max_per_size(), 8);
+    /// assert_eq!(FixedCapacity::new(256).per_size(24).max_per_size(), 24);
+    /// assert_eq!(FixedCapacity::new(16).per_size(24).max_per_size(), 16);
+    /// assert_eq!(FixedCapacity::new(16).per_size(0).max_per_size(), 1);
+    /// ```
+    #[must_use]
+    pub const fn per_size(self, blocks: usize) -> Self {
+        FixedCapacity {
+            slots: self.slots,
+            per_size: if blocks == 0 { 1 } else { blocks },
+        }
+    }
+
+    /// The most blocks of one size class the table holds:
+    /// `min(slots, per_size)` (see [`per_size`](Self::per_size)).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use decaying_pool::FixedCapacity;
+    /// assert_eq!(FixedCapacity::new(4).max_per_size(), 4);
+    /// assert_eq!(FixedCapacity::new(1024).max_per_size(), FixedCapacity::WINDOW);
+    /// ```
+    pub const fn max_per_size(&self) -> usize {
+        if self.per_size < self.slots {
+            self.per_size
+        } else {
+            self.slots
+        }
     }
 }
 
@@ -698,7 +830,7 @@ impl Policy for FixedCapacity {
     type Store<B> = FixedStore<B>;
 
     fn into_store<B>(self, reuse: Reuse) -> Self::Store<B> {
-        FixedStore::new(self.slots, reuse)
+        FixedStore::new(self.slots, self.per_size, reuse)
     }
 }
 

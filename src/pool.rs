@@ -9,7 +9,7 @@ use crate::clock::{Clock, MonotonicClock};
 use crate::error::PoolError;
 use crate::observe::{Event, Extras, Observer, Reason};
 use crate::policy::{FixedTime, Policy, Reuse};
-use crate::raw::RawAllocator;
+use crate::raw::{RawAllocator, SendBlock};
 use crate::stats::{ClassStats, Stats};
 
 /// A caching allocator in front of a costly [`RawAllocator`], whose idle
@@ -64,11 +64,29 @@ pub struct DecayingPool<A: RawAllocator, P: Policy = FixedTime, C: Clock = Monot
     cache: Cache<A::Block, P, C>,
 }
 
+// SAFETY: a pool owns its allocator, policy and clock (each `Send`) and the
+// blocks it caches; `SendBlock` says a block may move to another thread and
+// be given back to the allocator from there. The pool keeps no thread-local
+// state and no reference shared with another owner (the `Cell` used while
+// dropping lives on the stack of `drop`), so moving the whole pool moves
+// everything it reaches. It is not `Sync`: every method that touches the
+// cache takes `&mut self`, or reads plain counters.
+unsafe impl<A, P, C> Send for DecayingPool<A, P, C>
+where
+    A: RawAllocator + Send,
+    A::Block: SendBlock,
+    P: Policy + Send,
+    C: Clock + Send,
+{
+}
+
 /// Configures a [`DecayingPool`]; from [`DecayingPool::builder`].
 ///
 /// # Examples
 ///
 /// ```
+/// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+/// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// use core::time::Duration;
 /// use decaying_pool::testing::CheckingAllocator;
 /// use decaying_pool::{DecayingPool, Exponential, ManualClock, Reuse, SizeClass};
@@ -83,6 +101,8 @@ pub struct DecayingPool<A: RawAllocator, P: Policy = FixedTime, C: Clock = Monot
 ///     .build();
 /// assert_eq!(pool.class_size(3000), Some(4096));
 /// assert_eq!(pool.limit(), Some(8 << 30));
+/// # Ok(())
+/// # }
 /// ```
 #[must_use = "a builder does nothing until `build` is called"]
 pub struct Builder<A, P = FixedTime, C = MonotonicClock> {
@@ -102,9 +122,13 @@ impl<A, P, C> Builder<A, P, C> {
     /// # Examples
     ///
     /// ```
+    /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+    /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, FixedCapacity};
     /// let pool = DecayingPool::builder(CheckingAllocator::new()).policy(FixedCapacity::new(16)).build();
     /// # drop(pool);
+    /// # Ok(())
+    /// # }
     /// ```
     pub fn policy<Q: Policy>(self, policy: Q) -> Builder<A, Q, C> {
         Builder {
@@ -124,10 +148,14 @@ impl<A, P, C> Builder<A, P, C> {
     /// # Examples
     ///
     /// ```
+    /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+    /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, ManualClock};
     /// let clock = ManualClock::new();
     /// let pool = DecayingPool::builder(CheckingAllocator::new()).clock(clock.clone()).build();
     /// # drop(pool);
+    /// # Ok(())
+    /// # }
     /// ```
     pub fn clock<D: Clock>(self, clock: D) -> Builder<A, P, D> {
         Builder {
@@ -147,9 +175,13 @@ impl<A, P, C> Builder<A, P, C> {
     /// # Examples
     ///
     /// ```
+    /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+    /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, SizeClass};
     /// let pool = DecayingPool::builder(CheckingAllocator::new()).size_class(SizeClass::Multiple(512)).build();
     /// assert_eq!(pool.class_size(1), Some(512));
+    /// # Ok(())
+    /// # }
     /// ```
     pub fn size_class(mut self, size_class: SizeClass) -> Self {
         self.size_class = size_class;
@@ -161,9 +193,13 @@ impl<A, P, C> Builder<A, P, C> {
     /// # Examples
     ///
     /// ```
+    /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+    /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, Reuse};
     /// let pool = DecayingPool::builder(CheckingAllocator::new()).reuse(Reuse::Fifo).build();
     /// assert_eq!(pool.reuse(), Reuse::Fifo);
+    /// # Ok(())
+    /// # }
     /// ```
     pub fn reuse(mut self, reuse: Reuse) -> Self {
         self.reuse = reuse;
@@ -176,9 +212,13 @@ impl<A, P, C> Builder<A, P, C> {
     /// # Examples
     ///
     /// ```
+    /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+    /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, PoolError};
     /// let mut pool = DecayingPool::builder(CheckingAllocator::new()).limit(1000).build();
     /// assert!(matches!(pool.allocate(1001), Err(PoolError::LimitExceeded { .. })));
+    /// # Ok(())
+    /// # }
     /// ```
     pub fn limit(mut self, bytes: usize) -> Self {
         self.limit = Some(bytes);
@@ -247,9 +287,13 @@ impl<A: RawAllocator, P: Policy, C: Clock> Builder<A, P, C> {
     /// # Examples
     ///
     /// ```
+    /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+    /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool};
     /// let pool = DecayingPool::builder(CheckingAllocator::new()).build();
     /// assert_eq!(pool.stats().bytes_reserved, 0);
+    /// # Ok(())
+    /// # }
     /// ```
     pub fn build(self) -> DecayingPool<A, P, C> {
         DecayingPool {
@@ -343,10 +387,14 @@ impl<A: RawAllocator, P: Policy, C: Clock> DecayingPool<A, P, C> {
     /// # Examples
     ///
     /// ```
+    /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+    /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, FixedTime};
     /// let mut pool = DecayingPool::new(CheckingAllocator::new(), FixedTime::default());
     /// let b = pool.allocate(256).unwrap();
     /// unsafe { pool.release(b, 256) };
+    /// # Ok(())
+    /// # }
     /// ```
     // Always inlined: the hit path is short and a call would cost a good
     // share of it; the miss path is a separate function.
@@ -396,12 +444,16 @@ impl<A: RawAllocator, P: Policy, C: Clock> DecayingPool<A, P, C> {
     /// # Examples
     ///
     /// ```
+    /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+    /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, FixedTime};
     /// let mut pool = DecayingPool::new(CheckingAllocator::new(), FixedTime::default());
     /// let b = pool.allocate(100).unwrap();
     /// // SAFETY: `b` came from `pool.allocate(100)` and is not used again.
     /// unsafe { pool.release(b, 100) };
     /// assert_eq!(pool.stats().blocks_cached, 1);
+    /// # Ok(())
+    /// # }
     /// ```
     #[inline(always)]
     pub unsafe fn release(&mut self, block: A::Block, size: usize) {
@@ -422,6 +474,8 @@ impl<A: RawAllocator, P: Policy, C: Clock> DecayingPool<A, P, C> {
     /// # Examples
     ///
     /// ```
+    /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+    /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use core::time::Duration;
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, FixedTime, ManualClock};
     /// let clock = ManualClock::new();
@@ -434,11 +488,13 @@ impl<A: RawAllocator, P: Policy, C: Clock> DecayingPool<A, P, C> {
     /// clock.advance(Duration::from_secs(1));
     /// assert_eq!(pool.collect(), 1);
     /// assert_eq!(pool.stats().backing_deallocs, 1);
+    /// # Ok(())
+    /// # }
     /// ```
     pub fn collect(&mut self) -> usize {
         let Self { alloc, cache } = self;
         let now = cache.now();
-        cache.run_policy(now, &mut |block, class| {
+        cache.collect(now, &mut |block, class| {
             // SAFETY: as in `allocate`.
             unsafe { alloc.deallocate(block, class) }
         })
@@ -450,12 +506,16 @@ impl<A: RawAllocator, P: Policy, C: Clock> DecayingPool<A, P, C> {
     /// # Examples
     ///
     /// ```
+    /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+    /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, FixedTime};
     /// let mut pool = DecayingPool::new(CheckingAllocator::new(), FixedTime::default());
     /// let (a, b) = (pool.allocate(100).unwrap(), pool.allocate(200).unwrap());
     /// unsafe { pool.release(a, 100); pool.release(b, 200) };
     /// assert_eq!(pool.trim(), 300);
     /// assert_eq!(pool.stats().trimmed, 2);
+    /// # Ok(())
+    /// # }
     /// ```
     pub fn trim(&mut self) -> usize {
         let Self { alloc, cache } = self;
@@ -471,9 +531,13 @@ impl<A: RawAllocator, P: Policy, C: Clock> DecayingPool<A, P, C> {
     /// # Examples
     ///
     /// ```
+    /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+    /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, FixedTime};
     /// let pool = DecayingPool::new(CheckingAllocator::new(), FixedTime::default());
     /// assert_eq!(pool.stats(), decaying_pool::Stats::default());
+    /// # Ok(())
+    /// # }
     /// ```
     pub fn stats(&self) -> Stats {
         self.cache.stats()
@@ -567,10 +631,14 @@ impl<A: RawAllocator, P: Policy, C: Clock> DecayingPool<A, P, C> {
     /// # Examples
     ///
     /// ```
+    /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+    /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, SizeClass};
     /// let pool = DecayingPool::builder(CheckingAllocator::new()).size_class(SizeClass::PowerOfTwo).build();
     /// assert_eq!(pool.class_size(1025), Some(2048));
     /// assert_eq!(pool.class_size(0), None);
+    /// # Ok(())
+    /// # }
     /// ```
     pub fn class_size(&self, size: usize) -> Option<usize> {
         self.cache.size_class().round(size)
@@ -581,11 +649,15 @@ impl<A: RawAllocator, P: Policy, C: Clock> DecayingPool<A, P, C> {
     /// # Examples
     ///
     /// ```
+    /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+    /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, FixedTime};
     /// let mut pool = DecayingPool::new(CheckingAllocator::new(), FixedTime::default());
     /// let b = pool.allocate(8).unwrap();
     /// assert_eq!(pool.allocator().allocs(), 1);
     /// unsafe { pool.release(b, 8) };
+    /// # Ok(())
+    /// # }
     /// ```
     pub fn allocator(&self) -> &A {
         &self.alloc
@@ -596,9 +668,13 @@ impl<A: RawAllocator, P: Policy, C: Clock> DecayingPool<A, P, C> {
     /// # Examples
     ///
     /// ```
+    /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+    /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, FixedTime, SizeClass};
     /// let pool = DecayingPool::new(CheckingAllocator::new(), FixedTime::default());
     /// assert_eq!(pool.size_class(), SizeClass::Exact);
+    /// # Ok(())
+    /// # }
     /// ```
     pub fn size_class(&self) -> SizeClass {
         self.cache.size_class()
@@ -609,9 +685,13 @@ impl<A: RawAllocator, P: Policy, C: Clock> DecayingPool<A, P, C> {
     /// # Examples
     ///
     /// ```
+    /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+    /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, FixedTime, Reuse};
     /// let pool = DecayingPool::new(CheckingAllocator::new(), FixedTime::default());
     /// assert_eq!(pool.reuse(), Reuse::Lifo);
+    /// # Ok(())
+    /// # }
     /// ```
     pub fn reuse(&self) -> Reuse {
         self.cache.reuse()
@@ -622,9 +702,13 @@ impl<A: RawAllocator, P: Policy, C: Clock> DecayingPool<A, P, C> {
     /// # Examples
     ///
     /// ```
+    /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+    /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, FixedTime};
     /// let pool = DecayingPool::new(CheckingAllocator::new(), FixedTime::default());
     /// assert_eq!(pool.limit(), None);
+    /// # Ok(())
+    /// # }
     /// ```
     pub fn limit(&self) -> Option<usize> {
         self.cache.limit()
@@ -635,10 +719,14 @@ impl<A: RawAllocator, P: Policy, C: Clock> DecayingPool<A, P, C> {
     /// # Examples
     ///
     /// ```
+    /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+    /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use decaying_pool::{testing::CheckingAllocator, Clock, DecayingPool, ManualClock};
     /// let clock = ManualClock::new();
     /// let pool = DecayingPool::builder(CheckingAllocator::new()).clock(clock.clone()).build();
     /// assert_eq!(pool.clock().now(), clock.now());
+    /// # Ok(())
+    /// # }
     /// ```
     pub fn clock(&self) -> &C {
         self.cache.clock()
@@ -654,12 +742,16 @@ impl<A: RawAllocator, P: Policy, C: Clock> DecayingPool<A, P, C> {
     /// # Examples
     ///
     /// ```
+    /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+    /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, FixedTime};
     /// let mut pool = DecayingPool::new(CheckingAllocator::new(), FixedTime::default());
     /// let b = pool.allocate(8).unwrap();
     /// pool.validate();
     /// unsafe { pool.release(b, 8) };
     /// pool.validate();
+    /// # Ok(())
+    /// # }
     /// ```
     #[cfg(any(test, feature = "testing"))]
     pub fn validate(&self) {

@@ -291,7 +291,7 @@ impl<A: RawAllocator, P: Policy, C: Clock> Inner<A, P, C> {
     fn collect(&self) -> usize {
         self.cache_then_free(|cache, free| {
             let now = cache.now();
-            cache.run_policy(now, free)
+            cache.collect(now, free)
         })
     }
 
@@ -327,9 +327,13 @@ impl<A: RawAllocator, P: Policy, C: Clock> SharedPool<A, P, C> {
     /// # Examples
     ///
     /// ```
+    /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+    /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, FixedTime, SharedPool};
     /// let pool = SharedPool::new(DecayingPool::new(CheckingAllocator::new(), FixedTime::default()));
     /// assert_eq!(pool.stats().bytes_reserved, 0);
+    /// # Ok(())
+    /// # }
     /// ```
     pub fn new(pool: DecayingPool<A, P, C>) -> Self {
         let (alloc, cache) = pool.into_parts();
@@ -356,6 +360,8 @@ impl<A: RawAllocator, P: Policy, C: Clock> SharedPool<A, P, C> {
     /// # Examples
     ///
     /// ```
+    /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+    /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, FixedTime, PoolError, SharedPool};
     /// let pool = SharedPool::new(DecayingPool::new(CheckingAllocator::new(), FixedTime::default()));
     /// let block = pool.allocate(100)?;
@@ -364,7 +370,8 @@ impl<A: RawAllocator, P: Policy, C: Clock> SharedPool<A, P, C> {
     /// drop(block);
     /// assert_eq!(pool.stats().blocks_cached, 1);
     /// assert!(matches!(pool.allocate(0), Err(PoolError::ZeroSize)));
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # Ok(())
+    /// # }
     /// ```
     pub fn allocate(&self, size: usize) -> Result<Pooled<A, P, C>, PoolError<A::Error>> {
         let block = self.inner.allocate(size)?;
@@ -380,12 +387,15 @@ impl<A: RawAllocator, P: Policy, C: Clock> SharedPool<A, P, C> {
     /// # Examples
     ///
     /// ```
+    /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+    /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, FixedTime, SharedPool};
     /// let pool = SharedPool::new(DecayingPool::new(CheckingAllocator::new(), FixedTime::default()));
     /// let b = pool.allocate(64)?;
     /// assert_eq!(pool.stats().bytes_in_use, 64);
     /// # drop(b);
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # Ok(())
+    /// # }
     /// ```
     pub fn stats(&self) -> Stats {
         self.inner.cache(|cache| cache.stats())
@@ -397,6 +407,8 @@ impl<A: RawAllocator, P: Policy, C: Clock> SharedPool<A, P, C> {
     /// # Examples
     ///
     /// ```
+    /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+    /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use core::time::Duration;
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, FixedTime, ManualClock, SharedPool};
     /// let clock = ManualClock::new();
@@ -409,7 +421,8 @@ impl<A: RawAllocator, P: Policy, C: Clock> SharedPool<A, P, C> {
     /// drop(pool.allocate(64)?);
     /// clock.advance(Duration::from_secs(1));
     /// assert_eq!(pool.collect(), 1);
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # Ok(())
+    /// # }
     /// ```
     pub fn collect(&self) -> usize {
         self.inner.collect()
@@ -421,12 +434,15 @@ impl<A: RawAllocator, P: Policy, C: Clock> SharedPool<A, P, C> {
     /// # Examples
     ///
     /// ```
+    /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+    /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, FixedTime, SharedPool};
     /// let pool = SharedPool::new(DecayingPool::new(CheckingAllocator::new(), FixedTime::default()));
     /// drop(pool.allocate(64)?);
     /// assert_eq!(pool.trim(), 64);
     /// assert_eq!(pool.stats().bytes_reserved, 0);
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # Ok(())
+    /// # }
     /// ```
     pub fn trim(&self) -> usize {
         self.inner.trim()
@@ -519,6 +535,8 @@ impl<A: RawAllocator, P: Policy, C: Clock> SharedPool<A, P, C> {
     /// # Examples
     ///
     /// ```
+    /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+    /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, FixedTime, SharedPool};
     /// let pool = SharedPool::new(
     ///     DecayingPool::builder(CheckingAllocator::new()).limit(1 << 20).build(),
@@ -530,7 +548,8 @@ impl<A: RawAllocator, P: Policy, C: Clock> SharedPool<A, P, C> {
     /// // SAFETY: `raw` came from this pool with 64 bytes and is not used again.
     /// pool.with(|p| unsafe { p.release(raw, 64) });
     /// assert_eq!(pool.stats().blocks_cached, 1);
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # Ok(())
+    /// # }
     /// ```
     pub fn with<R>(&self, f: impl FnOnce(&mut LockedPool<'_, A, P, C>) -> R) -> R {
         let mut cache_slot = recover(self.inner.cache.lock());
@@ -555,11 +574,15 @@ impl<A: RawAllocator, P: Policy, C: Clock> SharedPool<A, P, C> {
     /// # Examples
     ///
     /// ```
+    /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+    /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, FixedTime, SharedPool};
     /// let a = SharedPool::new(DecayingPool::new(CheckingAllocator::new(), FixedTime::default()));
     /// let b = SharedPool::new(DecayingPool::new(CheckingAllocator::new(), FixedTime::default()));
     /// assert!(a.ptr_eq(&a.clone()));
     /// assert!(!a.ptr_eq(&b));
+    /// # Ok(())
+    /// # }
     /// ```
     pub fn ptr_eq(&self, other: &Self) -> bool {
         Arc::ptr_eq(&self.inner, &other.inner)
@@ -589,6 +612,8 @@ impl<A: RawAllocator, P: Policy, C: Clock> SharedPool<A, P, C> {
     /// # Examples
     ///
     /// ```
+    /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+    /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use core::time::Duration;
     /// use decaying_pool::{DecayingPool, FixedTime, SharedPool, testing::CheckingAllocator};
     ///
@@ -605,7 +630,41 @@ impl<A: RawAllocator, P: Policy, C: Clock> SharedPool<A, P, C> {
     /// }
     /// assert_eq!(pool.stats().blocks_cached, 0);
     /// drop(reaper); // stops and joins the thread
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// Host pools qualify, stacked ones too: a [`DecayingPool`] is `Send`
+    /// when its allocator, policy and clock are and its blocks are
+    /// [`SendBlock`](crate::SendBlock).
+    ///
+    /// ```
+    /// use core::time::Duration;
+    /// use decaying_pool::{DecayingPool, FixedTime, SharedPool, SystemAllocator};
+    ///
+    /// let host = DecayingPool::new(SystemAllocator::new(), FixedTime::new(Duration::from_secs(60)));
+    /// let pool = SharedPool::new(DecayingPool::new(host, FixedTime::new(Duration::from_secs(1))));
+    /// let _reaper = pool.spawn_reaper(Duration::from_millis(100));
+    /// ```
+    ///
+    /// A policy (or clock, or allocator) that cannot cross threads is
+    /// refused at compile time, and the error names only your type and
+    /// public ones ("`Rc<()>` cannot be sent between threads safely …
+    /// required for `SharedPool<SystemAllocator, NotSend>` to implement
+    /// `Send`"):
+    ///
+    /// ```compile_fail,E0277
+    /// use core::time::Duration;
+    /// use std::rc::Rc;
+    /// use decaying_pool::policy::{EvictionPolicy, Oldest};
+    /// use decaying_pool::{DecayingPool, SharedPool, SystemAllocator};
+    ///
+    /// struct NotSend(Rc<()>);
+    /// impl EvictionPolicy for NotSend {
+    ///     fn must_evict(&mut self, _: Duration, _: Oldest, _: usize) -> bool { false }
+    /// }
+    /// let pool = SharedPool::new(DecayingPool::new(SystemAllocator::new(), NotSend(Rc::new(()))));
+    /// let _reaper = pool.spawn_reaper(Duration::from_secs(1));
     /// ```
     pub fn spawn_reaper(&self, period: Duration) -> Reaper
     where
@@ -676,12 +735,15 @@ where
 /// # Examples
 ///
 /// ```
+/// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+/// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, FixedTime, SharedPool};
 /// let pool = SharedPool::new(DecayingPool::new(CheckingAllocator::new(), FixedTime::default()));
 /// drop(pool.allocate(100)?);
 /// let (cached, trimmed) = pool.with(|p| (p.stats().bytes_cached, p.trim()));
 /// assert_eq!((cached, trimmed), (100, 100));
-/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// # Ok(())
+/// # }
 /// ```
 ///
 /// The pool cannot be replaced (when `with` handed out `&mut
@@ -724,12 +786,15 @@ impl<A: RawAllocator, P: Policy, C: Clock> LockedPool<'_, A, P, C> {
     /// # Examples
     ///
     /// ```
+    /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+    /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, FixedTime, Pooled, SharedPool};
     /// let pool = SharedPool::new(DecayingPool::new(CheckingAllocator::new(), FixedTime::default()));
     /// let raw = pool.with(|p| p.allocate(8))?;
     /// // SAFETY: `raw` came from this pool with 8 bytes, and is given back once.
     /// drop(unsafe { Pooled::from_raw(&pool, raw, 8) });
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # Ok(())
+    /// # }
     /// ```
     pub fn allocate(&mut self, size: usize) -> Result<A::Block, PoolError<A::Error>> {
         self.pool.allocate(size)
@@ -751,12 +816,15 @@ impl<A: RawAllocator, P: Policy, C: Clock> LockedPool<'_, A, P, C> {
     /// # Examples
     ///
     /// ```
+    /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+    /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, FixedTime, SharedPool};
     /// let pool = SharedPool::new(DecayingPool::new(CheckingAllocator::new(), FixedTime::default()));
     /// let (block, size) = pool.allocate(8)?.into_raw();
     /// // SAFETY: `block` came from this pool with `size`, through `into_raw`, once.
     /// pool.with(|p| unsafe { p.release(block, size) });
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # Ok(())
+    /// # }
     /// ```
     pub unsafe fn release(&mut self, block: A::Block, size: usize) {
         // SAFETY: the caller upholds `DecayingPool::release`'s contract.
@@ -768,9 +836,13 @@ impl<A: RawAllocator, P: Policy, C: Clock> LockedPool<'_, A, P, C> {
     /// # Examples
     ///
     /// ```
+    /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+    /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, FixedTime, SharedPool};
     /// let pool = SharedPool::new(DecayingPool::new(CheckingAllocator::new(), FixedTime::default()));
     /// assert_eq!(pool.with(|p| p.collect()), 0);
+    /// # Ok(())
+    /// # }
     /// ```
     pub fn collect(&mut self) -> usize {
         self.pool.collect()
@@ -781,11 +853,14 @@ impl<A: RawAllocator, P: Policy, C: Clock> LockedPool<'_, A, P, C> {
     /// # Examples
     ///
     /// ```
+    /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+    /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, FixedTime, SharedPool};
     /// let pool = SharedPool::new(DecayingPool::new(CheckingAllocator::new(), FixedTime::default()));
     /// drop(pool.allocate(8)?);
     /// assert_eq!(pool.with(|p| p.trim()), 8);
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # Ok(())
+    /// # }
     /// ```
     pub fn trim(&mut self) -> usize {
         self.pool.trim()
@@ -910,6 +985,8 @@ impl Stop {
 /// # Examples
 ///
 /// ```
+/// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+/// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// use core::time::Duration;
 /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, FixedTime, SharedPool};
 ///
@@ -918,6 +995,8 @@ impl Stop {
 /// let start = std::time::Instant::now();
 /// drop(reaper);
 /// assert!(start.elapsed() < Duration::from_secs(5));
+/// # Ok(())
+/// # }
 /// ```
 #[must_use = "dropping the Reaper stops the thread at once"]
 pub struct Reaper {
@@ -932,6 +1011,8 @@ impl Reaper {
     /// # Examples
     ///
     /// ```
+    /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+    /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use core::time::Duration;
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, FixedTime, SharedPool};
     ///
@@ -944,6 +1025,8 @@ impl Reaper {
     ///     std::thread::sleep(Duration::from_millis(1));
     /// }
     /// assert!(!reaper.is_running());
+    /// # Ok(())
+    /// # }
     /// ```
     pub fn is_running(&self) -> bool {
         self.handle.as_ref().is_some_and(|h| !h.is_finished())
@@ -979,6 +1062,8 @@ impl fmt::Debug for Reaper {
 /// # Examples
 ///
 /// ```
+/// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+/// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, FixedTime, SharedPool};
 /// let pool = SharedPool::new(DecayingPool::new(CheckingAllocator::new(), FixedTime::default()));
 /// let block = pool.allocate(256)?;
@@ -986,7 +1071,8 @@ impl fmt::Debug for Reaper {
 /// assert_eq!(id, 1);
 /// drop(block);
 /// assert_eq!(*pool.allocate(256)?, 1); // a hit: the same block again
-/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// # Ok(())
+/// # }
 /// ```
 pub struct Pooled<A: RawAllocator, P: Policy = FixedTime, C: Clock = MonotonicClock> {
     block: ManuallyDrop<A::Block>,
@@ -1016,6 +1102,8 @@ impl<A: RawAllocator, P: Policy, C: Clock> Pooled<A, P, C> {
     /// # Examples
     ///
     /// ```
+    /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+    /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, SharedPool, SizeClass};
     /// let pool = SharedPool::new(
     ///     DecayingPool::builder(CheckingAllocator::new()).size_class(SizeClass::PowerOfTwo).build(),
@@ -1023,7 +1111,8 @@ impl<A: RawAllocator, P: Policy, C: Clock> Pooled<A, P, C> {
     /// let block = pool.allocate(3000)?;
     /// assert_eq!(block.size(), 3000);
     /// assert_eq!(pool.stats().bytes_in_use, 4096);
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # Ok(())
+    /// # }
     /// ```
     pub fn size(&self) -> usize {
         self.size
@@ -1034,11 +1123,14 @@ impl<A: RawAllocator, P: Policy, C: Clock> Pooled<A, P, C> {
     /// # Examples
     ///
     /// ```
+    /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+    /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, FixedTime, SharedPool};
     /// let pool = SharedPool::new(DecayingPool::new(CheckingAllocator::new(), FixedTime::default()));
     /// let block = pool.allocate(8)?;
     /// assert!(block.pool().ptr_eq(&pool));
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # Ok(())
+    /// # }
     /// ```
     pub fn pool(&self) -> &SharedPool<A, P, C> {
         &self.pool
@@ -1055,6 +1147,8 @@ impl<A: RawAllocator, P: Policy, C: Clock> Pooled<A, P, C> {
     /// # Examples
     ///
     /// ```
+    /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+    /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, FixedTime, Pooled, SharedPool};
     /// let pool = SharedPool::new(DecayingPool::new(CheckingAllocator::new(), FixedTime::default()));
     /// let (block, size) = pool.allocate(512)?.into_raw();
@@ -1065,7 +1159,8 @@ impl<A: RawAllocator, P: Policy, C: Clock> Pooled<A, P, C> {
     /// let back = unsafe { Pooled::from_raw(&pool, block, size) };
     /// drop(back);
     /// assert_eq!(pool.stats().blocks_cached, 1);
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # Ok(())
+    /// # }
     /// ```
     pub fn into_raw(self) -> (A::Block, usize) {
         let mut this = ManuallyDrop::new(self);
@@ -1096,13 +1191,16 @@ impl<A: RawAllocator, P: Policy, C: Clock> Pooled<A, P, C> {
     /// # Examples
     ///
     /// ```
+    /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+    /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, FixedTime, Pooled, SharedPool};
     /// let pool = SharedPool::new(DecayingPool::new(CheckingAllocator::new(), FixedTime::default()));
     /// let (block, size) = pool.allocate(100)?.into_raw();
     /// // SAFETY: `block` and `size` came from `into_raw` on this pool, once.
     /// let again = unsafe { Pooled::from_raw(&pool, block, size) };
     /// assert_eq!((*again, again.size()), (block, 100));
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # Ok(())
+    /// # }
     /// ```
     pub unsafe fn from_raw(pool: &SharedPool<A, P, C>, block: A::Block, size: usize) -> Self {
         Pooled {

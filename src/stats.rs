@@ -17,6 +17,8 @@ use core::fmt;
 /// # Examples
 ///
 /// ```
+/// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+/// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// use decaying_pool::testing::CheckingAllocator;
 /// use decaying_pool::{DecayingPool, FixedTime};
 /// use core::time::Duration;
@@ -29,6 +31,8 @@ use core::fmt;
 /// assert_eq!((s.hits, s.misses, s.backing_allocs), (1, 1, 1));
 /// assert_eq!((s.bytes_in_use, s.bytes_cached, s.bytes_reserved), (100, 0, 100));
 /// unsafe { pool.release(b, 100) };
+/// # Ok(())
+/// # }
 /// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]

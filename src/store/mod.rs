@@ -37,6 +37,15 @@ pub trait Store<B> {
     /// Removes the oldest block if the policy says it must go at `now`.
     fn evict_due(&mut self, now: u64) -> Option<(B, usize)>;
 
+    /// Debug builds, before a collection at `now`: when the policy's
+    /// deadline lets the collection skip the policy, asks it anyway and
+    /// panics if it wants the oldest block freed (a deadline later than
+    /// `must_evict` allows would silently delay evictions).
+    #[cfg(debug_assertions)]
+    fn check_deadline(&mut self, now: u64) {
+        let _ = now;
+    }
+
     /// Removes the oldest block whatever the policy says (trim, limit, retry).
     fn pop_oldest(&mut self, now: u64) -> Option<(B, usize)>;
 

@@ -7,7 +7,6 @@ use std::sync::{Arc, Mutex};
 
 use decaying_pool::policy::{AnyPolicy, BoxedPolicy};
 use decaying_pool::testing::{CheckingAllocator, FailingAllocator};
-use decaying_pool::trace::{Config, Event as TraceEvent, PolicyKind, ReplayOptions, Replayer};
 use decaying_pool::{
     ClassStats, DecayingPool, Event, EvictionPolicy, Exponential, FixedCapacity, FixedTime,
     ManualClock, PoolError, Reason, SharedPool, SizeClass, Stats,
@@ -490,8 +489,10 @@ fn policies_chosen_at_run_time_share_one_pool_type() {
     assert_eq!(pool.collect(), 1);
 }
 
+#[cfg(feature = "serde")]
 #[test]
 fn stats_class_stats_events_and_reports_round_trip_through_serde_json() {
+    use decaying_pool::trace::{Config, Event as TraceEvent, PolicyKind, ReplayOptions, Replayer};
     let mut pool = DecayingPool::builder(CheckingAllocator::new())
         .size_class(SizeClass::PowerOfTwo)
         .class_stats(true)
