@@ -229,6 +229,8 @@ pub trait EvictionPolicy {
 /// # Examples
 ///
 /// ```
+/// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+/// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// use core::time::Duration;
 /// use decaying_pool::policy::BoxedPolicy;
 /// use decaying_pool::testing::CheckingAllocator;
@@ -243,7 +245,8 @@ pub trait EvictionPolicy {
 ///     DecayingPool::new(CheckingAllocator::new(), policy);
 /// let b = pool.allocate(64)?;
 /// unsafe { pool.release(b, 64) };
-/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// # Ok(())
+/// # }
 /// ```
 impl<P: EvictionPolicy + ?Sized> EvictionPolicy for Box<P> {
     #[inline]
@@ -285,6 +288,8 @@ pub type BoxedPolicy = Box<dyn EvictionPolicy + Send>;
 /// # Examples
 ///
 /// ```
+/// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+/// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// use core::time::Duration;
 /// use decaying_pool::policy::AnyPolicy;
 /// use decaying_pool::testing::CheckingAllocator;
@@ -304,7 +309,8 @@ pub type BoxedPolicy = Box<dyn EvictionPolicy + Send>;
 ///     unsafe { pool.release(b, 100) };
 ///     assert_eq!(pool.stats().blocks_cached, 1);
 /// }
-/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// # Ok(())
+/// # }
 /// ```
 pub enum AnyPolicy {
     /// A timed policy ([`FixedTime`], [`Exponential`], your own), boxed.

@@ -243,6 +243,8 @@ impl<A, P, C> Builder<A, P, C> {
     /// # Examples
     ///
     /// ```
+    /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+    /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use std::sync::{Arc, Mutex};
     /// use decaying_pool::testing::CheckingAllocator;
     /// use decaying_pool::{DecayingPool, Event, Reason};
@@ -256,7 +258,8 @@ impl<A, P, C> Builder<A, P, C> {
     /// unsafe { pool.release(b, 4096) };
     /// pool.trim();
     /// assert_eq!(*seen.lock().unwrap(), [Event::Freed { size: 4096, reason: Reason::Trimmed }]);
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # Ok(())
+    /// # }
     /// ```
     pub fn observer(mut self, observer: impl FnMut(Event) + Send + 'static) -> Self {
         self.observer = Some(Observer::new(observer));
@@ -271,9 +274,13 @@ impl<A, P, C> Builder<A, P, C> {
     /// # Examples
     ///
     /// ```
+    /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+    /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool};
     /// let pool = DecayingPool::builder(CheckingAllocator::new()).class_stats(true).build();
     /// assert_eq!(pool.class_stats(), Some(vec![]));
+    /// # Ok(())
+    /// # }
     /// ```
     pub fn class_stats(mut self, keep: bool) -> Self {
         self.by_class = keep;
@@ -556,6 +563,8 @@ impl<A: RawAllocator, P: Policy, C: Clock> DecayingPool<A, P, C> {
     /// # Examples
     ///
     /// ```
+    /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+    /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, FixedTime, PoolError};
     /// let mut pool = DecayingPool::new(CheckingAllocator::new(), FixedTime::default());
     /// let (a, b) = (pool.allocate(100)?, pool.allocate(200)?);
@@ -567,7 +576,8 @@ impl<A: RawAllocator, P: Policy, C: Clock> DecayingPool<A, P, C> {
     /// let c = pool.allocate(100)?; // fits now: frees the cached 200 first
     /// assert_eq!(pool.stats().bytes_reserved, 100);
     /// # unsafe { pool.release(c, 100) };
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # Ok(())
+    /// # }
     /// ```
     pub fn set_limit(&mut self, limit: Option<usize>) -> usize {
         let Self { alloc, cache } = self;
@@ -585,6 +595,8 @@ impl<A: RawAllocator, P: Policy, C: Clock> DecayingPool<A, P, C> {
     /// # Examples
     ///
     /// ```
+    /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+    /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, FixedTime};
     /// let mut pool = DecayingPool::new(CheckingAllocator::new(), FixedTime::default());
     /// let b = pool.allocate(1000)?;
@@ -592,7 +604,8 @@ impl<A: RawAllocator, P: Policy, C: Clock> DecayingPool<A, P, C> {
     /// pool.reset_peaks();
     /// let s = pool.stats();
     /// assert_eq!((s.peak_bytes_reserved, s.peak_bytes_in_use), (1000, 0));
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # Ok(())
+    /// # }
     /// ```
     pub fn reset_peaks(&mut self) {
         self.cache.reset_peaks();
@@ -606,6 +619,8 @@ impl<A: RawAllocator, P: Policy, C: Clock> DecayingPool<A, P, C> {
     /// # Examples
     ///
     /// ```
+    /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+    /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, SizeClass};
     /// let mut pool = DecayingPool::builder(CheckingAllocator::new())
     ///     .size_class(SizeClass::PowerOfTwo)
@@ -619,7 +634,8 @@ impl<A: RawAllocator, P: Policy, C: Clock> DecayingPool<A, P, C> {
     /// assert_eq!(sizes, [4096, 128]);
     /// assert_eq!((classes[0].blocks_cached, classes[1].blocks_in_use), (1, 1));
     /// # unsafe { pool.release(b, 100) };
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # Ok(())
+    /// # }
     /// ```
     pub fn class_stats(&self) -> Option<Vec<ClassStats>> {
         self.cache.class_stats()

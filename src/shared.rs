@@ -455,13 +455,16 @@ impl<A: RawAllocator, P: Policy, C: Clock> SharedPool<A, P, C> {
     /// # Examples
     ///
     /// ```
+    /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+    /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, FixedTime, SharedPool};
     /// let pool = SharedPool::new(DecayingPool::new(CheckingAllocator::new(), FixedTime::default()));
     /// drop(pool.allocate(4096)?);
     /// assert_eq!(pool.set_limit(Some(1024)), 4096);
     /// assert_eq!(pool.limit(), Some(1024));
     /// assert!(pool.allocate(4096).is_err());
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # Ok(())
+    /// # }
     /// ```
     pub fn set_limit(&self, limit: Option<usize>) -> usize {
         self.inner.set_limit(limit)
@@ -472,9 +475,13 @@ impl<A: RawAllocator, P: Policy, C: Clock> SharedPool<A, P, C> {
     /// # Examples
     ///
     /// ```
+    /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+    /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, FixedTime, SharedPool};
     /// let pool = SharedPool::new(DecayingPool::new(CheckingAllocator::new(), FixedTime::default()));
     /// assert_eq!(pool.limit(), None);
+    /// # Ok(())
+    /// # }
     /// ```
     pub fn limit(&self) -> Option<usize> {
         self.inner.cache(|cache| cache.limit())
@@ -485,12 +492,15 @@ impl<A: RawAllocator, P: Policy, C: Clock> SharedPool<A, P, C> {
     /// # Examples
     ///
     /// ```
+    /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+    /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, FixedTime, SharedPool};
     /// let pool = SharedPool::new(DecayingPool::new(CheckingAllocator::new(), FixedTime::default()));
     /// drop(pool.allocate(4096)?);
     /// pool.reset_peaks();
     /// assert_eq!(pool.stats().peak_bytes_in_use, 0);
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # Ok(())
+    /// # }
     /// ```
     pub fn reset_peaks(&self) {
         self.inner.cache(|cache| cache.reset_peaks());
@@ -501,11 +511,14 @@ impl<A: RawAllocator, P: Policy, C: Clock> SharedPool<A, P, C> {
     /// # Examples
     ///
     /// ```
+    /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+    /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, SharedPool};
     /// let pool = SharedPool::new(DecayingPool::builder(CheckingAllocator::new()).class_stats(true).build());
     /// drop(pool.allocate(64)?);
     /// assert_eq!(pool.class_stats().unwrap()[0].blocks_cached, 1);
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # Ok(())
+    /// # }
     /// ```
     pub fn class_stats(&self) -> Option<Vec<ClassStats>> {
         self.inner.cache(|cache| cache.class_stats())
@@ -871,11 +884,14 @@ impl<A: RawAllocator, P: Policy, C: Clock> LockedPool<'_, A, P, C> {
     /// # Examples
     ///
     /// ```
+    /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+    /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, FixedTime, SharedPool};
     /// let pool = SharedPool::new(DecayingPool::new(CheckingAllocator::new(), FixedTime::default()));
     /// drop(pool.allocate(8)?);
     /// assert_eq!(pool.with(|p| p.set_limit(Some(0))), 8);
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # Ok(())
+    /// # }
     /// ```
     pub fn set_limit(&mut self, limit: Option<usize>) -> usize {
         self.pool.set_limit(limit)
@@ -886,12 +902,15 @@ impl<A: RawAllocator, P: Policy, C: Clock> LockedPool<'_, A, P, C> {
     /// # Examples
     ///
     /// ```
+    /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+    /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, FixedTime, SharedPool};
     /// let pool = SharedPool::new(DecayingPool::new(CheckingAllocator::new(), FixedTime::default()));
     /// drop(pool.allocate(8)?);
     /// pool.with(|p| p.reset_peaks());
     /// assert_eq!(pool.stats().peak_bytes_in_use, 0);
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # Ok(())
+    /// # }
     /// ```
     pub fn reset_peaks(&mut self) {
         self.pool.reset_peaks()

@@ -165,6 +165,8 @@ impl fmt::Display for HumanBytes {
 /// # Examples
 ///
 /// ```
+/// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+/// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// use decaying_pool::testing::CheckingAllocator;
 /// use decaying_pool::{DecayingPool, FixedTime, SizeClass};
 ///
@@ -177,7 +179,8 @@ impl fmt::Display for HumanBytes {
 /// assert!(text.contains("4.00 MiB in classes for 3.00 MiB requested"), "{text}");
 /// assert!(text.contains("rounding waste 1.00 MiB (25.0%)"), "{text}");
 /// unsafe { pool.release(b, 3 << 20) };
-/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// # Ok(())
+/// # }
 /// ```
 impl fmt::Display for Stats {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -256,6 +259,8 @@ impl fmt::Display for Stats {
 /// # Examples
 ///
 /// ```
+/// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+/// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// use decaying_pool::testing::CheckingAllocator;
 /// use decaying_pool::{ClassStats, DecayingPool};
 ///
@@ -264,7 +269,8 @@ impl fmt::Display for Stats {
 /// let classes = pool.class_stats().unwrap();
 /// assert_eq!(classes[0], ClassStats { size: 256, blocks_in_use: 1, bytes_in_use: 256, misses: 1, ..Default::default() });
 /// unsafe { pool.release(b, 256) };
-/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// # Ok(())
+/// # }
 /// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
