@@ -17,8 +17,9 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use crate::class::SizeClass;
 use crate::clock::Clock;
 use crate::error::PoolError;
+use crate::observe::{Event, Extras, Reason};
 use crate::policy::{Policy, Reuse};
-use crate::stats::Stats;
+use crate::stats::{ClassStats, Stats};
 use crate::store::Store;
 
 /// The counters a pool keeps; cached counts come from the store.
@@ -37,6 +38,9 @@ struct Counters {
     peak_bytes_reserved: usize,
     peak_bytes_in_use: usize,
     bytes_from_backing: usize,
+    /// Class bytes minus requested bytes, summed over successful
+    /// allocations; counted only when sizes are rounded.
+    waste: usize,
 }
 
 /// What to do after a failed backing allocation.
@@ -61,6 +65,11 @@ pub(crate) struct Cache<B, P: Policy, C> {
     /// Class bytes of misses between `make_room` and their outcome: counted
     /// against the limit, not yet in `bytes_reserved`.
     pending: usize,
+    /// Whether `set_limit` left more reserved than the limit (blocks in use
+    /// above it); cleared once a miss fits under it again.
+    over_limit: bool,
+    /// The observer and the statistics by class, when asked for.
+    extras: Option<Box<Extras>>,
 }
 
 impl<B, P: Policy, C: Clock> Cache<B, P, C> {
@@ -70,6 +79,7 @@ impl<B, P: Policy, C: Clock> Cache<B, P, C> {
         size_class: SizeClass,
         reuse: Reuse,
         limit: Option<usize>,
+        extras: Option<Box<Extras>>,
     ) -> Self {
         Cache {
             store: policy.into_store(reuse),
@@ -80,6 +90,8 @@ impl<B, P: Policy, C: Clock> Cache<B, P, C> {
             limit,
             stats: Counters::default(),
             pending: 0,
+            over_limit: false,
+            extras,
         }
     }
 
@@ -87,11 +99,23 @@ impl<B, P: Policy, C: Clock> Cache<B, P, C> {
     /// never reads the clock).
     #[inline]
     pub(crate) fn now(&self) -> u64 {
-        if <P::Store<B> as Store<B>>::TIMED {
+        if self.store.timed() {
             self.clock.now_nanos()
         } else {
             0
         }
+    }
+
+    /// A collection: [`run_policy`](Self::run_policy), after checking in
+    /// debug builds that the policy's deadline agrees with `must_evict`.
+    pub(crate) fn collect(
+        &mut self,
+        now: u64,
+        free: &mut (impl FnMut(B, usize) + ?Sized),
+    ) -> usize {
+        #[cfg(debug_assertions)]
+        self.store.check_deadline(now);
+        self.run_policy(now, free)
     }
 
     /// Frees every block the policy says must go at `now`; returns how many.
@@ -103,10 +127,7 @@ impl<B, P: Policy, C: Clock> Cache<B, P, C> {
     ) -> usize {
         let mut freed = 0;
         while let Some((block, class)) = self.store.evict_due(now) {
-            self.stats.evictions += 1;
-            self.stats.backing_deallocs += 1;
-            self.stats.bytes_reserved -= class;
-            free(block, class);
+            self.let_go(block, class, Reason::Expired, free);
             freed += 1;
         }
         freed
@@ -144,10 +165,41 @@ impl<B, P: Policy, C: Clock> Cache<B, P, C> {
         self.stats.bytes_reserved - self.store.bytes()
     }
 
-    /// A hit: a cached block of `class`, counted in use.
+    /// Counts a block the cache lets go (for `reason`) as freed, hands it
+    /// to `free`, then tells the observer.
     #[inline(always)]
-    pub(crate) fn take(&mut self, class: usize, now: u64) -> Option<B> {
+    fn let_go(
+        &mut self,
+        block: B,
+        class: usize,
+        reason: Reason,
+        free: &mut (impl FnMut(B, usize) + ?Sized),
+    ) {
+        if reason.is_eviction() {
+            self.stats.evictions += 1;
+        } else {
+            self.stats.trimmed += 1;
+        }
+        self.stats.backing_deallocs += 1;
+        self.stats.bytes_reserved -= class;
+        if let Some(x) = self.extras.as_deref_mut() {
+            x.freeing(class, reason);
+        }
+        free(block, class);
+        if let Some(x) = self.extras.as_deref_mut() {
+            x.tell(Event::Freed {
+                size: class,
+                reason,
+            });
+        }
+    }
+
+    /// A hit: a cached block of `class` for a request of `size` bytes,
+    /// counted in use.
+    #[inline(always)]
+    pub(crate) fn take(&mut self, size: usize, class: usize, now: u64) -> Option<B> {
         let block = self.store.take(class, now)?;
+        self.count_request(size, class);
         let in_use = self.bytes_in_use();
         let s = &mut self.stats;
         if in_use > s.peak_bytes_in_use {
@@ -155,6 +207,14 @@ impl<B, P: Policy, C: Clock> Cache<B, P, C> {
             s.peak_bytes_in_use = in_use;
         }
         Some(block)
+    }
+
+    /// Counts the rounding of a request of `size` bytes served with `class`.
+    #[inline(always)]
+    fn count_request(&mut self, size: usize, class: usize) {
+        if !self.exact {
+            self.stats.waste = self.stats.waste.saturating_add(class - size);
+        }
     }
 
     /// Before a miss calls the backing allocator: refuses a request that
@@ -184,19 +244,24 @@ impl<B, P: Policy, C: Clock> Cache<B, P, C> {
                 });
             }
             while committed + self.store.bytes() + class > limit {
-                if !self.trim_oldest(now, free) {
+                if !self.trim_oldest(now, Reason::Limit, free) {
                     break;
                 }
             }
+            self.over_limit = false;
         }
         self.pending += class;
         Ok(())
     }
 
-    /// The backing allocator served a pending miss.
+    /// The backing allocator served a pending miss of `size` bytes.
     #[inline]
-    pub(crate) fn miss_done(&mut self, class: usize) {
+    pub(crate) fn miss_done(&mut self, size: usize, class: usize) {
         self.pending -= class;
+        self.count_request(size, class);
+        if let Some(x) = self.extras.as_deref_mut() {
+            x.miss(class);
+        }
         let s = &mut self.stats;
         s.misses += 1;
         s.backing_allocs += 1;
@@ -220,6 +285,12 @@ impl<B, P: Policy, C: Clock> Cache<B, P, C> {
         free: &mut (impl FnMut(B, usize) + ?Sized),
     ) -> Retry {
         self.stats.backing_failures += 1;
+        if let Some(x) = self.extras.as_deref_mut() {
+            x.tell(Event::BackingFailed {
+                size: class,
+                attempt,
+            });
+        }
         if attempt >= 3 || self.store.is_empty() {
             self.pending -= class;
             return Retry::GiveUp;
@@ -228,13 +299,13 @@ impl<B, P: Policy, C: Clock> Cache<B, P, C> {
             let mut freed = 0usize;
             while freed < class {
                 let before = self.store.bytes();
-                if !self.trim_oldest(now, free) {
+                if !self.trim_oldest(now, Reason::OutOfMemory, free) {
                     break;
                 }
                 freed += before - self.store.bytes();
             }
         } else {
-            self.trim_all(now, free);
+            self.trim_all(now, Reason::OutOfMemory, free);
         }
         Retry::Again
     }
@@ -302,11 +373,11 @@ impl<B, P: Policy, C: Clock> Cache<B, P, C> {
             Some(class) if self.bytes_in_use() >= class => class,
             _ => release_mismatch(size),
         };
+        if let Some(x) = self.extras.as_deref_mut() {
+            x.released(class);
+        }
         if let Some((block, class)) = self.store.put(block, class, now) {
-            self.stats.evictions += 1;
-            self.stats.backing_deallocs += 1;
-            self.stats.bytes_reserved -= class;
-            free(block, class);
+            self.let_go(block, class, Reason::Displaced, free);
         }
     }
 
@@ -331,10 +402,10 @@ impl<B, P: Policy, C: Clock> Cache<B, P, C> {
                     // Not a block of this pool: nothing to count or free.
                     _ => return,
                 };
-                self.stats.trimmed += 1;
-                self.stats.backing_deallocs += 1;
-                self.stats.bytes_reserved -= class;
-                free(block, class);
+                if let Some(x) = self.extras.as_deref_mut() {
+                    x.released(class);
+                }
+                self.let_go(block, class, Reason::Trimmed, free);
             }
         }));
     }
@@ -351,13 +422,19 @@ impl<B, P: Policy, C: Clock> Cache<B, P, C> {
     ) {
         match catch_unwind(AssertUnwindSafe(|| self.now())) {
             Ok(now) => {
-                if let Err(panic) = catch_unwind(AssertUnwindSafe(|| self.trim_all(now, free))) {
+                if let Err(panic) = catch_unwind(AssertUnwindSafe(|| {
+                    self.trim_all(now, Reason::Dropped, free)
+                })) {
                     first.keep(panic);
                 }
             }
             Err(panic) => first.keep(panic),
         }
+        // Not told to the observer either: it may be what panicked.
         while let Some((block, class)) = self.store.pop_untold() {
+            if let Some(x) = self.extras.as_deref_mut() {
+                x.freeing(class, Reason::Dropped);
+            }
             self.stats.trimmed += 1;
             self.stats.backing_deallocs += 1;
             self.stats.bytes_reserved -= class;
@@ -365,30 +442,69 @@ impl<B, P: Policy, C: Clock> Cache<B, P, C> {
         }
     }
 
-    /// Frees the oldest cached block (counted as trimmed); `false` when the
-    /// cache is empty.
-    fn trim_oldest(&mut self, now: u64, free: &mut (impl FnMut(B, usize) + ?Sized)) -> bool {
+    /// Frees the oldest cached block (counted as trimmed, for `reason`);
+    /// `false` when the cache is empty.
+    fn trim_oldest(
+        &mut self,
+        now: u64,
+        reason: Reason,
+        free: &mut (impl FnMut(B, usize) + ?Sized),
+    ) -> bool {
         match self.store.pop_oldest(now) {
             Some((block, class)) => {
-                self.stats.trimmed += 1;
-                self.stats.backing_deallocs += 1;
-                self.stats.bytes_reserved -= class;
-                free(block, class);
+                self.let_go(block, class, reason, free);
                 true
             }
             None => false,
         }
     }
 
-    /// Frees every cached block (counted as trimmed); returns the bytes freed.
+    /// Frees every cached block (counted as trimmed, for `reason`);
+    /// returns the bytes freed.
     pub(crate) fn trim_all(
         &mut self,
         now: u64,
+        reason: Reason,
         free: &mut (impl FnMut(B, usize) + ?Sized),
     ) -> usize {
         let before = self.store.bytes();
-        while self.trim_oldest(now, free) {}
+        while self.trim_oldest(now, reason, free) {}
         before
+    }
+
+    /// Sets the byte limit; lowering it frees cached blocks oldest first
+    /// until the bytes reserved fit (or the cache is empty). Returns the
+    /// bytes freed.
+    pub(crate) fn set_limit(
+        &mut self,
+        limit: Option<usize>,
+        now: u64,
+        free: &mut (impl FnMut(B, usize) + ?Sized),
+    ) -> usize {
+        self.limit = limit;
+        self.over_limit = false;
+        let Some(limit) = limit else { return 0 };
+        let before = self.store.bytes();
+        while self.stats.bytes_reserved + self.pending > limit {
+            if !self.trim_oldest(now, Reason::Limit, free) {
+                self.over_limit = true;
+                break;
+            }
+        }
+        before - self.store.bytes()
+    }
+
+    /// Sets every peak to its current value.
+    pub(crate) fn reset_peaks(&mut self) {
+        self.stats.peak_bytes_reserved = self.stats.bytes_reserved;
+        self.stats.peak_bytes_in_use = self.bytes_in_use();
+    }
+
+    /// The statistics by class, in first-seen order, when kept.
+    pub(crate) fn class_stats(&self) -> Option<Vec<ClassStats>> {
+        self.extras
+            .as_deref()?
+            .class_stats(|class| self.store.cached_of(class))
     }
 
     pub(crate) fn stats(&self) -> Stats {
@@ -411,6 +527,12 @@ impl<B, P: Policy, C: Clock> Cache<B, P, C> {
             peak_bytes_in_use: c.peak_bytes_in_use,
             bytes_from_pool: usize::try_from(self.store.taken().1).unwrap_or(usize::MAX),
             bytes_from_backing: c.bytes_from_backing,
+            bytes_requested: {
+                let from_pool = usize::try_from(self.store.taken().1).unwrap_or(usize::MAX);
+                from_pool
+                    .saturating_add(c.bytes_from_backing)
+                    .saturating_sub(c.waste)
+            },
         }
     }
 
@@ -449,9 +571,26 @@ impl<B, P: Policy, C: Clock> Cache<B, P, C> {
         assert!(s.peak_bytes_in_use >= s.bytes_in_use, "peak in use");
         if let Some(limit) = self.limit {
             assert!(
-                s.bytes_reserved + self.pending <= limit,
+                self.over_limit || s.bytes_reserved + self.pending <= limit,
                 "reserved over the limit"
             );
+        }
+        if let Some(classes) = self.class_stats() {
+            let sum = |f: fn(&ClassStats) -> u64| classes.iter().map(f).sum::<u64>();
+            assert_eq!(
+                sum(|c| c.blocks_in_use),
+                s.blocks_in_use,
+                "class blocks in use"
+            );
+            assert_eq!(
+                sum(|c| c.blocks_cached),
+                s.blocks_cached,
+                "class blocks cached"
+            );
+            assert_eq!(sum(|c| c.hits), s.hits, "class hits");
+            assert_eq!(sum(|c| c.misses), s.misses, "class misses");
+            assert_eq!(sum(|c| c.evictions), s.evictions, "class evictions");
+            assert_eq!(sum(|c| c.trimmed), s.trimmed, "class trimmed");
         }
         assert_eq!(
             s.blocks_in_use == 0,

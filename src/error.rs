@@ -11,6 +11,8 @@ use core::fmt;
 /// # Examples
 ///
 /// ```
+/// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+/// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// use decaying_pool::testing::CheckingAllocator;
 /// use decaying_pool::{DecayingPool, FixedTime, PoolError};
 /// use core::time::Duration;
@@ -18,6 +20,8 @@ use core::fmt;
 /// let mut pool = DecayingPool::new(CheckingAllocator::new(), FixedTime::new(Duration::from_secs(1)));
 /// assert!(matches!(pool.allocate(0), Err(PoolError::ZeroSize)));
 /// assert_eq!(pool.allocate(0).unwrap_err().to_string(), "cannot allocate zero bytes");
+/// # Ok(())
+/// # }
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum PoolError<E> {

@@ -734,6 +734,8 @@ struct Model {
     /// The deallocate switch is disarmed for now (see
     /// [`SHARED_ALLOCATE_DEALLOCATE_PANICS`]): calls do not count down.
     mute_deallocate: bool,
+    /// Class minus requested bytes over successful allocations (saturating).
+    waste: usize,
 }
 
 impl Model {
@@ -766,6 +768,7 @@ impl Model {
             frees: Frees::Immediate,
             deferred: Vec::new(),
             mute_deallocate: false,
+            waste: 0,
         }
     }
 
@@ -886,6 +889,10 @@ impl Model {
             peak_bytes_in_use: self.peak_in_use,
             bytes_from_pool: self.from_pool,
             bytes_from_backing: self.from_backing,
+            bytes_requested: self
+                .from_pool
+                .saturating_add(self.from_backing)
+                .saturating_sub(self.waste),
         }
     }
 
@@ -960,6 +967,26 @@ impl Model {
                 })
             }
         }
+    }
+
+    /// Debug builds: a collection first holds the policy's deadline for
+    /// the oldest block against `must_evict` while the cached deadline
+    /// lies ahead (a `deadline` call, then a `must_evict` call when that
+    /// deadline is still ahead of the clock).
+    fn check_deadline(&mut self) -> Step {
+        if !cfg!(debug_assertions) || !self.timed() || self.now >= self.not_before {
+            return Ok(());
+        }
+        let Some(oldest) = self.idle.first().copied() else {
+            return Ok(());
+        };
+        self.fire(Fault::Deadline)?;
+        if let Kind::FixedTime { ttl } = self.cfg.kind {
+            if oldest.released.saturating_add(ttl) > self.now {
+                self.fire(Fault::MustEvict)?;
+            }
+        }
+        Ok(())
     }
 
     fn run_policy(&mut self) -> Step<usize> {
@@ -1097,6 +1124,7 @@ impl Model {
             }
             self.hits += 1;
             self.from_pool = self.from_pool.saturating_add(class);
+            self.waste = self.waste.saturating_add(class - size);
             self.live.push(Live {
                 block: hit.block,
                 size,
@@ -1161,6 +1189,7 @@ impl Model {
         };
         self.misses += 1;
         self.from_backing = self.from_backing.saturating_add(class);
+        self.waste = self.waste.saturating_add(class - size);
         self.live.push(Live { block, size, class });
         Ok(Ok(block))
     }
@@ -1270,6 +1299,7 @@ impl Model {
     fn collect(&mut self) -> Step<usize> {
         let step = |m: &mut Self| {
             m.hook(Fault::Clock)?;
+            m.check_deadline()?;
             m.run_policy()
         };
         match self.frees {
@@ -1536,7 +1566,9 @@ fn build<P: Policy>(policy: P, cfg: &Config, parts: &Parts) -> DecayingPool<Inje
         .policy(policy)
         .clock(parts.clock.clone())
         .size_class(cfg.size_class)
-        .reuse(cfg.reuse);
+        .reuse(cfg.reuse)
+        // `validate` then checks the statistics by class against the totals.
+        .class_stats(true);
     if let Some(limit) = cfg.limit {
         builder = builder.limit(limit);
     }

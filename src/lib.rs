@@ -51,6 +51,7 @@
 //! ```
 
 #![warn(missing_docs)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod backend;
 mod cache;
@@ -58,9 +59,12 @@ mod class;
 mod clock;
 mod error;
 #[cfg(feature = "fuzzing")]
+#[cfg_attr(docsrs, doc(cfg(feature = "fuzzing")))]
 pub mod fuzzing;
 #[cfg(feature = "fuzzing")]
 pub mod fuzzing_packed;
+mod local;
+mod observe;
 mod packing;
 pub mod policy;
 mod pool;
@@ -70,20 +74,28 @@ mod stats;
 #[doc(hidden)]
 pub mod store;
 #[cfg(feature = "testing")]
+#[cfg_attr(docsrs, doc(cfg(feature = "testing")))]
 pub mod testing;
 pub mod trace;
 
 #[cfg(feature = "cuda")]
-pub use backend::cuda;
+#[cfg_attr(docsrs, doc(cfg(feature = "cuda")))]
+pub mod cuda;
+#[cfg(feature = "cuda")]
+mod cuda_slice;
 #[cfg(unix)]
 pub use backend::MmapAllocator;
 pub use backend::SystemAllocator;
 pub use class::SizeClass;
 pub use clock::{Clock, ManualClock, MonotonicClock, PreciseClock};
 pub use error::PoolError;
+pub use local::{HostMemory, LocalBlock, LocalPool};
+pub use observe::{Event, Reason};
 pub use packing::{Packable, PackedBuilder, PackedPool, Packing, PackingStats, ParsePackingError};
-pub use policy::{EvictionPolicy, Exponential, FixedCapacity, FixedTime, Policy, Reuse};
+pub use policy::{
+    AnyPolicy, BoxedPolicy, EvictionPolicy, Exponential, FixedCapacity, FixedTime, Policy, Reuse,
+};
 pub use pool::{Builder, DecayingPool};
 pub use raw::{RawAllocator, SendBlock};
 pub use shared::{LockedPool, Pooled, Reaper, SharedPool};
-pub use stats::Stats;
+pub use stats::{ClassStats, HumanBytes, Stats};

@@ -11,7 +11,7 @@
 
 use core::time::Duration;
 
-use crate::store::{fixed::FixedStore, timed::TimedStore, Store};
+use crate::store::{any::AnyStore, fixed::FixedStore, timed::TimedStore, Store};
 
 /// Which cached block of a size class a hit hands out.
 ///
@@ -100,6 +100,8 @@ pub enum FreeReason {
 /// A policy that keeps at most `max` idle bytes:
 ///
 /// ```
+/// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+/// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// use core::time::Duration;
 /// use decaying_pool::policy::{EvictionPolicy, Oldest};
 /// use decaying_pool::testing::CheckingAllocator;
@@ -123,6 +125,8 @@ pub enum FreeReason {
 /// }
 /// pool.collect();
 /// assert_eq!(pool.stats().bytes_cached, 200);
+/// # Ok(())
+/// # }
 /// ```
 pub trait EvictionPolicy {
     /// A block of `size` bytes entered the cache at `now`;
@@ -171,10 +175,182 @@ pub trait EvictionPolicy {
     /// The pool then skips the policy check until that time: on the hit
     /// path it becomes one comparison. A deadline that is too early only
     /// costs a check; one that is too late delays evictions.
+    ///
+    /// # Panics (debug builds)
+    ///
+    /// In debug builds (`debug_assertions`), every collection
+    /// ([`collect`](crate::DecayingPool::collect), the reaper) that the
+    /// deadline would let skip the policy asks
+    /// [`must_evict`](Self::must_evict) anyway, and panics with a message
+    /// naming both times when it answers `true` before the deadline: such a
+    /// policy would otherwise silently never evict. `must_evict` must
+    /// therefore tolerate being asked at any time (the crate's policies
+    /// do). Release builds skip the check.
+    ///
+    /// ```should_panic
+    /// # #[cfg(not(debug_assertions))] panic!("EvictionPolicy::deadline disagrees with must_evict");
+    /// use core::time::Duration;
+    /// use decaying_pool::policy::{EvictionPolicy, Oldest};
+    /// use decaying_pool::{DecayingPool, ManualClock, SystemAllocator};
+    ///
+    /// /// Evicts after a second of idleness, but claims nothing is due for an hour.
+    /// struct Inconsistent;
+    /// impl EvictionPolicy for Inconsistent {
+    ///     fn must_evict(&mut self, now: Duration, oldest: Oldest, _: usize) -> bool {
+    ///         oldest.idle(now) >= Duration::from_secs(1)
+    ///     }
+    ///     fn deadline(&self, oldest: Oldest) -> Option<Duration> {
+    ///         Some(oldest.released_at + Duration::from_secs(3600))
+    ///     }
+    /// }
+    ///
+    /// let clock = ManualClock::new();
+    /// let mut pool = DecayingPool::builder(SystemAllocator::new())
+    ///     .policy(Inconsistent)
+    ///     .clock(clock.clone())
+    ///     .build();
+    /// let (a, b) = (pool.allocate(64)?, pool.allocate(64)?);
+    /// // SAFETY: each block came from this pool with this size, released once.
+    /// unsafe { pool.release(a, 64); pool.release(b, 64) };
+    /// clock.advance(Duration::from_secs(2));
+    /// pool.collect(); // panics: "EvictionPolicy::deadline disagrees with must_evict: …"
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     #[inline]
     fn deadline(&self, oldest: Oldest) -> Option<Duration> {
         let _ = oldest;
         None
+    }
+}
+
+/// A boxed policy is a policy: `Box<dyn EvictionPolicy + Send>` picks a
+/// timed policy at run time without changing the pool's type.
+///
+/// # Examples
+///
+/// ```
+/// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+/// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// use core::time::Duration;
+/// use decaying_pool::policy::BoxedPolicy;
+/// use decaying_pool::testing::CheckingAllocator;
+/// use decaying_pool::{DecayingPool, EvictionPolicy, Exponential, FixedTime};
+///
+/// let from_config = "exponential";
+/// let policy: BoxedPolicy = match from_config {
+///     "exponential" => Box::new(Exponential::half_life(Duration::from_secs(1))),
+///     _ => Box::new(FixedTime::new(Duration::from_secs(1))),
+/// };
+/// let mut pool: DecayingPool<CheckingAllocator, BoxedPolicy> =
+///     DecayingPool::new(CheckingAllocator::new(), policy);
+/// let b = pool.allocate(64)?;
+/// unsafe { pool.release(b, 64) };
+/// # Ok(())
+/// # }
+/// ```
+impl<P: EvictionPolicy + ?Sized> EvictionPolicy for Box<P> {
+    #[inline]
+    fn on_release(&mut self, now: Duration, size: usize, bytes_cached: usize) {
+        (**self).on_release(now, size, bytes_cached)
+    }
+
+    #[inline]
+    fn on_hit(&mut self, now: Duration, size: usize, before: usize, after: usize) {
+        (**self).on_hit(now, size, before, after)
+    }
+
+    #[inline]
+    fn on_free(&mut self, now: Duration, size: usize, after: usize, reason: FreeReason) {
+        (**self).on_free(now, size, after, reason)
+    }
+
+    #[inline]
+    fn must_evict(&mut self, now: Duration, oldest: Oldest, bytes_cached: usize) -> bool {
+        (**self).must_evict(now, oldest, bytes_cached)
+    }
+
+    #[inline]
+    fn deadline(&self, oldest: Oldest) -> Option<Duration> {
+        (**self).deadline(oldest)
+    }
+}
+
+/// A timed policy chosen at run time.
+pub type BoxedPolicy = Box<dyn EvictionPolicy + Send>;
+
+/// Any policy, chosen at run time (from a config file or a flag), in one
+/// pool type: a boxed timed policy or a [`FixedCapacity`] table.
+///
+/// A pool over `AnyPolicy` running a `FixedCapacity` table never reads the
+/// clock either, but every store operation dispatches on the variant: pick
+/// the concrete policy type where it is known at compile time.
+///
+/// # Examples
+///
+/// ```
+/// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+/// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// use core::time::Duration;
+/// use decaying_pool::policy::AnyPolicy;
+/// use decaying_pool::testing::CheckingAllocator;
+/// use decaying_pool::{DecayingPool, FixedCapacity, FixedTime};
+///
+/// fn pool_for(flag: &str) -> DecayingPool<CheckingAllocator, AnyPolicy> {
+///     let policy = match flag {
+///         "fixed" => AnyPolicy::from(FixedCapacity::new(64)),
+///         _ => AnyPolicy::timed(FixedTime::new(Duration::from_secs(2))),
+///     };
+///     DecayingPool::new(CheckingAllocator::new(), policy)
+/// }
+/// let mut fixed = pool_for("fixed");
+/// let mut timed = pool_for("ttl");
+/// for pool in [&mut fixed, &mut timed] {
+///     let b = pool.allocate(100)?;
+///     unsafe { pool.release(b, 100) };
+///     assert_eq!(pool.stats().blocks_cached, 1);
+/// }
+/// # Ok(())
+/// # }
+/// ```
+pub enum AnyPolicy {
+    /// A timed policy ([`FixedTime`], [`Exponential`], your own), boxed.
+    Timed(BoxedPolicy),
+    /// A fixed table of slots.
+    Fixed(FixedCapacity),
+}
+
+impl AnyPolicy {
+    /// Boxes a timed policy.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use decaying_pool::{policy::AnyPolicy, FixedTime};
+    /// assert!(matches!(AnyPolicy::timed(FixedTime::default()), AnyPolicy::Timed(_)));
+    /// ```
+    pub fn timed(policy: impl EvictionPolicy + Send + 'static) -> Self {
+        AnyPolicy::Timed(Box::new(policy))
+    }
+}
+
+impl From<FixedCapacity> for AnyPolicy {
+    fn from(policy: FixedCapacity) -> Self {
+        AnyPolicy::Fixed(policy)
+    }
+}
+
+impl From<BoxedPolicy> for AnyPolicy {
+    fn from(policy: BoxedPolicy) -> Self {
+        AnyPolicy::Timed(policy)
+    }
+}
+
+impl core::fmt::Debug for AnyPolicy {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            AnyPolicy::Timed(_) => f.write_str("AnyPolicy::Timed(..)"),
+            AnyPolicy::Fixed(p) => f.debug_tuple("AnyPolicy::Fixed").field(p).finish(),
+        }
     }
 }
 
@@ -184,6 +360,8 @@ pub trait EvictionPolicy {
 /// # Examples
 ///
 /// ```
+/// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+/// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// use core::time::Duration;
 /// use decaying_pool::testing::CheckingAllocator;
 /// use decaying_pool::{DecayingPool, FixedTime, ManualClock};
@@ -199,6 +377,8 @@ pub trait EvictionPolicy {
 /// assert_eq!(pool.collect(), 0);
 /// clock.advance(Duration::from_millis(1));
 /// assert_eq!(pool.collect(), 1);
+/// # Ok(())
+/// # }
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct FixedTime {
@@ -292,6 +472,8 @@ impl EvictionPolicy for FixedTime {
 /// # Examples
 ///
 /// ```
+/// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+/// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// use core::time::Duration;
 /// use decaying_pool::testing::CheckingAllocator;
 /// use decaying_pool::{DecayingPool, Exponential, ManualClock};
@@ -311,6 +493,8 @@ impl EvictionPolicy for FixedTime {
 /// clock.advance(Duration::from_secs(1));
 /// pool.collect();
 /// assert_eq!(pool.stats().blocks_cached, 2);
+/// # Ok(())
+/// # }
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Exponential {
@@ -428,9 +612,38 @@ impl EvictionPolicy for Exponential {
 /// worst case. `collect` is a no-op; `trim` empties the table;
 /// `FixedCapacity::new(0)` caches nothing.
 ///
+/// # Blocks of one size
+///
+/// `slots` bounds the whole table; the window bounds each size class: at
+/// most [`max_per_size`](Self::max_per_size) blocks of one class are
+/// cached, by default `min(slots, WINDOW)` = 8. A 24th block of a size
+/// released into `FixedCapacity::new(256)` evicts that class's oldest.
+/// When a workload keeps many buffers of the same shape, raise the bound
+/// with [`per_size`](Self::per_size) (each operation scans that many slots):
+///
+/// ```
+/// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+/// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// use decaying_pool::testing::CheckingAllocator;
+/// use decaying_pool::{DecayingPool, FixedCapacity};
+///
+/// let policy = FixedCapacity::new(256).per_size(32);
+/// assert_eq!(policy.max_per_size(), 32);
+/// let mut pool = DecayingPool::new(CheckingAllocator::new(), policy);
+/// let blocks: Vec<_> = (0..24).map(|_| pool.allocate(1 << 20).unwrap()).collect();
+/// for b in blocks {
+///     unsafe { pool.release(b, 1 << 20) };
+/// }
+/// assert_eq!((pool.stats().blocks_cached, pool.stats().evictions), (24, 0));
+/// # Ok(())
+/// # }
+/// ```
+///
 /// # Examples
 ///
 /// ```
+/// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+/// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// use decaying_pool::testing::CheckingAllocator;
 /// use decaying_pool::{DecayingPool, FixedCapacity};
 ///
@@ -441,15 +654,19 @@ impl EvictionPolicy for Exponential {
 /// }
 /// let s = pool.stats();
 /// assert_eq!((s.blocks_cached, s.evictions), (2, 1));
+/// # Ok(())
+/// # }
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct FixedCapacity {
     slots: usize,
+    per_size: usize,
 }
 
 impl FixedCapacity {
-    /// The longest probe window: a class's blocks live within this many
-    /// slots of its home slot.
+    /// The default probe window: a class's blocks live within this many
+    /// slots of its home slot, so at most this many blocks of one size are
+    /// cached unless [`per_size`](Self::per_size) says otherwise.
     pub const WINDOW: usize = 8;
 
     /// The most entries a table may have: 2^20 (1,048,576), a table of
@@ -474,7 +691,10 @@ impl FixedCapacity {
         } else {
             slots
         };
-        FixedCapacity { slots }
+        FixedCapacity {
+            slots,
+            per_size: Self::WINDOW,
+        }
     }
 
     /// A table of `slots` entries.
@@ -494,7 +714,10 @@ impl FixedCapacity {
         if slots > Self::MAX_SLOTS {
             Err(TooManySlots { requested: slots })
         } else {
-            Ok(FixedCapacity { slots })
+            Ok(FixedCapacity {
+                slots,
+                per_size: Self::WINDOW,
+            })
         }
     }
 
@@ -507,6 +730,46 @@ impl FixedCapacity {
     /// ```
     pub const fn slots(&self) -> usize {
         self.slots
+    }
+
+    /// Sets the most blocks of one size class the table holds: its probe
+    /// window, [`WINDOW`](Self::WINDOW) (8) by default, at least 1 and at
+    /// most `slots` (clamped). Every allocate and release scans this many
+    /// slots, so it is a cost as well as a bound.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use decaying_pool::FixedCapacity;
+    /// assert_eq!(FixedCapacity::new(256).max_per_size(), 8);
+    /// assert_eq!(FixedCapacity::new(256).per_size(24).max_per_size(), 24);
+    /// assert_eq!(FixedCapacity::new(16).per_size(24).max_per_size(), 16);
+    /// assert_eq!(FixedCapacity::new(16).per_size(0).max_per_size(), 1);
+    /// ```
+    #[must_use]
+    pub const fn per_size(self, blocks: usize) -> Self {
+        FixedCapacity {
+            slots: self.slots,
+            per_size: if blocks == 0 { 1 } else { blocks },
+        }
+    }
+
+    /// The most blocks of one size class the table holds:
+    /// `min(slots, per_size)` (see [`per_size`](Self::per_size)).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use decaying_pool::FixedCapacity;
+    /// assert_eq!(FixedCapacity::new(4).max_per_size(), 4);
+    /// assert_eq!(FixedCapacity::new(1024).max_per_size(), FixedCapacity::WINDOW);
+    /// ```
+    pub const fn max_per_size(&self) -> usize {
+        if self.per_size < self.slots {
+            self.per_size
+        } else {
+            self.slots
+        }
     }
 }
 
@@ -573,6 +836,19 @@ impl Policy for FixedCapacity {
     type Store<B> = FixedStore<B>;
 
     fn into_store<B>(self, reuse: Reuse) -> Self::Store<B> {
-        FixedStore::new(self.slots, reuse)
+        FixedStore::new(self.slots, self.per_size, reuse)
+    }
+}
+
+impl sealed::Sealed for AnyPolicy {}
+
+impl Policy for AnyPolicy {
+    type Store<B> = AnyStore<B>;
+
+    fn into_store<B>(self, reuse: Reuse) -> Self::Store<B> {
+        match self {
+            AnyPolicy::Timed(p) => AnyStore::Timed(TimedStore::new(p, reuse)),
+            AnyPolicy::Fixed(p) => AnyStore::Fixed(p.into_store(reuse)),
+        }
     }
 }

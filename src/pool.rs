@@ -7,9 +7,10 @@ use crate::cache::{Cache, FirstPanic, Retry};
 use crate::class::SizeClass;
 use crate::clock::{Clock, MonotonicClock};
 use crate::error::PoolError;
+use crate::observe::{Event, Extras, Observer, Reason};
 use crate::policy::{FixedTime, Policy, Reuse};
-use crate::raw::RawAllocator;
-use crate::stats::Stats;
+use crate::raw::{RawAllocator, SendBlock};
+use crate::stats::{ClassStats, Stats};
 
 /// A caching allocator in front of a costly [`RawAllocator`], whose idle
 /// blocks decay back to it.
@@ -63,11 +64,29 @@ pub struct DecayingPool<A: RawAllocator, P: Policy = FixedTime, C: Clock = Monot
     cache: Cache<A::Block, P, C>,
 }
 
+// SAFETY: a pool owns its allocator, policy and clock (each `Send`) and the
+// blocks it caches; `SendBlock` says a block may move to another thread and
+// be given back to the allocator from there. The pool keeps no thread-local
+// state and no reference shared with another owner (the `Cell` used while
+// dropping lives on the stack of `drop`), so moving the whole pool moves
+// everything it reaches. It is not `Sync`: every method that touches the
+// cache takes `&mut self`, or reads plain counters.
+unsafe impl<A, P, C> Send for DecayingPool<A, P, C>
+where
+    A: RawAllocator + Send,
+    A::Block: SendBlock,
+    P: Policy + Send,
+    C: Clock + Send,
+{
+}
+
 /// Configures a [`DecayingPool`]; from [`DecayingPool::builder`].
 ///
 /// # Examples
 ///
 /// ```
+/// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+/// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// use core::time::Duration;
 /// use decaying_pool::testing::CheckingAllocator;
 /// use decaying_pool::{DecayingPool, Exponential, ManualClock, Reuse, SizeClass};
@@ -82,6 +101,8 @@ pub struct DecayingPool<A: RawAllocator, P: Policy = FixedTime, C: Clock = Monot
 ///     .build();
 /// assert_eq!(pool.class_size(3000), Some(4096));
 /// assert_eq!(pool.limit(), Some(8 << 30));
+/// # Ok(())
+/// # }
 /// ```
 #[must_use = "a builder does nothing until `build` is called"]
 pub struct Builder<A, P = FixedTime, C = MonotonicClock> {
@@ -91,6 +112,8 @@ pub struct Builder<A, P = FixedTime, C = MonotonicClock> {
     size_class: SizeClass,
     reuse: Reuse,
     limit: Option<usize>,
+    observer: Option<Observer>,
+    by_class: bool,
 }
 
 impl<A, P, C> Builder<A, P, C> {
@@ -99,9 +122,13 @@ impl<A, P, C> Builder<A, P, C> {
     /// # Examples
     ///
     /// ```
+    /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+    /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, FixedCapacity};
     /// let pool = DecayingPool::builder(CheckingAllocator::new()).policy(FixedCapacity::new(16)).build();
     /// # drop(pool);
+    /// # Ok(())
+    /// # }
     /// ```
     pub fn policy<Q: Policy>(self, policy: Q) -> Builder<A, Q, C> {
         Builder {
@@ -111,6 +138,8 @@ impl<A, P, C> Builder<A, P, C> {
             size_class: self.size_class,
             reuse: self.reuse,
             limit: self.limit,
+            observer: self.observer,
+            by_class: self.by_class,
         }
     }
 
@@ -119,10 +148,14 @@ impl<A, P, C> Builder<A, P, C> {
     /// # Examples
     ///
     /// ```
+    /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+    /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, ManualClock};
     /// let clock = ManualClock::new();
     /// let pool = DecayingPool::builder(CheckingAllocator::new()).clock(clock.clone()).build();
     /// # drop(pool);
+    /// # Ok(())
+    /// # }
     /// ```
     pub fn clock<D: Clock>(self, clock: D) -> Builder<A, P, D> {
         Builder {
@@ -132,6 +165,8 @@ impl<A, P, C> Builder<A, P, C> {
             size_class: self.size_class,
             reuse: self.reuse,
             limit: self.limit,
+            observer: self.observer,
+            by_class: self.by_class,
         }
     }
 
@@ -140,9 +175,13 @@ impl<A, P, C> Builder<A, P, C> {
     /// # Examples
     ///
     /// ```
+    /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+    /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, SizeClass};
     /// let pool = DecayingPool::builder(CheckingAllocator::new()).size_class(SizeClass::Multiple(512)).build();
     /// assert_eq!(pool.class_size(1), Some(512));
+    /// # Ok(())
+    /// # }
     /// ```
     pub fn size_class(mut self, size_class: SizeClass) -> Self {
         self.size_class = size_class;
@@ -154,9 +193,13 @@ impl<A, P, C> Builder<A, P, C> {
     /// # Examples
     ///
     /// ```
+    /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+    /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, Reuse};
     /// let pool = DecayingPool::builder(CheckingAllocator::new()).reuse(Reuse::Fifo).build();
     /// assert_eq!(pool.reuse(), Reuse::Fifo);
+    /// # Ok(())
+    /// # }
     /// ```
     pub fn reuse(mut self, reuse: Reuse) -> Self {
         self.reuse = reuse;
@@ -169,12 +212,78 @@ impl<A, P, C> Builder<A, P, C> {
     /// # Examples
     ///
     /// ```
+    /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+    /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, PoolError};
     /// let mut pool = DecayingPool::builder(CheckingAllocator::new()).limit(1000).build();
     /// assert!(matches!(pool.allocate(1001), Err(PoolError::LimitExceeded { .. })));
+    /// # Ok(())
+    /// # }
     /// ```
     pub fn limit(mut self, bytes: usize) -> Self {
         self.limit = Some(bytes);
+        self
+    }
+
+    /// A callback told of every block the pool gives back to the backing
+    /// allocator, with its size and [`Reason`], and of every failed backing
+    /// allocation ([`Event`]): moka's eviction listener, RMM's failure
+    /// callback. Default: none, and a pool without one pays nothing for it
+    /// on the hit path (the release path tests one pointer).
+    ///
+    /// The callback runs inside the pool's call (for a
+    /// [`SharedPool`](crate::SharedPool), under its cache lock): keep it
+    /// short, and do not call the pool from it. A `Freed` event comes after
+    /// the backing `deallocate` returned (a `SharedPool` deallocates once
+    /// its cache lock is released: there the event comes just before). A panic in the callback is passed
+    /// on like a panic of the backing allocator (the pool loses no block
+    /// and its counters stay true); if it panics while the pool drops, the
+    /// frees left are made without telling it.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+    /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use std::sync::{Arc, Mutex};
+    /// use decaying_pool::testing::CheckingAllocator;
+    /// use decaying_pool::{DecayingPool, Event, Reason};
+    ///
+    /// let seen = Arc::new(Mutex::new(Vec::new()));
+    /// let log = seen.clone();
+    /// let mut pool = DecayingPool::builder(CheckingAllocator::new())
+    ///     .observer(move |e: Event| log.lock().unwrap().push(e))
+    ///     .build();
+    /// let b = pool.allocate(4096)?;
+    /// unsafe { pool.release(b, 4096) };
+    /// pool.trim();
+    /// assert_eq!(*seen.lock().unwrap(), [Event::Freed { size: 4096, reason: Reason::Trimmed }]);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn observer(mut self, observer: impl FnMut(Event) + Send + 'static) -> Self {
+        self.observer = Some(Observer::new(observer));
+        self
+    }
+
+    /// Whether to keep statistics by size class
+    /// ([`DecayingPool::class_stats`]; default: no). They cost a table
+    /// lookup on every release (hits are derived from releases, frees and
+    /// what is cached), so they are opt-in.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+    /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use decaying_pool::{testing::CheckingAllocator, DecayingPool};
+    /// let pool = DecayingPool::builder(CheckingAllocator::new()).class_stats(true).build();
+    /// assert_eq!(pool.class_stats(), Some(vec![]));
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn class_stats(mut self, keep: bool) -> Self {
+        self.by_class = keep;
         self
     }
 }
@@ -185,9 +294,13 @@ impl<A: RawAllocator, P: Policy, C: Clock> Builder<A, P, C> {
     /// # Examples
     ///
     /// ```
+    /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+    /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool};
     /// let pool = DecayingPool::builder(CheckingAllocator::new()).build();
     /// assert_eq!(pool.stats().bytes_reserved, 0);
+    /// # Ok(())
+    /// # }
     /// ```
     pub fn build(self) -> DecayingPool<A, P, C> {
         DecayingPool {
@@ -198,6 +311,7 @@ impl<A: RawAllocator, P: Policy, C: Clock> Builder<A, P, C> {
                 self.size_class,
                 self.reuse,
                 self.limit,
+                Extras::new(self.observer, self.by_class),
             ),
         }
     }
@@ -224,6 +338,8 @@ impl<A: RawAllocator> DecayingPool<A, FixedTime, MonotonicClock> {
             size_class: SizeClass::Exact,
             reuse: Reuse::Lifo,
             limit: None,
+            observer: None,
+            by_class: false,
         }
     }
 }
@@ -278,10 +394,14 @@ impl<A: RawAllocator, P: Policy, C: Clock> DecayingPool<A, P, C> {
     /// # Examples
     ///
     /// ```
+    /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+    /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, FixedTime};
     /// let mut pool = DecayingPool::new(CheckingAllocator::new(), FixedTime::default());
     /// let b = pool.allocate(256).unwrap();
     /// unsafe { pool.release(b, 256) };
+    /// # Ok(())
+    /// # }
     /// ```
     // Always inlined: the hit path is short and a call would cost a good
     // share of it; the miss path is a separate function.
@@ -296,7 +416,7 @@ impl<A: RawAllocator, P: Policy, C: Clock> DecayingPool<A, P, C> {
         let now = cache.now();
         cache.run_policy(now, free);
         let class = cache.class_of(size)?;
-        if let Some(block) = cache.take(class, now) {
+        if let Some(block) = cache.take(size, class, now) {
             return Ok(block);
         }
         self.miss(size, class, now)
@@ -331,12 +451,16 @@ impl<A: RawAllocator, P: Policy, C: Clock> DecayingPool<A, P, C> {
     /// # Examples
     ///
     /// ```
+    /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+    /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, FixedTime};
     /// let mut pool = DecayingPool::new(CheckingAllocator::new(), FixedTime::default());
     /// let b = pool.allocate(100).unwrap();
     /// // SAFETY: `b` came from `pool.allocate(100)` and is not used again.
     /// unsafe { pool.release(b, 100) };
     /// assert_eq!(pool.stats().blocks_cached, 1);
+    /// # Ok(())
+    /// # }
     /// ```
     #[inline(always)]
     pub unsafe fn release(&mut self, block: A::Block, size: usize) {
@@ -357,6 +481,8 @@ impl<A: RawAllocator, P: Policy, C: Clock> DecayingPool<A, P, C> {
     /// # Examples
     ///
     /// ```
+    /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+    /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use core::time::Duration;
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, FixedTime, ManualClock};
     /// let clock = ManualClock::new();
@@ -369,11 +495,13 @@ impl<A: RawAllocator, P: Policy, C: Clock> DecayingPool<A, P, C> {
     /// clock.advance(Duration::from_secs(1));
     /// assert_eq!(pool.collect(), 1);
     /// assert_eq!(pool.stats().backing_deallocs, 1);
+    /// # Ok(())
+    /// # }
     /// ```
     pub fn collect(&mut self) -> usize {
         let Self { alloc, cache } = self;
         let now = cache.now();
-        cache.run_policy(now, &mut |block, class| {
+        cache.collect(now, &mut |block, class| {
             // SAFETY: as in `allocate`.
             unsafe { alloc.deallocate(block, class) }
         })
@@ -385,17 +513,21 @@ impl<A: RawAllocator, P: Policy, C: Clock> DecayingPool<A, P, C> {
     /// # Examples
     ///
     /// ```
+    /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+    /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, FixedTime};
     /// let mut pool = DecayingPool::new(CheckingAllocator::new(), FixedTime::default());
     /// let (a, b) = (pool.allocate(100).unwrap(), pool.allocate(200).unwrap());
     /// unsafe { pool.release(a, 100); pool.release(b, 200) };
     /// assert_eq!(pool.trim(), 300);
     /// assert_eq!(pool.stats().trimmed, 2);
+    /// # Ok(())
+    /// # }
     /// ```
     pub fn trim(&mut self) -> usize {
         let Self { alloc, cache } = self;
         let now = cache.now();
-        cache.trim_all(now, &mut |block, class| {
+        cache.trim_all(now, Reason::Trimmed, &mut |block, class| {
             // SAFETY: as in `allocate`.
             unsafe { alloc.deallocate(block, class) }
         })
@@ -406,12 +538,107 @@ impl<A: RawAllocator, P: Policy, C: Clock> DecayingPool<A, P, C> {
     /// # Examples
     ///
     /// ```
+    /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+    /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, FixedTime};
     /// let pool = DecayingPool::new(CheckingAllocator::new(), FixedTime::default());
     /// assert_eq!(pool.stats(), decaying_pool::Stats::default());
+    /// # Ok(())
+    /// # }
     /// ```
     pub fn stats(&self) -> Stats {
         self.cache.stats()
+    }
+
+    /// Changes the byte limit (`None`: no limit); returns the bytes freed.
+    ///
+    /// Lowering it frees cached blocks, oldest first, until the bytes
+    /// reserved fit under the new limit (each told to the observer as
+    /// [`Reason::Limit`]). When the blocks in use alone exceed it, the
+    /// cache is emptied and every miss fails with
+    /// [`PoolError::LimitExceeded`] until enough of them are released; the
+    /// blocks released meanwhile are cached (hits still work), and the
+    /// next miss that needs the room frees them.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+    /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, FixedTime, PoolError};
+    /// let mut pool = DecayingPool::new(CheckingAllocator::new(), FixedTime::default());
+    /// let (a, b) = (pool.allocate(100)?, pool.allocate(200)?);
+    /// unsafe { pool.release(a, 100) }; // cached, the oldest
+    /// assert_eq!(pool.set_limit(Some(250)), 100);
+    /// assert_eq!(pool.stats().bytes_reserved, 200);
+    /// assert!(matches!(pool.allocate(100), Err(PoolError::LimitExceeded { .. })));
+    /// unsafe { pool.release(b, 200) };
+    /// let c = pool.allocate(100)?; // fits now: frees the cached 200 first
+    /// assert_eq!(pool.stats().bytes_reserved, 100);
+    /// # unsafe { pool.release(c, 100) };
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn set_limit(&mut self, limit: Option<usize>) -> usize {
+        let Self { alloc, cache } = self;
+        let now = cache.now();
+        cache.set_limit(limit, now, &mut |block, class| {
+            // SAFETY: as in `allocate`.
+            unsafe { alloc.deallocate(block, class) }
+        })
+    }
+
+    /// Sets every peak ([`Stats::peak_bytes_reserved`],
+    /// [`Stats::peak_bytes_in_use`]) to its current value, to measure the
+    /// peak of a phase (as `torch.cuda.reset_peak_memory_stats`).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+    /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, FixedTime};
+    /// let mut pool = DecayingPool::new(CheckingAllocator::new(), FixedTime::default());
+    /// let b = pool.allocate(1000)?;
+    /// unsafe { pool.release(b, 1000) };
+    /// pool.reset_peaks();
+    /// let s = pool.stats();
+    /// assert_eq!((s.peak_bytes_reserved, s.peak_bytes_in_use), (1000, 0));
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn reset_peaks(&mut self) {
+        self.cache.reset_peaks();
+    }
+
+    /// The statistics by size class, in the order the classes were first
+    /// seen; `None` unless the pool was built with
+    /// [`Builder::class_stats`]. What to look at to pick a size-class rule
+    /// or a limit.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+    /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, SizeClass};
+    /// let mut pool = DecayingPool::builder(CheckingAllocator::new())
+    ///     .size_class(SizeClass::PowerOfTwo)
+    ///     .class_stats(true)
+    ///     .build();
+    /// let a = pool.allocate(3000)?;
+    /// let b = pool.allocate(100)?;
+    /// unsafe { pool.release(a, 3000) };
+    /// let classes = pool.class_stats().unwrap();
+    /// let sizes: Vec<_> = classes.iter().map(|c| c.size).collect();
+    /// assert_eq!(sizes, [4096, 128]);
+    /// assert_eq!((classes[0].blocks_cached, classes[1].blocks_in_use), (1, 1));
+    /// # unsafe { pool.release(b, 100) };
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn class_stats(&self) -> Option<Vec<ClassStats>> {
+        self.cache.class_stats()
     }
 
     /// The class size a request of `size` bytes is served with, or `None`
@@ -420,10 +647,14 @@ impl<A: RawAllocator, P: Policy, C: Clock> DecayingPool<A, P, C> {
     /// # Examples
     ///
     /// ```
+    /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+    /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, SizeClass};
     /// let pool = DecayingPool::builder(CheckingAllocator::new()).size_class(SizeClass::PowerOfTwo).build();
     /// assert_eq!(pool.class_size(1025), Some(2048));
     /// assert_eq!(pool.class_size(0), None);
+    /// # Ok(())
+    /// # }
     /// ```
     pub fn class_size(&self, size: usize) -> Option<usize> {
         self.cache.size_class().round(size)
@@ -434,11 +665,15 @@ impl<A: RawAllocator, P: Policy, C: Clock> DecayingPool<A, P, C> {
     /// # Examples
     ///
     /// ```
+    /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+    /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, FixedTime};
     /// let mut pool = DecayingPool::new(CheckingAllocator::new(), FixedTime::default());
     /// let b = pool.allocate(8).unwrap();
     /// assert_eq!(pool.allocator().allocs(), 1);
     /// unsafe { pool.release(b, 8) };
+    /// # Ok(())
+    /// # }
     /// ```
     pub fn allocator(&self) -> &A {
         &self.alloc
@@ -449,9 +684,13 @@ impl<A: RawAllocator, P: Policy, C: Clock> DecayingPool<A, P, C> {
     /// # Examples
     ///
     /// ```
+    /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+    /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, FixedTime, SizeClass};
     /// let pool = DecayingPool::new(CheckingAllocator::new(), FixedTime::default());
     /// assert_eq!(pool.size_class(), SizeClass::Exact);
+    /// # Ok(())
+    /// # }
     /// ```
     pub fn size_class(&self) -> SizeClass {
         self.cache.size_class()
@@ -462,9 +701,13 @@ impl<A: RawAllocator, P: Policy, C: Clock> DecayingPool<A, P, C> {
     /// # Examples
     ///
     /// ```
+    /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+    /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, FixedTime, Reuse};
     /// let pool = DecayingPool::new(CheckingAllocator::new(), FixedTime::default());
     /// assert_eq!(pool.reuse(), Reuse::Lifo);
+    /// # Ok(())
+    /// # }
     /// ```
     pub fn reuse(&self) -> Reuse {
         self.cache.reuse()
@@ -475,9 +718,13 @@ impl<A: RawAllocator, P: Policy, C: Clock> DecayingPool<A, P, C> {
     /// # Examples
     ///
     /// ```
+    /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+    /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, FixedTime};
     /// let pool = DecayingPool::new(CheckingAllocator::new(), FixedTime::default());
     /// assert_eq!(pool.limit(), None);
+    /// # Ok(())
+    /// # }
     /// ```
     pub fn limit(&self) -> Option<usize> {
         self.cache.limit()
@@ -488,10 +735,14 @@ impl<A: RawAllocator, P: Policy, C: Clock> DecayingPool<A, P, C> {
     /// # Examples
     ///
     /// ```
+    /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+    /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use decaying_pool::{testing::CheckingAllocator, Clock, DecayingPool, ManualClock};
     /// let clock = ManualClock::new();
     /// let pool = DecayingPool::builder(CheckingAllocator::new()).clock(clock.clone()).build();
     /// assert_eq!(pool.clock().now(), clock.now());
+    /// # Ok(())
+    /// # }
     /// ```
     pub fn clock(&self) -> &C {
         self.cache.clock()
@@ -507,12 +758,16 @@ impl<A: RawAllocator, P: Policy, C: Clock> DecayingPool<A, P, C> {
     /// # Examples
     ///
     /// ```
+    /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+    /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, FixedTime};
     /// let mut pool = DecayingPool::new(CheckingAllocator::new(), FixedTime::default());
     /// let b = pool.allocate(8).unwrap();
     /// pool.validate();
     /// unsafe { pool.release(b, 8) };
     /// pool.validate();
+    /// # Ok(())
+    /// # }
     /// ```
     #[cfg(any(test, feature = "testing"))]
     pub fn validate(&self) {
@@ -576,7 +831,7 @@ impl<A: RawAllocator, P: Policy, C: Clock> DecayingPool<A, P, C> {
         loop {
             let err = match alloc.allocate(class) {
                 Ok(block) => {
-                    booking.settle().miss_done(class);
+                    booking.settle().miss_done(size, class);
                     return Ok(block);
                 }
                 Err(e) => e,

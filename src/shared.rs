@@ -26,11 +26,12 @@ use std::thread::{self, JoinHandle};
 use crate::cache::{Cache, Retry};
 use crate::clock::{Clock, MonotonicClock};
 use crate::error::PoolError;
+use crate::observe::Reason;
 use crate::packing::{Packable, PackedPool, PackingStats};
 use crate::policy::{FixedTime, Policy};
 use crate::pool::DecayingPool;
 use crate::raw::{RawAllocator, SendBlock};
-use crate::stats::Stats;
+use crate::stats::{ClassStats, Stats};
 
 /// A thread-safe, cheaply cloneable handle to a [`DecayingPool`].
 ///
@@ -224,7 +225,7 @@ type Frees<B> = Vec<(B, usize)>;
 /// What the cache decided for an `allocate`.
 enum Step<B> {
     Hit(B),
-    Miss { class: usize, now: u64 },
+    Miss { size: usize, class: usize, now: u64 },
 }
 
 fn recover<T>(r: Result<T, PoisonError<T>>) -> T {
@@ -310,11 +311,11 @@ impl<A: RawAllocator, P: Policy, C: Clock> Inner<A, P, C> {
                 let now = cache.now();
                 cache.run_policy(now, free);
                 let class = cache.class_of(size)?;
-                if let Some(block) = cache.take(class, now) {
+                if let Some(block) = cache.take(size, class, now) {
                     return Ok(Step::Hit(block));
                 }
                 cache.make_room(size, class, now, free)?;
-                Ok(Step::Miss { class, now })
+                Ok(Step::Miss { size, class, now })
             })
         }));
         let freed = catch_unwind(AssertUnwindSafe(|| self.deallocate(frees)));
@@ -341,14 +342,14 @@ impl<A: RawAllocator, P: Policy, C: Clock> Inner<A, P, C> {
         }
         match step? {
             Step::Hit(block) => Ok(block),
-            Step::Miss { class, now } => self.miss(class, now),
+            Step::Miss { size, class, now } => self.miss(size, class, now),
         }
     }
 
     /// A miss whose class is booked: the backing calls and the retry
     /// ladder, with the cache lock released around every backing call.
     #[inline(never)]
-    fn miss(&self, class: usize, now: u64) -> Result<A::Block, PoolError<A::Error>> {
+    fn miss(&self, size: usize, class: usize, now: u64) -> Result<A::Block, PoolError<A::Error>> {
         /// Drops the booking if the backing allocator panics.
         struct Booking<'a, A: RawAllocator, P: Policy, C: Clock> {
             inner: &'a Inner<A, P, C>,
@@ -365,7 +366,7 @@ impl<A: RawAllocator, P: Policy, C: Clock> Inner<A, P, C> {
             let err = match self.alloc(|alloc| alloc.allocate(class)) {
                 Ok(block) => {
                     core::mem::forget(booking);
-                    self.cache(|cache| cache.miss_done(class));
+                    self.cache(|cache| cache.miss_done(size, class));
                     return Ok(block);
                 }
                 Err(e) => e,
@@ -398,7 +399,14 @@ impl<A: RawAllocator, P: Policy, C: Clock> Inner<A, P, C> {
         }
         self.cache_then_free(|cache, free| {
             let now = cache.now();
-            cache.run_policy(now, free)
+            cache.collect(now, free)
+        })
+    }
+
+    fn set_limit(&self, limit: Option<usize>) -> usize {
+        self.cache_then_free(|cache, free| {
+            let now = cache.now();
+            cache.set_limit(limit, now, free)
         })
     }
 
@@ -408,7 +416,7 @@ impl<A: RawAllocator, P: Policy, C: Clock> Inner<A, P, C> {
         }
         self.cache_then_free(|cache, free| {
             let now = cache.now();
-            cache.trim_all(now, free)
+            cache.trim_all(now, Reason::Trimmed, free)
         })
     }
 }
@@ -430,9 +438,13 @@ impl<A: RawAllocator, P: Policy, C: Clock> SharedPool<A, P, C> {
     /// # Examples
     ///
     /// ```
+    /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+    /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, FixedTime, SharedPool};
     /// let pool = SharedPool::new(DecayingPool::new(CheckingAllocator::new(), FixedTime::default()));
     /// assert_eq!(pool.stats().bytes_reserved, 0);
+    /// # Ok(())
+    /// # }
     /// ```
     pub fn new(pool: DecayingPool<A, P, C>) -> Self {
         let (alloc, cache) = pool.into_parts();
@@ -588,6 +600,8 @@ impl<A: RawAllocator, P: Policy, C: Clock> SharedPool<A, P, C> {
     /// # Examples
     ///
     /// ```
+    /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+    /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, FixedTime, PoolError, SharedPool};
     /// let pool = SharedPool::new(DecayingPool::new(CheckingAllocator::new(), FixedTime::default()));
     /// let block = pool.allocate(100)?;
@@ -596,7 +610,8 @@ impl<A: RawAllocator, P: Policy, C: Clock> SharedPool<A, P, C> {
     /// drop(block);
     /// assert_eq!(pool.stats().blocks_cached, 1);
     /// assert!(matches!(pool.allocate(0), Err(PoolError::ZeroSize)));
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # Ok(())
+    /// # }
     /// ```
     pub fn allocate(&self, size: usize) -> Result<Pooled<A, P, C>, PoolError<A::Error>> {
         let block = self.inner.allocate(size)?;
@@ -612,12 +627,15 @@ impl<A: RawAllocator, P: Policy, C: Clock> SharedPool<A, P, C> {
     /// # Examples
     ///
     /// ```
+    /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+    /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, FixedTime, SharedPool};
     /// let pool = SharedPool::new(DecayingPool::new(CheckingAllocator::new(), FixedTime::default()));
     /// let b = pool.allocate(64)?;
     /// assert_eq!(pool.stats().bytes_in_use, 64);
     /// # drop(b);
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # Ok(())
+    /// # }
     /// ```
     pub fn stats(&self) -> Stats {
         if let Some(stats) = self.inner.packed(|p| p.stats()) {
@@ -632,6 +650,8 @@ impl<A: RawAllocator, P: Policy, C: Clock> SharedPool<A, P, C> {
     /// # Examples
     ///
     /// ```
+    /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+    /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use core::time::Duration;
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, FixedTime, ManualClock, SharedPool};
     /// let clock = ManualClock::new();
@@ -644,7 +664,8 @@ impl<A: RawAllocator, P: Policy, C: Clock> SharedPool<A, P, C> {
     /// drop(pool.allocate(64)?);
     /// clock.advance(Duration::from_secs(1));
     /// assert_eq!(pool.collect(), 1);
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # Ok(())
+    /// # }
     /// ```
     pub fn collect(&self) -> usize {
         self.inner.collect()
@@ -656,15 +677,94 @@ impl<A: RawAllocator, P: Policy, C: Clock> SharedPool<A, P, C> {
     /// # Examples
     ///
     /// ```
+    /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+    /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, FixedTime, SharedPool};
     /// let pool = SharedPool::new(DecayingPool::new(CheckingAllocator::new(), FixedTime::default()));
     /// drop(pool.allocate(64)?);
     /// assert_eq!(pool.trim(), 64);
     /// assert_eq!(pool.stats().bytes_reserved, 0);
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # Ok(())
+    /// # }
     /// ```
     pub fn trim(&self) -> usize {
         self.inner.trim()
+    }
+
+    /// Changes the byte limit ([`DecayingPool::set_limit`]); the blocks
+    /// freed are deallocated outside the cache lock. Returns the bytes
+    /// freed.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+    /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, FixedTime, SharedPool};
+    /// let pool = SharedPool::new(DecayingPool::new(CheckingAllocator::new(), FixedTime::default()));
+    /// drop(pool.allocate(4096)?);
+    /// assert_eq!(pool.set_limit(Some(1024)), 4096);
+    /// assert_eq!(pool.limit(), Some(1024));
+    /// assert!(pool.allocate(4096).is_err());
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn set_limit(&self, limit: Option<usize>) -> usize {
+        self.inner.set_limit(limit)
+    }
+
+    /// The byte limit, if any ([`DecayingPool::limit`]).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+    /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, FixedTime, SharedPool};
+    /// let pool = SharedPool::new(DecayingPool::new(CheckingAllocator::new(), FixedTime::default()));
+    /// assert_eq!(pool.limit(), None);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn limit(&self) -> Option<usize> {
+        self.inner.cache(|cache| cache.limit())
+    }
+
+    /// Sets every peak to its current value ([`DecayingPool::reset_peaks`]).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+    /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, FixedTime, SharedPool};
+    /// let pool = SharedPool::new(DecayingPool::new(CheckingAllocator::new(), FixedTime::default()));
+    /// drop(pool.allocate(4096)?);
+    /// pool.reset_peaks();
+    /// assert_eq!(pool.stats().peak_bytes_in_use, 0);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn reset_peaks(&self) {
+        self.inner.cache(|cache| cache.reset_peaks());
+    }
+
+    /// The statistics by size class ([`DecayingPool::class_stats`]).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+    /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, SharedPool};
+    /// let pool = SharedPool::new(DecayingPool::builder(CheckingAllocator::new()).class_stats(true).build());
+    /// drop(pool.allocate(64)?);
+    /// assert_eq!(pool.class_stats().unwrap()[0].blocks_cached, 1);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn class_stats(&self) -> Option<Vec<ClassStats>> {
+        self.inner.cache(|cache| cache.class_stats())
     }
 
     /// Runs `f` on the whole pool, with both locks held, for anything this
@@ -694,6 +794,8 @@ impl<A: RawAllocator, P: Policy, C: Clock> SharedPool<A, P, C> {
     /// # Examples
     ///
     /// ```
+    /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+    /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, FixedTime, SharedPool};
     /// let pool = SharedPool::new(
     ///     DecayingPool::builder(CheckingAllocator::new()).limit(1 << 20).build(),
@@ -705,7 +807,8 @@ impl<A: RawAllocator, P: Policy, C: Clock> SharedPool<A, P, C> {
     /// // SAFETY: `raw` came from this pool with 64 bytes and is not used again.
     /// pool.with(|p| unsafe { p.release(raw, 64) });
     /// assert_eq!(pool.stats().blocks_cached, 1);
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # Ok(())
+    /// # }
     /// ```
     pub fn with<R>(&self, f: impl FnOnce(&mut LockedPool<'_, A, P, C>) -> R) -> R {
         assert!(
@@ -734,11 +837,15 @@ impl<A: RawAllocator, P: Policy, C: Clock> SharedPool<A, P, C> {
     /// # Examples
     ///
     /// ```
+    /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+    /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, FixedTime, SharedPool};
     /// let a = SharedPool::new(DecayingPool::new(CheckingAllocator::new(), FixedTime::default()));
     /// let b = SharedPool::new(DecayingPool::new(CheckingAllocator::new(), FixedTime::default()));
     /// assert!(a.ptr_eq(&a.clone()));
     /// assert!(!a.ptr_eq(&b));
+    /// # Ok(())
+    /// # }
     /// ```
     pub fn ptr_eq(&self, other: &Self) -> bool {
         Arc::ptr_eq(&self.inner, &other.inner)
@@ -768,6 +875,8 @@ impl<A: RawAllocator, P: Policy, C: Clock> SharedPool<A, P, C> {
     /// # Examples
     ///
     /// ```
+    /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+    /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use core::time::Duration;
     /// use decaying_pool::{DecayingPool, FixedTime, SharedPool, testing::CheckingAllocator};
     ///
@@ -784,7 +893,41 @@ impl<A: RawAllocator, P: Policy, C: Clock> SharedPool<A, P, C> {
     /// }
     /// assert_eq!(pool.stats().blocks_cached, 0);
     /// drop(reaper); // stops and joins the thread
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// Host pools qualify, stacked ones too: a [`DecayingPool`] is `Send`
+    /// when its allocator, policy and clock are and its blocks are
+    /// [`SendBlock`](crate::SendBlock).
+    ///
+    /// ```
+    /// use core::time::Duration;
+    /// use decaying_pool::{DecayingPool, FixedTime, SharedPool, SystemAllocator};
+    ///
+    /// let host = DecayingPool::new(SystemAllocator::new(), FixedTime::new(Duration::from_secs(60)));
+    /// let pool = SharedPool::new(DecayingPool::new(host, FixedTime::new(Duration::from_secs(1))));
+    /// let _reaper = pool.spawn_reaper(Duration::from_millis(100));
+    /// ```
+    ///
+    /// A policy (or clock, or allocator) that cannot cross threads is
+    /// refused at compile time, and the error names only your type and
+    /// public ones ("`Rc<()>` cannot be sent between threads safely …
+    /// required for `SharedPool<SystemAllocator, NotSend>` to implement
+    /// `Send`"):
+    ///
+    /// ```compile_fail,E0277
+    /// use core::time::Duration;
+    /// use std::rc::Rc;
+    /// use decaying_pool::policy::{EvictionPolicy, Oldest};
+    /// use decaying_pool::{DecayingPool, SharedPool, SystemAllocator};
+    ///
+    /// struct NotSend(Rc<()>);
+    /// impl EvictionPolicy for NotSend {
+    ///     fn must_evict(&mut self, _: Duration, _: Oldest, _: usize) -> bool { false }
+    /// }
+    /// let pool = SharedPool::new(DecayingPool::new(SystemAllocator::new(), NotSend(Rc::new(()))));
+    /// let _reaper = pool.spawn_reaper(Duration::from_secs(1));
     /// ```
     pub fn spawn_reaper(&self, period: Duration) -> Reaper
     where
@@ -870,12 +1013,15 @@ where
 /// # Examples
 ///
 /// ```
+/// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+/// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, FixedTime, SharedPool};
 /// let pool = SharedPool::new(DecayingPool::new(CheckingAllocator::new(), FixedTime::default()));
 /// drop(pool.allocate(100)?);
 /// let (cached, trimmed) = pool.with(|p| (p.stats().bytes_cached, p.trim()));
 /// assert_eq!((cached, trimmed), (100, 100));
-/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// # Ok(())
+/// # }
 /// ```
 ///
 /// The pool cannot be replaced (when `with` handed out `&mut
@@ -918,12 +1064,15 @@ impl<A: RawAllocator, P: Policy, C: Clock> LockedPool<'_, A, P, C> {
     /// # Examples
     ///
     /// ```
+    /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+    /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, FixedTime, Pooled, SharedPool};
     /// let pool = SharedPool::new(DecayingPool::new(CheckingAllocator::new(), FixedTime::default()));
     /// let raw = pool.with(|p| p.allocate(8))?;
     /// // SAFETY: `raw` came from this pool with 8 bytes, and is given back once.
     /// drop(unsafe { Pooled::from_raw(&pool, raw, 8) });
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # Ok(())
+    /// # }
     /// ```
     pub fn allocate(&mut self, size: usize) -> Result<A::Block, PoolError<A::Error>> {
         self.pool.allocate(size)
@@ -945,12 +1094,15 @@ impl<A: RawAllocator, P: Policy, C: Clock> LockedPool<'_, A, P, C> {
     /// # Examples
     ///
     /// ```
+    /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+    /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, FixedTime, SharedPool};
     /// let pool = SharedPool::new(DecayingPool::new(CheckingAllocator::new(), FixedTime::default()));
     /// let (block, size) = pool.allocate(8)?.into_raw();
     /// // SAFETY: `block` came from this pool with `size`, through `into_raw`, once.
     /// pool.with(|p| unsafe { p.release(block, size) });
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # Ok(())
+    /// # }
     /// ```
     pub unsafe fn release(&mut self, block: A::Block, size: usize) {
         // SAFETY: the caller upholds `DecayingPool::release`'s contract.
@@ -962,9 +1114,13 @@ impl<A: RawAllocator, P: Policy, C: Clock> LockedPool<'_, A, P, C> {
     /// # Examples
     ///
     /// ```
+    /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+    /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, FixedTime, SharedPool};
     /// let pool = SharedPool::new(DecayingPool::new(CheckingAllocator::new(), FixedTime::default()));
     /// assert_eq!(pool.with(|p| p.collect()), 0);
+    /// # Ok(())
+    /// # }
     /// ```
     pub fn collect(&mut self) -> usize {
         self.pool.collect()
@@ -975,14 +1131,54 @@ impl<A: RawAllocator, P: Policy, C: Clock> LockedPool<'_, A, P, C> {
     /// # Examples
     ///
     /// ```
+    /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+    /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, FixedTime, SharedPool};
     /// let pool = SharedPool::new(DecayingPool::new(CheckingAllocator::new(), FixedTime::default()));
     /// drop(pool.allocate(8)?);
     /// assert_eq!(pool.with(|p| p.trim()), 8);
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # Ok(())
+    /// # }
     /// ```
     pub fn trim(&mut self) -> usize {
         self.pool.trim()
+    }
+
+    /// Changes the byte limit ([`DecayingPool::set_limit`]).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+    /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, FixedTime, SharedPool};
+    /// let pool = SharedPool::new(DecayingPool::new(CheckingAllocator::new(), FixedTime::default()));
+    /// drop(pool.allocate(8)?);
+    /// assert_eq!(pool.with(|p| p.set_limit(Some(0))), 8);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn set_limit(&mut self, limit: Option<usize>) -> usize {
+        self.pool.set_limit(limit)
+    }
+
+    /// Sets every peak to its current value ([`DecayingPool::reset_peaks`]).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+    /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, FixedTime, SharedPool};
+    /// let pool = SharedPool::new(DecayingPool::new(CheckingAllocator::new(), FixedTime::default()));
+    /// drop(pool.allocate(8)?);
+    /// pool.with(|p| p.reset_peaks());
+    /// assert_eq!(pool.stats().peak_bytes_in_use, 0);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn reset_peaks(&mut self) {
+        self.pool.reset_peaks()
     }
 }
 
@@ -1073,6 +1269,8 @@ impl Stop {
 /// # Examples
 ///
 /// ```
+/// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+/// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// use core::time::Duration;
 /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, FixedTime, SharedPool};
 ///
@@ -1081,6 +1279,8 @@ impl Stop {
 /// let start = std::time::Instant::now();
 /// drop(reaper);
 /// assert!(start.elapsed() < Duration::from_secs(5));
+/// # Ok(())
+/// # }
 /// ```
 #[must_use = "dropping the Reaper stops the thread at once"]
 pub struct Reaper {
@@ -1095,6 +1295,8 @@ impl Reaper {
     /// # Examples
     ///
     /// ```
+    /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+    /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use core::time::Duration;
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, FixedTime, SharedPool};
     ///
@@ -1107,6 +1309,8 @@ impl Reaper {
     ///     std::thread::sleep(Duration::from_millis(1));
     /// }
     /// assert!(!reaper.is_running());
+    /// # Ok(())
+    /// # }
     /// ```
     pub fn is_running(&self) -> bool {
         self.handle.as_ref().is_some_and(|h| !h.is_finished())
@@ -1142,6 +1346,8 @@ impl fmt::Debug for Reaper {
 /// # Examples
 ///
 /// ```
+/// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+/// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, FixedTime, SharedPool};
 /// let pool = SharedPool::new(DecayingPool::new(CheckingAllocator::new(), FixedTime::default()));
 /// let block = pool.allocate(256)?;
@@ -1149,7 +1355,8 @@ impl fmt::Debug for Reaper {
 /// assert_eq!(id, 1);
 /// drop(block);
 /// assert_eq!(*pool.allocate(256)?, 1); // a hit: the same block again
-/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// # Ok(())
+/// # }
 /// ```
 pub struct Pooled<A: RawAllocator, P: Policy = FixedTime, C: Clock = MonotonicClock> {
     block: ManuallyDrop<A::Block>,
@@ -1179,6 +1386,8 @@ impl<A: RawAllocator, P: Policy, C: Clock> Pooled<A, P, C> {
     /// # Examples
     ///
     /// ```
+    /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+    /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, SharedPool, SizeClass};
     /// let pool = SharedPool::new(
     ///     DecayingPool::builder(CheckingAllocator::new()).size_class(SizeClass::PowerOfTwo).build(),
@@ -1186,7 +1395,8 @@ impl<A: RawAllocator, P: Policy, C: Clock> Pooled<A, P, C> {
     /// let block = pool.allocate(3000)?;
     /// assert_eq!(block.size(), 3000);
     /// assert_eq!(pool.stats().bytes_in_use, 4096);
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # Ok(())
+    /// # }
     /// ```
     pub fn size(&self) -> usize {
         self.size
@@ -1197,11 +1407,14 @@ impl<A: RawAllocator, P: Policy, C: Clock> Pooled<A, P, C> {
     /// # Examples
     ///
     /// ```
+    /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+    /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, FixedTime, SharedPool};
     /// let pool = SharedPool::new(DecayingPool::new(CheckingAllocator::new(), FixedTime::default()));
     /// let block = pool.allocate(8)?;
     /// assert!(block.pool().ptr_eq(&pool));
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # Ok(())
+    /// # }
     /// ```
     pub fn pool(&self) -> &SharedPool<A, P, C> {
         &self.pool
@@ -1218,6 +1431,8 @@ impl<A: RawAllocator, P: Policy, C: Clock> Pooled<A, P, C> {
     /// # Examples
     ///
     /// ```
+    /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+    /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, FixedTime, Pooled, SharedPool};
     /// let pool = SharedPool::new(DecayingPool::new(CheckingAllocator::new(), FixedTime::default()));
     /// let (block, size) = pool.allocate(512)?.into_raw();
@@ -1228,7 +1443,8 @@ impl<A: RawAllocator, P: Policy, C: Clock> Pooled<A, P, C> {
     /// let back = unsafe { Pooled::from_raw(&pool, block, size) };
     /// drop(back);
     /// assert_eq!(pool.stats().blocks_cached, 1);
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # Ok(())
+    /// # }
     /// ```
     pub fn into_raw(self) -> (A::Block, usize) {
         let mut this = ManuallyDrop::new(self);
@@ -1259,13 +1475,16 @@ impl<A: RawAllocator, P: Policy, C: Clock> Pooled<A, P, C> {
     /// # Examples
     ///
     /// ```
+    /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+    /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, FixedTime, Pooled, SharedPool};
     /// let pool = SharedPool::new(DecayingPool::new(CheckingAllocator::new(), FixedTime::default()));
     /// let (block, size) = pool.allocate(100)?.into_raw();
     /// // SAFETY: `block` and `size` came from `into_raw` on this pool, once.
     /// let again = unsafe { Pooled::from_raw(&pool, block, size) };
     /// assert_eq!((*again, again.size()), (block, 100));
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # Ok(())
+    /// # }
     /// ```
     pub unsafe fn from_raw(pool: &SharedPool<A, P, C>, block: A::Block, size: usize) -> Self {
         Pooled {

@@ -1,5 +1,7 @@
 //! Counters of what a pool did.
 
+use core::fmt;
+
 /// A snapshot of a pool's counters, from [`DecayingPool::stats`](crate::DecayingPool::stats).
 ///
 /// Sizes are class sizes (what the backing allocator was asked for), not
@@ -8,9 +10,15 @@
 /// backing_allocs`, `bytes_reserved == bytes_in_use + bytes_cached`, and
 /// `backing_allocs - backing_deallocs == blocks_in_use + blocks_cached`.
 ///
+/// `Display` prints a summary for people (see the `impl Display`).
+/// With the **`serde`** feature, `Stats` is `Serialize` and `Deserialize`;
+/// a field missing from an older snapshot reads as zero.
+///
 /// # Examples
 ///
 /// ```
+/// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+/// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// use decaying_pool::testing::CheckingAllocator;
 /// use decaying_pool::{DecayingPool, FixedTime};
 /// use core::time::Duration;
@@ -23,8 +31,12 @@
 /// assert_eq!((s.hits, s.misses, s.backing_allocs), (1, 1, 1));
 /// assert_eq!((s.bytes_in_use, s.bytes_cached, s.bytes_reserved), (100, 0, 100));
 /// unsafe { pool.release(b, 100) };
+/// # Ok(())
+/// # }
 /// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[cfg_attr(feature = "serde", serde(default))]
 pub struct Stats {
     /// Successful `allocate` calls served from the cache.
     pub hits: u64,
@@ -59,6 +71,10 @@ pub struct Stats {
     pub bytes_from_pool: usize,
     /// Bytes served by misses, summed over all misses.
     pub bytes_from_backing: usize,
+    /// Bytes the callers asked for, summed over all successful `allocate`
+    /// calls: `bytes_from_pool + bytes_from_backing - bytes_requested` is
+    /// what rounding to size classes wasted.
+    pub bytes_requested: usize,
 }
 
 impl Stats {
@@ -72,11 +88,211 @@ impl Stats {
     /// assert_eq!(s.hit_rate(), 0.75);
     /// ```
     pub fn hit_rate(&self) -> f64 {
-        let total = self.hits + self.misses;
-        if total == 0 {
+        let total = self.hits as f64 + self.misses as f64;
+        if total == 0.0 {
             0.0
         } else {
-            self.hits as f64 / total as f64
+            self.hits as f64 / total
         }
     }
+
+    /// Class bytes served, hits and misses together:
+    /// `bytes_from_pool + bytes_from_backing` (saturating).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let s = decaying_pool::Stats { bytes_from_pool: 3, bytes_from_backing: 1, ..Default::default() };
+    /// assert_eq!(s.bytes_served(), 4);
+    /// ```
+    pub fn bytes_served(&self) -> usize {
+        self.bytes_from_pool.saturating_add(self.bytes_from_backing)
+    }
+
+    /// Bytes served beyond what was requested: the cost of rounding to
+    /// size classes (zero under [`SizeClass::Exact`](crate::SizeClass::Exact)).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let s = decaying_pool::Stats { bytes_from_backing: 4096, bytes_requested: 3000, ..Default::default() };
+    /// assert_eq!(s.rounding_waste(), 1096);
+    /// ```
+    pub fn rounding_waste(&self) -> usize {
+        self.bytes_served().saturating_sub(self.bytes_requested)
+    }
+}
+
+/// A byte count for people: `512 B`, `1.50 KiB`, `64.00 MiB`, `2.00 GiB`
+/// (binary units, two decimals).
+///
+/// # Examples
+///
+/// ```
+/// use decaying_pool::HumanBytes;
+/// assert_eq!(HumanBytes(512).to_string(), "512 B");
+/// assert_eq!(HumanBytes(1536).to_string(), "1.50 KiB");
+/// assert_eq!(HumanBytes(64 << 20).to_string(), "64.00 MiB");
+/// assert_eq!(HumanBytes(3 << 30).to_string(), "3.00 GiB");
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct HumanBytes(pub usize);
+
+impl fmt::Display for HumanBytes {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        const UNITS: [&str; 6] = ["KiB", "MiB", "GiB", "TiB", "PiB", "EiB"];
+        let b = self.0;
+        if b < 1024 {
+            let s = format!("{b} B");
+            return f.pad(&s);
+        }
+        let mut v = b as f64 / 1024.0;
+        let mut unit = 0;
+        while v >= 1024.0 && unit + 1 < UNITS.len() {
+            v /= 1024.0;
+            unit += 1;
+        }
+        let s = format!("{v:.2} {}", UNITS[unit]);
+        f.pad(&s)
+    }
+}
+
+/// A summary a person reads, in the manner of
+/// `torch.cuda.memory_summary()`: current and peak bytes with binary
+/// units, block counts, hits and misses, class bytes served beside the
+/// bytes requested (the rounding waste), and the backing calls.
+///
+/// # Examples
+///
+/// ```
+/// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+/// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// use decaying_pool::testing::CheckingAllocator;
+/// use decaying_pool::{DecayingPool, FixedTime, SizeClass};
+///
+/// let mut pool = DecayingPool::builder(CheckingAllocator::new())
+///     .size_class(SizeClass::PowerOfTwo)
+///     .build();
+/// let b = pool.allocate(3 << 20)?; // served with a 4 MiB block
+/// let text = pool.stats().to_string();
+/// assert!(text.contains("in use           4.00 MiB     4.00 MiB"), "{text}");
+/// assert!(text.contains("4.00 MiB in classes for 3.00 MiB requested"), "{text}");
+/// assert!(text.contains("rounding waste 1.00 MiB (25.0%)"), "{text}");
+/// unsafe { pool.release(b, 3 << 20) };
+/// # Ok(())
+/// # }
+/// ```
+impl fmt::Display for Stats {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let h = HumanBytes;
+        writeln!(f, "DecayingPool statistics")?;
+        writeln!(f, "  {:<12} {:>12} {:>12}", "", "current", "peak")?;
+        writeln!(
+            f,
+            "  {:<12} {:>12} {:>12}",
+            "reserved",
+            h(self.bytes_reserved),
+            h(self.peak_bytes_reserved)
+        )?;
+        writeln!(
+            f,
+            "  {:<12} {:>12} {:>12}",
+            "in use",
+            h(self.bytes_in_use),
+            h(self.peak_bytes_in_use)
+        )?;
+        writeln!(f, "  {:<12} {:>12}", "cached", h(self.bytes_cached))?;
+        writeln!(
+            f,
+            "  blocks: {} in use, {} cached",
+            self.blocks_in_use, self.blocks_cached
+        )?;
+        writeln!(
+            f,
+            "  allocations: {} ({} hits, {} misses, hit rate {:.1}%)",
+            self.hits.saturating_add(self.misses),
+            self.hits,
+            self.misses,
+            self.hit_rate() * 100.0
+        )?;
+        let served = self.bytes_served();
+        let waste = self.rounding_waste();
+        let pct = if served == 0 {
+            0.0
+        } else {
+            waste as f64 * 100.0 / served as f64
+        };
+        writeln!(
+            f,
+            "  served: {} in classes for {} requested, rounding waste {} ({pct:.1}%)",
+            h(served),
+            h(self.bytes_requested),
+            h(waste)
+        )?;
+        writeln!(
+            f,
+            "  served from: cache {}, backing {}",
+            h(self.bytes_from_pool),
+            h(self.bytes_from_backing)
+        )?;
+        writeln!(
+            f,
+            "  freed from the cache: {} evicted, {} trimmed",
+            self.evictions, self.trimmed
+        )?;
+        write!(
+            f,
+            "  backing calls: {} allocs, {} deallocs, {} failures",
+            self.backing_allocs, self.backing_deallocs, self.backing_failures
+        )
+    }
+}
+
+/// The counters of one size class, from
+/// [`DecayingPool::class_stats`](crate::DecayingPool::class_stats) (kept
+/// when the pool was built with
+/// [`Builder::class_stats`](crate::Builder::class_stats)).
+///
+/// Counts are blocks; the byte figures are the counts times `size`. With
+/// the **`serde`** feature, `ClassStats` is `Serialize` and `Deserialize`.
+///
+/// # Examples
+///
+/// ```
+/// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+/// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// use decaying_pool::testing::CheckingAllocator;
+/// use decaying_pool::{ClassStats, DecayingPool};
+///
+/// let mut pool = DecayingPool::builder(CheckingAllocator::new()).class_stats(true).build();
+/// let b = pool.allocate(256)?;
+/// let classes = pool.class_stats().unwrap();
+/// assert_eq!(classes[0], ClassStats { size: 256, blocks_in_use: 1, bytes_in_use: 256, misses: 1, ..Default::default() });
+/// unsafe { pool.release(b, 256) };
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[cfg_attr(feature = "serde", serde(default))]
+pub struct ClassStats {
+    /// The class size in bytes.
+    pub size: usize,
+    /// Blocks of this class handed out and not yet released.
+    pub blocks_in_use: u64,
+    /// Their bytes.
+    pub bytes_in_use: usize,
+    /// Blocks of this class idle in the cache.
+    pub blocks_cached: u64,
+    /// Their bytes.
+    pub bytes_cached: usize,
+    /// Requests of this class served from the cache.
+    pub hits: u64,
+    /// Requests of this class served by the backing allocator.
+    pub misses: u64,
+    /// Cached blocks of this class the policy freed (expired or displaced).
+    pub evictions: u64,
+    /// Cached blocks of this class freed by `trim`, the limit, the
+    /// out-of-memory retry or dropping the pool.
+    pub trimmed: u64,
 }

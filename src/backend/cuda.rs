@@ -38,28 +38,19 @@
 //! - with [`PinnedHostAllocator`], make sure no copy still reads or writes
 //!   a block (synchronise the stream of an async copy) before releasing it.
 //!
-//! [`SlicePool`] hands out typed `cudarc` [`CudaSlice`]s on one stream,
-//! which satisfies the first rule by construction.
+//! [`SlicePool`](crate::cuda::SlicePool), above the pool, hands out typed
+//! `cudarc` `CudaSlice`s on one stream, which satisfies the first rule by
+//! construction.
 
 use core::fmt;
-use core::marker::PhantomData;
-use core::mem::ManuallyDrop;
-use core::ops::Deref;
 use core::ptr::NonNull;
 use std::sync::Arc;
 
 use cudarc::driver::result::{self, DriverError};
 use cudarc::driver::sys::{self, CUdeviceptr, CUresult};
-use cudarc::driver::{
-    CudaContext, CudaSlice, CudaStream, CudaViewMut, DevicePtr, DevicePtrMut, DeviceSlice,
-    SyncOnDrop,
-};
+use cudarc::driver::{CudaContext, CudaStream};
 
-use crate::clock::Clock;
-use crate::error::PoolError;
-use crate::policy::Policy;
 use crate::raw::RawAllocator;
-use crate::shared::{Pooled, SharedPool};
 
 /// Whether CUDA can be used here: the driver library loads, initialises,
 /// and reports at least one device. Never panics.
@@ -82,6 +73,53 @@ pub fn available() -> bool {
     // A driver too old for a symbol cudarc needs panics on first use; treat
     // that as "not available" too.
     std::panic::catch_unwind(|| CudaContext::device_count().is_ok_and(|n| n > 0)).unwrap_or(false)
+}
+
+/// `fraction` of the total memory of `ctx`'s device, in bytes: a byte
+/// limit for [`DecayingPool::set_limit`](crate::DecayingPool::set_limit) or
+/// [`Builder::limit`](crate::Builder::limit), as PyTorch's
+/// `set_per_process_memory_fraction`.
+///
+/// `fraction` is clamped to `0.0..=1.0` (NaN counts as 0); the result is
+/// rounded down.
+///
+/// # Errors
+///
+/// The driver's error when it cannot tell the device's memory
+/// ([`CudaError::Driver`], size 0).
+///
+/// # Examples
+///
+/// ```
+/// use decaying_pool::{cuda, DecayingPool, FixedTime};
+/// if cuda::available() {
+///     let alloc = cuda::DeviceAllocator::new(0)?;
+///     let limit = cuda::memory_fraction(alloc.context(), 0.5)?;
+///     let mut pool = DecayingPool::new(alloc, FixedTime::default());
+///     pool.set_limit(Some(limit));
+///     assert!(pool.allocate(limit + 1).is_err());
+/// }
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub fn memory_fraction(ctx: &CudaContext, fraction: f64) -> Result<usize, CudaError> {
+    let total = ctx
+        .total_mem()
+        .map_err(|error| CudaError::Driver { size: 0, error })?;
+    Ok(fraction_of(total, fraction))
+}
+
+/// `fraction` (clamped to `0.0..=1.0`, NaN as 0) of `total`, rounded down.
+fn fraction_of(total: usize, fraction: f64) -> usize {
+    let f = if fraction.is_nan() {
+        0.0
+    } else {
+        fraction.clamp(0.0, 1.0)
+    };
+    if f >= 1.0 {
+        return total;
+    }
+    // `as` saturates; `f < 1` keeps the product below `total`.
+    ((total as f64 * f) as usize).min(total)
 }
 
 /// Why a CUDA allocator failed.
@@ -440,250 +478,23 @@ impl RawAllocator for PinnedHostAllocator {
     }
 }
 
-/// Typed `cudarc` slices from a pool of device memory, all on one stream.
-///
-/// [`alloc`](Self::alloc) returns a [`PooledSlice`] that derefs to a
-/// `&`[`CudaSlice<T>`] and is itself a `cudarc` device slice (`DevicePtr`,
-/// `DevicePtrMut`; [`as_view_mut`](PooledSlice::as_view_mut) for kernel
-/// outputs), so kernels, `memcpy_htod`/`clone_dtoh` and cuBLAS calls use
-/// pooled memory; dropping it gives the block back to the pool. Because every slice lives on the same stream, a block reused
-/// by the next slice is only touched by work queued after the previous
-/// slice's work. The slices hold a [`SharedPool`] handle, so they never
-/// outlive the pool.
-///
-/// The pool may be packed ([`SharedPool::packed`] over a
-/// [`PackedPool`](crate::PackedPool)): slices up to the medium threshold
-/// are then carved from device segments (at the packing granularity, 512
-/// bytes by default, so every slice is aligned for any element type) and
-/// larger ones are exact blocks:
-///
-/// ```
-/// use decaying_pool::cuda::{self, DeviceAllocator, SlicePool};
-/// use decaying_pool::{DecayingPool, Packing, SharedPool};
-///
-/// if cuda::available() {
-///     let alloc = DeviceAllocator::new(0)?;
-///     let stream = alloc.context().default_stream();
-///     let pool = SharedPool::packed(DecayingPool::builder(alloc).packing(Packing::default()).build());
-///     let slices = SlicePool::new(pool.clone(), stream);
-///     let (a, b) = (slices.alloc::<f32>(1000)?, slices.alloc::<u8>(100)?);
-///     assert_eq!(pool.stats().backing_allocs, 1); // one segment holds both
-///     assert_eq!(pool.packing_stats().unwrap().carved, 2);
-///     drop((a, b));
-/// }
-/// # Ok::<(), Box<dyn std::error::Error>>(())
-/// ```
-///
-/// # Examples
-///
-/// ```
-/// use core::time::Duration;
-/// use decaying_pool::cuda::{self, DeviceAllocator, SlicePool};
-/// use decaying_pool::{DecayingPool, FixedTime, SharedPool};
-///
-/// if cuda::available() {
-///     let alloc = DeviceAllocator::new(0)?;
-///     let stream = alloc.context().default_stream();
-///     let pool = SharedPool::new(DecayingPool::new(alloc, FixedTime::new(Duration::from_secs(1))));
-///     let slices = SlicePool::new(pool.clone(), stream.clone());
-///     let mut x = slices.alloc::<f32>(1024)?;
-///     stream.memcpy_htod(&[1.0f32; 1024], &mut x)?;
-///     assert_eq!(stream.clone_dtoh(&*x)?, vec![1.0f32; 1024]);
-///     drop(x);                                   // back to the pool
-///     let _y = slices.alloc::<f32>(1024)?;       // a hit: no cuMemAlloc
-///     assert_eq!(pool.stats().hits, 1);
-/// }
-/// # Ok::<(), Box<dyn std::error::Error>>(())
-/// ```
-pub struct SlicePool<P: Policy, C: Clock> {
-    pool: SharedPool<DeviceAllocator, P, C>,
-    stream: Arc<CudaStream>,
-}
+#[cfg(test)]
+mod tests {
+    use super::fraction_of;
 
-impl<P: Policy, C: Clock> SlicePool<P, C> {
-    /// Typed slices from `pool`, all on `stream` (which must belong to the
-    /// pool's context).
-    ///
-    /// # Examples
-    ///
-    /// See [`SlicePool`].
-    pub fn new(pool: SharedPool<DeviceAllocator, P, C>, stream: Arc<CudaStream>) -> Self {
-        SlicePool { pool, stream }
-    }
-
-    /// A slice of `len` elements of `T` from the pool. Its contents are
-    /// whatever the block last held: write before reading.
-    ///
-    /// # Errors
-    ///
-    /// As [`SharedPool::allocate`]; [`PoolError::ZeroSize`] for `len == 0`
-    /// or a zero-sized `T`, [`PoolError::TooLarge`] when `len *
-    /// size_of::<T>()` overflows.
-    ///
-    /// # Examples
-    ///
-    /// See [`SlicePool`].
-    pub fn alloc<T>(&self, len: usize) -> Result<PooledSlice<T, P, C>, PoolError<CudaError>> {
-        let bytes = len
-            .checked_mul(core::mem::size_of::<T>())
-            .ok_or(PoolError::TooLarge { requested: len })?;
-        let (ptr, size) = self.pool.allocate(bytes)?.into_raw();
-        // SAFETY: `ptr` is a live device allocation of at least `size =
-        // len * size_of::<T>()` bytes on the stream's context, owned by this
-        // slice until it is leaked back in `PooledSlice::drop`.
-        let slice = unsafe { self.stream.upgrade_device_ptr::<T>(ptr, len) };
-        Ok(PooledSlice {
-            slice: ManuallyDrop::new(slice),
-            size,
-            pool: self.pool.clone(),
-            marker: PhantomData,
-        })
-    }
-
-    /// The pool.
-    ///
-    /// # Examples
-    ///
-    /// See [`SlicePool`].
-    pub fn pool(&self) -> &SharedPool<DeviceAllocator, P, C> {
-        &self.pool
-    }
-
-    /// The stream every slice lives on.
-    ///
-    /// # Examples
-    ///
-    /// See [`SlicePool`].
-    pub fn stream(&self) -> &Arc<CudaStream> {
-        &self.stream
-    }
-}
-
-/// A [`CudaSlice<T>`] backed by a pooled block; dropping it gives the block
-/// back to the pool (the slice is leaked, not freed). From
-/// [`SlicePool::alloc`].
-///
-/// It derefs to `&CudaSlice<T>` only: writes go through its own
-/// `DevicePtrMut` or [`as_view_mut`](Self::as_view_mut). A `&mut
-/// CudaSlice<T>` would let safe code swap another slice in, whose pointer
-/// would then go back to the pool:
-///
-/// ```compile_fail,E0596
-/// use decaying_pool::cuda::{DeviceAllocator, SlicePool};
-/// use decaying_pool::{DecayingPool, FixedTime, SharedPool};
-///
-/// fn swap_in(slices: &SlicePool<FixedTime, decaying_pool::MonotonicClock>, other: cudarc::driver::CudaSlice<f32>) {
-///     let mut x = slices.alloc::<f32>(16).unwrap();
-///     drop(core::mem::replace(&mut *x, other));
-/// }
-/// ```
-pub struct PooledSlice<T, P: Policy, C: Clock> {
-    slice: ManuallyDrop<CudaSlice<T>>,
-    size: usize,
-    pool: SharedPool<DeviceAllocator, P, C>,
-    marker: PhantomData<T>,
-}
-
-impl<T, P: Policy, C: Clock> Deref for PooledSlice<T, P, C> {
-    type Target = CudaSlice<T>;
-
-    fn deref(&self) -> &CudaSlice<T> {
-        &self.slice
-    }
-}
-
-impl<T, P: Policy, C: Clock> PooledSlice<T, P, C> {
-    /// A mutable view of the whole slice, for kernel arguments and copies
-    /// that write to it.
-    ///
-    /// The slice itself is never handed out as `&mut CudaSlice<T>`: safe
-    /// code could then swap another slice in (`mem::replace`), whose
-    /// pointer would go back to the pool when this one drops.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use decaying_pool::cuda::{self, DeviceAllocator, SlicePool};
-    /// use decaying_pool::{DecayingPool, FixedTime, SharedPool};
-    ///
-    /// if cuda::available() {
-    ///     let alloc = DeviceAllocator::new(0)?;
-    ///     let stream = alloc.context().default_stream();
-    ///     let slices = SlicePool::new(SharedPool::new(DecayingPool::new(alloc, FixedTime::default())), stream.clone());
-    ///     let mut x = slices.alloc::<u8>(64)?;
-    ///     stream.memset_zeros(&mut x.as_view_mut())?;
-    ///     assert_eq!(stream.clone_dtoh(&*x)?, vec![0u8; 64]);
-    /// }
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    pub fn as_view_mut(&mut self) -> CudaViewMut<'_, T> {
-        self.slice.as_view_mut()
-    }
-}
-
-impl<T, P: Policy, C: Clock> DeviceSlice<T> for PooledSlice<T, P, C> {
-    fn len(&self) -> usize {
-        self.slice.len()
-    }
-
-    fn stream(&self) -> &Arc<CudaStream> {
-        DeviceSlice::stream(&*self.slice)
-    }
-}
-
-impl<T, P: Policy, C: Clock> DevicePtr<T> for PooledSlice<T, P, C> {
-    fn device_ptr<'a>(&'a self, stream: &'a CudaStream) -> (CUdeviceptr, SyncOnDrop<'a>) {
-        self.slice.device_ptr(stream)
-    }
-}
-
-/// Writes go through the slice's own synchronisation, as for a
-/// `CudaSlice`: `stream.memcpy_htod(&data, &mut pooled)`.
-impl<T, P: Policy, C: Clock> DevicePtrMut<T> for PooledSlice<T, P, C> {
-    fn device_ptr_mut<'a>(&'a mut self, stream: &'a CudaStream) -> (CUdeviceptr, SyncOnDrop<'a>) {
-        self.slice.device_ptr_mut(stream)
-    }
-}
-
-impl<T, P: Policy, C: Clock> Drop for PooledSlice<T, P, C> {
-    fn drop(&mut self) {
-        // SAFETY: `drop` runs once; the slice is not used afterwards.
-        let slice = unsafe { ManuallyDrop::take(&mut self.slice) };
-        // `leak` hands the pointer back without freeing it (after making the
-        // stream wait for the slice's recorded reads and writes).
-        let ptr = slice.leak();
-        // SAFETY: `ptr` and `size` are what `into_raw` returned for a block
-        // of this pool in `SlicePool::alloc`, given back once.
-        drop(unsafe { Pooled::from_raw(&self.pool, ptr, self.size) });
-    }
-}
-
-impl crate::Packable for DeviceAllocator {
-    fn carve(segment: &CUdeviceptr, offset: usize) -> CUdeviceptr {
-        crate::packing::carve_u64(segment, offset)
-    }
-
-    fn address(block: &CUdeviceptr) -> usize {
-        crate::packing::address_u64(block)
-    }
-}
-
-impl crate::Packable for StreamAllocator {
-    fn carve(segment: &CUdeviceptr, offset: usize) -> CUdeviceptr {
-        crate::packing::carve_u64(segment, offset)
-    }
-
-    fn address(block: &CUdeviceptr) -> usize {
-        crate::packing::address_u64(block)
-    }
-}
-
-impl crate::Packable for PinnedHostAllocator {
-    fn carve(segment: &NonNull<u8>, offset: usize) -> NonNull<u8> {
-        crate::packing::carve_ptr(segment, offset)
-    }
-
-    fn address(block: &NonNull<u8>) -> usize {
-        block.addr().get()
+    #[test]
+    fn fraction_of_clamps_and_rounds_down() {
+        assert_eq!(fraction_of(1000, 0.5), 500);
+        assert_eq!(fraction_of(1000, 0.8), 800);
+        assert_eq!(fraction_of(1001, 0.5), 500);
+        assert_eq!(fraction_of(1000, 1.0), 1000);
+        assert_eq!(fraction_of(1000, 7.0), 1000);
+        assert_eq!(fraction_of(1000, -0.5), 0);
+        assert_eq!(fraction_of(1000, f64::NAN), 0);
+        assert_eq!(
+            fraction_of(usize::MAX, 0.999_999_999),
+            (usize::MAX as f64 * 0.999_999_999) as usize
+        );
+        assert_eq!(fraction_of(1 << 20, 1.0 - f64::EPSILON), (1 << 20) - 1);
     }
 }

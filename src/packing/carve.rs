@@ -71,6 +71,34 @@ macro_rules! packable_ptr {
 packable_ptr!(crate::SystemAllocator);
 #[cfg(unix)]
 packable_ptr!(crate::MmapAllocator);
+#[cfg(feature = "cuda")]
+packable_ptr!(crate::backend::cuda::PinnedHostAllocator);
+
+/// CUDA device pointers: a carved block is the segment's device address
+/// plus the offset (the backends stay below the packing layer, so the
+/// impls live here).
+#[cfg(feature = "cuda")]
+macro_rules! packable_device {
+    ($($t:ty),* $(,)?) => { $(
+        impl Packable for $t {
+            #[inline]
+            fn carve(segment: &u64, offset: usize) -> u64 {
+                carve_u64(segment, offset)
+            }
+
+            #[inline]
+            fn address(block: &u64) -> usize {
+                address_u64(block)
+            }
+        }
+    )* };
+}
+
+#[cfg(feature = "cuda")]
+packable_device!(
+    crate::backend::cuda::DeviceAllocator,
+    crate::backend::cuda::StreamAllocator
+);
 
 /// Stacking: a pool's blocks are its allocator's blocks.
 impl<A: Packable, P: Policy, C: Clock> Packable for DecayingPool<A, P, C> {

@@ -20,7 +20,6 @@ use hashbrown::HashMap;
 use offset_allocator::{Allocation, Allocator};
 
 #[cfg(feature = "cuda")]
-pub(crate) use carve::carve_ptr;
 pub use carve::Packable;
 pub(crate) use carve::{address_u64, carve_u64};
 pub use config::{Packing, ParsePackingError};

@@ -2,7 +2,8 @@
 //!
 //! One open-addressing table of `slots` entries, allocated once and never
 //! grown. A class hashes to a home slot; its blocks live in the probe
-//! window of `min(slots, WINDOW)` slots from home (wrapping). Every lookup
+//! window of `min(slots, per_size)` slots from home (wrapping;
+//! `per_size` is `FixedCapacity::WINDOW` unless the policy says otherwise). Every lookup
 //! scans the whole window, so removing an entry simply empties it: no
 //! tombstones, no backward shift, and every operation costs at most one
 //! window scan, O(1) in the worst case.
@@ -42,7 +43,8 @@ pub struct FixedStore<B> {
 impl<B> FixedStore<B> {
     /// A table of `slots` entries (at most `FixedCapacity::MAX_SLOTS`), or
     /// the largest of `slots / 2`, `slots / 4`, … that can be allocated.
-    pub(crate) fn new(slots: usize, reuse: Reuse) -> Self {
+    /// Its probe window is `min(slots, window)`.
+    pub(crate) fn new(slots: usize, window: usize, reuse: Reuse) -> Self {
         const { assert!(FixedCapacity::MAX_SLOTS < NIL as usize) };
         let mut slots = slots.min(FixedCapacity::MAX_SLOTS);
         let table = loop {
@@ -56,7 +58,7 @@ impl<B> FixedStore<B> {
             slots /= 2;
         };
         FixedStore {
-            window: table.len().min(FixedCapacity::WINDOW),
+            window: table.len().min(window.max(1)),
             table,
             reuse,
             next_stamp: 0,
@@ -229,6 +231,14 @@ impl<B> Store<B> for FixedStore<B> {
     #[cfg(any(test, feature = "testing"))]
     fn footprint(&self) -> usize {
         core::mem::size_of_val(&*self.table)
+    }
+
+    fn cached_of(&self, class: usize) -> usize {
+        self.table
+            .iter()
+            .flatten()
+            .filter(|e| e.class == class)
+            .count()
     }
 
     fn check(&self) {

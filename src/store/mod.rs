@@ -3,6 +3,7 @@
 //! Implementation detail of [`Policy`](crate::policy::Policy); public only
 //! because the policy trait names it.
 
+pub mod any;
 pub mod fixed;
 mod ring;
 pub mod timed;
@@ -17,6 +18,13 @@ pub trait Store<B> {
     /// never reads it.
     const TIMED: bool;
 
+    /// Whether this store reads the clock: [`Store::TIMED`], unless the
+    /// store is chosen at run time.
+    #[inline(always)]
+    fn timed(&self) -> bool {
+        Self::TIMED
+    }
+
     /// Takes a cached block of `class` bytes (a hit), choosing by the
     /// store's reuse order.
     fn take(&mut self, class: usize, now: u64) -> Option<B>;
@@ -28,6 +36,15 @@ pub trait Store<B> {
 
     /// Removes the oldest block if the policy says it must go at `now`.
     fn evict_due(&mut self, now: u64) -> Option<(B, usize)>;
+
+    /// Debug builds, before a collection at `now`: when the policy's
+    /// deadline lets the collection skip the policy, asks it anyway and
+    /// panics if it wants the oldest block freed (a deadline later than
+    /// `must_evict` allows would silently delay evictions).
+    #[cfg(debug_assertions)]
+    fn check_deadline(&mut self, now: u64) {
+        let _ = now;
+    }
 
     /// Removes the oldest block whatever the policy says (trim, limit, retry).
     fn pop_oldest(&mut self, now: u64) -> Option<(B, usize)>;
@@ -46,6 +63,9 @@ pub trait Store<B> {
 
     /// Cached bytes.
     fn bytes(&self) -> usize;
+
+    /// Cached blocks of `class` (for statistics: not on the hot path).
+    fn cached_of(&self, class: usize) -> usize;
 
     /// Blocks taken by hits so far, and their bytes (saturating): the pool's
     /// `hits` and `bytes_from_pool`, counted where the hit happens.

@@ -568,6 +568,38 @@ impl<B, P: EvictionPolicy> Store<B> for TimedStore<B, P> {
         self.evict_due_slow(now)
     }
 
+    #[cfg(debug_assertions)]
+    fn check_deadline(&mut self, now: u64) {
+        if now >= self.not_before {
+            // The collection asks the policy itself.
+            return;
+        }
+        let Some((size, at)) = self.oldest() else {
+            return;
+        };
+        let oldest = Oldest {
+            released_at: Duration::from_nanos(at),
+            size,
+        };
+        let now_d = Duration::from_nanos(now);
+        // The cached deadline may be stale after the clock was set back (a
+        // block released "later" at an earlier time): only the policy's
+        // deadline for the block now oldest is held against it.
+        let Some(deadline) = self.policy.deadline(oldest).filter(|&d| d > now_d) else {
+            return;
+        };
+        if self.policy.must_evict(now_d, oldest, self.bytes()) {
+            panic!(
+                "EvictionPolicy::deadline disagrees with must_evict: the policy's deadline \
+                 was {deadline:?}, yet at {now_d:?} must_evict wants the oldest block \
+                 ({size} bytes, released at {:?}) freed; the pool skips must_evict until \
+                 the deadline, so this block would not be evicted. `deadline` must return \
+                 a time before which `must_evict` answers false (or None, the default)",
+                oldest.released_at
+            );
+        }
+    }
+
     fn pop_oldest(&mut self, now: u64) -> Option<(B, usize)> {
         let (size, _) = self.oldest()?;
         Some(self.remove_oldest(size, now, FreeReason::Trimmed))
@@ -596,6 +628,12 @@ impl<B, P: EvictionPolicy> Store<B> for TimedStore<B, P> {
     #[cfg(any(test, feature = "testing"))]
     fn footprint(&self) -> usize {
         self.heap_bytes()
+    }
+
+    fn cached_of(&self, class: usize) -> usize {
+        self.classes.get(class).map_or(0, |c| {
+            usize::from(c.items.newest.is_some()) + c.items.older.len()
+        })
     }
 
     fn check(&self) {

@@ -127,6 +127,8 @@ pub struct Instant {
 /// # Examples
 ///
 /// ```
+/// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+/// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// use core::time::Duration;
 /// use decaying_pool::testing::CheckingAllocator;
 /// use decaying_pool::trace::{InstantKind, Recorder};
@@ -149,6 +151,8 @@ pub struct Instant {
 /// assert_eq!(rec.samples().len(), 3);
 /// assert_eq!(rec.samples()[1].bytes_cached, 4096);
 /// assert_eq!(rec.instants()[0].kind, InstantKind::Eviction);
+/// # Ok(())
+/// # }
 /// ```
 #[derive(Clone, Debug)]
 pub struct Recorder {

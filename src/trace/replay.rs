@@ -736,6 +736,7 @@ impl Default for ReplayOptions {
 /// assert_eq!(rep.reserved_over_live(), 1.0);
 /// ```
 #[derive(Clone, Debug)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct Report {
     /// The workload's name.
     pub workload: String,
@@ -768,7 +769,9 @@ pub struct Report {
     pub span_seconds: f64,
     /// The pool's final counters.
     pub stats: Stats,
-    /// The recording, when [`ReplayOptions::record`] was set.
+    /// The recording, when [`ReplayOptions::record`] was set (not
+    /// serialized: write it with its own exporters).
+    #[cfg_attr(feature = "serde", serde(skip))]
     pub recording: Option<Recorder>,
 }
 

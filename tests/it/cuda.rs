@@ -295,3 +295,31 @@ fn packed_slice_pool_carves_slices_from_one_segment() {
     assert_eq!(pool.packing_stats().unwrap().segments, 0);
     assert_eq!(pool.trim(), 2 << 20);
 }
+
+#[test]
+fn memory_fraction_is_a_share_of_the_device_and_sets_the_limit() {
+    if skip("memory_fraction") {
+        return;
+    }
+    let alloc = DeviceAllocator::new(0).unwrap();
+    let total = alloc.context().total_mem().unwrap();
+    assert_eq!(cuda::memory_fraction(alloc.context(), 1.0).unwrap(), total);
+    assert_eq!(cuda::memory_fraction(alloc.context(), 2.0).unwrap(), total);
+    assert_eq!(cuda::memory_fraction(alloc.context(), f64::NAN).unwrap(), 0);
+    assert_eq!(cuda::memory_fraction(alloc.context(), -1.0).unwrap(), 0);
+    let half = cuda::memory_fraction(alloc.context(), 0.5).unwrap();
+    assert!(half <= total / 2 + 1 && half + 1 >= total / 2);
+    let mut pool = DecayingPool::new(alloc, FixedTime::default());
+    let b = pool.allocate(1 << 20).unwrap();
+    pool.set_limit(Some(1 << 20));
+    assert!(matches!(
+        pool.allocate(1),
+        Err(PoolError::LimitExceeded { .. })
+    ));
+    // SAFETY: `b` came from this pool with this size.
+    unsafe { pool.release(b, 1 << 20) };
+    pool.set_limit(Some(half));
+    let b = pool.allocate(1 << 20).unwrap();
+    // SAFETY: as above.
+    unsafe { pool.release(b, 1 << 20) };
+}

@@ -195,6 +195,7 @@ fn limit_frees_cached_blocks_oldest_first_until_the_request_fits() {
             peak_bytes_reserved: 900,
             peak_bytes_in_use: 900,
             bytes_from_backing: 1300,
+            bytes_requested: 1300,
             ..Stats::default()
         }
     );
@@ -454,6 +455,7 @@ fn first_retry_frees_oldest_until_the_class_size_is_freed() {
             peak_bytes_reserved: 650,
             peak_bytes_in_use: 650,
             bytes_from_backing: 900,
+            bytes_requested: 900,
             ..Stats::default()
         }
     );

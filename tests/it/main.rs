@@ -1,11 +1,20 @@
 //! The crate's integration tests: one binary, a module per area.
+//!
+//! They use the crate's test doubles and model checker: the features
+//! `testing` and `fuzzing`, which the crate's dev-dependency on itself turns
+//! on in a checkout. A packaged crate has no such dependency: there the
+//! binary is empty unless run with `cargo test --all-features`.
 
+#![cfg(all(feature = "testing", feature = "fuzzing"))]
+
+mod adoption_safety;
 mod backends;
 #[cfg(feature = "cuda")]
 mod cuda;
 mod exponential;
 mod fixed_capacity;
 mod fuzz_corpus;
+mod knobs;
 mod limit_retry;
 mod model;
 mod packing;

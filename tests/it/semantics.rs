@@ -149,6 +149,7 @@ fn stats_are_exact_after_a_mixed_sequence() {
             peak_bytes_reserved: 300,
             peak_bytes_in_use: 300,
             bytes_from_backing: 300,
+            bytes_requested: 300,
             ..Stats::default()
         }
     );
@@ -168,6 +169,7 @@ fn stats_are_exact_after_a_mixed_sequence() {
             peak_bytes_reserved: 300,
             peak_bytes_in_use: 300,
             bytes_from_backing: 300,
+            bytes_requested: 300,
             ..Stats::default()
         }
     );
@@ -192,6 +194,7 @@ fn stats_are_exact_after_a_mixed_sequence() {
             peak_bytes_in_use: 450,
             bytes_from_pool: 100,
             bytes_from_backing: 450,
+            bytes_requested: 550,
             ..Stats::default()
         }
     );
@@ -216,6 +219,7 @@ fn stats_are_exact_after_a_mixed_sequence() {
             peak_bytes_in_use: 450,
             bytes_from_pool: 300,
             bytes_from_backing: 450,
+            bytes_requested: 750,
             ..Stats::default()
         }
     );
@@ -234,6 +238,7 @@ fn stats_are_exact_after_a_mixed_sequence() {
             peak_bytes_in_use: 450,
             bytes_from_pool: 300,
             bytes_from_backing: 450,
+            bytes_requested: 750,
             ..Stats::default()
         }
     );

@@ -520,6 +520,7 @@ fn stats_count_class_sizes_not_request_sizes() {
             peak_bytes_in_use: 1152,
             bytes_from_pool: 1024,
             bytes_from_backing: 1152,
+            bytes_requested: 1700, // 1000 + 100 + 600
             ..Stats::default()
         }
     );
