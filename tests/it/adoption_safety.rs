@@ -133,6 +133,7 @@ fn a_deadline_later_than_must_evict_allows_is_caught_in_debug_builds() {
     // SAFETY: each block came from this pool with this size and is released once.
     unsafe { pool.release(a, 64) };
     // The policy is asked here (no deadline yet) and answers with its hour.
+    // SAFETY: as above.
     unsafe { pool.release(b, 64) };
     clock.advance(Duration::from_secs(2));
     // Without the check this returns 0: nothing is evicted for an hour.
