@@ -45,8 +45,14 @@ fn host_pools_are_send() {
     assert_eq!((s.misses, s.hits), (1, 3));
 
     // A stacked host pool behind a `SharedPool`, with a reaper thread.
-    let inner = DecayingPool::new(SystemAllocator::new(), FixedTime::new(Duration::from_secs(60)));
-    let shared = SharedPool::new(DecayingPool::new(inner, FixedTime::new(Duration::from_secs(1))));
+    let inner = DecayingPool::new(
+        SystemAllocator::new(),
+        FixedTime::new(Duration::from_secs(60)),
+    );
+    let shared = SharedPool::new(DecayingPool::new(
+        inner,
+        FixedTime::new(Duration::from_secs(1)),
+    ));
     let reaper = shared.spawn_reaper(Duration::from_millis(100));
     drop(shared.allocate(4096).unwrap());
     drop(reaper);
