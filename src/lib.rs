@@ -73,6 +73,7 @@ mod shared;
 mod stats;
 #[doc(hidden)]
 pub mod store;
+mod store_api;
 #[cfg(feature = "testing")]
 #[cfg_attr(docsrs, doc(cfg(feature = "testing")))]
 pub mod testing;

@@ -11,7 +11,7 @@
 
 use core::time::Duration;
 
-use crate::store::{any::AnyStore, fixed::FixedStore, timed::TimedStore, Store};
+use crate::store_api::Store;
 
 /// Which cached block of a size class a hit hands out.
 ///
@@ -803,7 +803,9 @@ impl core::fmt::Display for TooManySlots {
 
 impl std::error::Error for TooManySlots {}
 
-mod sealed {
+/// Implemented by the stores for the policies they run (`store::timed`,
+/// `store::fixed`).
+pub(crate) mod sealed {
     pub trait Sealed {}
 }
 
@@ -818,37 +820,4 @@ pub trait Policy: sealed::Sealed {
     /// Builds the store.
     #[doc(hidden)]
     fn into_store<B>(self, reuse: Reuse) -> Self::Store<B>;
-}
-
-impl<P: EvictionPolicy> sealed::Sealed for P {}
-
-impl<P: EvictionPolicy> Policy for P {
-    type Store<B> = TimedStore<B, P>;
-
-    fn into_store<B>(self, reuse: Reuse) -> Self::Store<B> {
-        TimedStore::new(self, reuse)
-    }
-}
-
-impl sealed::Sealed for FixedCapacity {}
-
-impl Policy for FixedCapacity {
-    type Store<B> = FixedStore<B>;
-
-    fn into_store<B>(self, reuse: Reuse) -> Self::Store<B> {
-        FixedStore::new(self.slots, self.per_size, reuse)
-    }
-}
-
-impl sealed::Sealed for AnyPolicy {}
-
-impl Policy for AnyPolicy {
-    type Store<B> = AnyStore<B>;
-
-    fn into_store<B>(self, reuse: Reuse) -> Self::Store<B> {
-        match self {
-            AnyPolicy::Timed(p) => AnyStore::Timed(TimedStore::new(p, reuse)),
-            AnyPolicy::Fixed(p) => AnyStore::Fixed(p.into_store(reuse)),
-        }
-    }
 }

@@ -62,6 +62,10 @@ use crate::stats::{ClassStats, Stats};
 pub struct DecayingPool<A: RawAllocator, P: Policy = FixedTime, C: Clock = MonotonicClock> {
     alloc: A,
     cache: Cache<A::Block, P, C>,
+    /// Debug builds: the size each block in use was allocated with, by
+    /// [`RawAllocator::block_key`], to check releases.
+    #[cfg(debug_assertions)]
+    handed: std::collections::HashMap<usize, usize>,
 }
 
 // SAFETY: a pool owns its allocator, policy and clock (each `Send`) and the
@@ -304,6 +308,8 @@ impl<A: RawAllocator, P: Policy, C: Clock> Builder<A, P, C> {
     /// ```
     pub fn build(self) -> DecayingPool<A, P, C> {
         DecayingPool {
+            #[cfg(debug_assertions)]
+            handed: std::collections::HashMap::new(),
             alloc: self.alloc,
             cache: Cache::new(
                 self.policy,
@@ -385,6 +391,11 @@ impl<A: RawAllocator, P: Policy, C: Clock> DecayingPool<A, P, C> {
     ///
     /// A failed call hands out nothing and counts neither a hit nor a miss.
     ///
+    /// A hit hands out a block as its previous user left it: its bytes are
+    /// whatever was written there last, not zeroes (an `mmap` block is
+    /// zero-filled only on the miss that maps it). [`LocalPool`](crate::LocalPool)
+    /// offers safe `MaybeUninit` views of host blocks.
+    ///
     /// # Panics
     ///
     /// When the clock, the policy or the backing allocator panics; the
@@ -407,7 +418,20 @@ impl<A: RawAllocator, P: Policy, C: Clock> DecayingPool<A, P, C> {
     // share of it; the miss path is a separate function.
     #[inline(always)]
     pub fn allocate(&mut self, size: usize) -> Result<A::Block, PoolError<A::Error>> {
-        let Self { alloc, cache } = self;
+        let result = self.allocate_unchecked(size);
+        #[cfg(debug_assertions)]
+        if let Ok(block) = &result {
+            if let Some(key) = self.alloc.block_key(block) {
+                self.handed.insert(key, size);
+            }
+        }
+        result
+    }
+
+    /// `allocate` without the debug bookkeeping.
+    #[inline(always)]
+    fn allocate_unchecked(&mut self, size: usize) -> Result<A::Block, PoolError<A::Error>> {
+        let Self { alloc, cache, .. } = self;
         let free = &mut |block, class| {
             // SAFETY: every block the cache lets go came from
             // `alloc.allocate(class)` and leaves the cache exactly once.
@@ -440,6 +464,12 @@ impl<A: RawAllocator, P: Policy, C: Clock> DecayingPool<A, P, C> {
     /// class) or more is released than is in use: both break the safety
     /// contract, and the pool refuses rather than corrupt its cache.
     ///
+    /// In debug builds, when the block was allocated with another size and
+    /// the backing allocator identifies its blocks
+    /// ([`RawAllocator::block_key`]: the host allocators and the test
+    /// doubles do), with a message naming both sizes; the block is released
+    /// with the size it was allocated with first, so nothing is lost.
+    ///
     /// When the clock, the policy or the backing `deallocate` (freeing a
     /// block the policy evicts first) panics. The released block is not
     /// lost: if the clock panicked, the pool knows no time to cache it at
@@ -464,11 +494,30 @@ impl<A: RawAllocator, P: Policy, C: Clock> DecayingPool<A, P, C> {
     /// ```
     #[inline(always)]
     pub unsafe fn release(&mut self, block: A::Block, size: usize) {
-        let Self { alloc, cache } = self;
+        #[cfg(debug_assertions)]
+        let (size, mismatch) = match self
+            .alloc
+            .block_key(&block)
+            .and_then(|k| self.handed.remove(&k))
+        {
+            // Released with the size it was allocated with, so its class and
+            // the counters stay true; the caller hears of it below.
+            Some(handed) if handed != size => (handed, Some(size)),
+            _ => (size, None),
+        };
+        let Self { alloc, cache, .. } = self;
         cache.release_now(block, size, &mut |block, class| {
             // SAFETY: as in `allocate`.
             unsafe { alloc.deallocate(block, class) }
         });
+        #[cfg(debug_assertions)]
+        if let Some(wrong) = mismatch {
+            panic!(
+                "DecayingPool::release: a block allocated with size {size} was released \
+                 with size {wrong}; a release must name the size the block was allocated \
+                 with (the pool released it with {size})"
+            );
+        }
     }
 
     /// Runs the policy now: frees every cached block it says must go.
@@ -499,7 +548,7 @@ impl<A: RawAllocator, P: Policy, C: Clock> DecayingPool<A, P, C> {
     /// # }
     /// ```
     pub fn collect(&mut self) -> usize {
-        let Self { alloc, cache } = self;
+        let Self { alloc, cache, .. } = self;
         let now = cache.now();
         cache.collect(now, &mut |block, class| {
             // SAFETY: as in `allocate`.
@@ -525,7 +574,7 @@ impl<A: RawAllocator, P: Policy, C: Clock> DecayingPool<A, P, C> {
     /// # }
     /// ```
     pub fn trim(&mut self) -> usize {
-        let Self { alloc, cache } = self;
+        let Self { alloc, cache, .. } = self;
         let now = cache.now();
         cache.trim_all(now, Reason::Trimmed, &mut |block, class| {
             // SAFETY: as in `allocate`.
@@ -580,7 +629,7 @@ impl<A: RawAllocator, P: Policy, C: Clock> DecayingPool<A, P, C> {
     /// # }
     /// ```
     pub fn set_limit(&mut self, limit: Option<usize>) -> usize {
-        let Self { alloc, cache } = self;
+        let Self { alloc, cache, .. } = self;
         let now = cache.now();
         cache.set_limit(limit, now, &mut |block, class| {
             // SAFETY: as in `allocate`.
@@ -821,7 +870,7 @@ impl<A: RawAllocator, P: Policy, C: Clock> DecayingPool<A, P, C> {
             }
         }
 
-        let Self { alloc, cache } = self;
+        let Self { alloc, cache, .. } = self;
         cache.make_room(size, class, now, &mut |block, class| {
             // SAFETY: as in `allocate`.
             unsafe { alloc.deallocate(block, class) }
@@ -857,12 +906,21 @@ impl<A: RawAllocator, P: Policy, C: Clock> DecayingPool<A, P, C> {
         let this = core::mem::ManuallyDrop::new(self);
         // SAFETY: `this` is never used or dropped again, so each field is
         // moved out exactly once.
-        unsafe { (core::ptr::read(&this.alloc), core::ptr::read(&this.cache)) }
+        unsafe {
+            #[cfg(debug_assertions)]
+            drop(core::ptr::read(&this.handed));
+            (core::ptr::read(&this.alloc), core::ptr::read(&this.cache))
+        }
     }
 
     /// Puts a pool back together from its parts.
     pub(crate) fn from_parts(alloc: A, cache: Cache<A::Block, P, C>) -> Self {
-        DecayingPool { alloc, cache }
+        DecayingPool {
+            alloc,
+            cache,
+            #[cfg(debug_assertions)]
+            handed: std::collections::HashMap::new(),
+        }
     }
 }
 
@@ -875,7 +933,7 @@ impl<A: RawAllocator, P: Policy, C: Clock> Drop for DecayingPool<A, P, C> {
     /// already unwinding: then every panic is discarded rather than abort
     /// the process.
     fn drop(&mut self) {
-        let Self { alloc, cache } = self;
+        let Self { alloc, cache, .. } = self;
         let first = FirstPanic::default();
         cache.free_all(&first, &mut |block, class| {
             // SAFETY: as in `allocate`.
@@ -897,6 +955,11 @@ impl<A: RawAllocator, P: Policy, C: Clock> Drop for DecayingPool<A, P, C> {
 impl<A: RawAllocator, P: Policy, C: Clock> RawAllocator for DecayingPool<A, P, C> {
     type Block = A::Block;
     type Error = PoolError<A::Error>;
+
+    #[inline]
+    fn block_key(&self, block: &Self::Block) -> Option<usize> {
+        self.alloc.block_key(block)
+    }
 
     #[inline]
     fn allocate(&mut self, size: usize) -> Result<Self::Block, Self::Error> {

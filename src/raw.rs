@@ -53,11 +53,39 @@ pub trait RawAllocator {
     /// - `block` came from `self.allocate(size)`, with this same `size`;
     /// - `block` has not been deallocated since, and is not used again.
     unsafe fn deallocate(&mut self, block: Self::Block, size: usize);
+
+    /// A number that identifies a live `block` (its address), or `None`
+    /// (the default). Debug builds of a
+    /// [`DecayingPool`](crate::DecayingPool) use it to check that every
+    /// block is released with the size it was allocated with, and panic,
+    /// naming both sizes, when it is not.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use decaying_pool::{RawAllocator, SystemAllocator};
+    /// let mut alloc = SystemAllocator::new();
+    /// let block = alloc.allocate(8)?;
+    /// assert_eq!(alloc.block_key(&block), Some(block.as_ptr() as usize));
+    /// // SAFETY: `block` came from `alloc.allocate(8)` and is not used again.
+    /// unsafe { alloc.deallocate(block, 8) };
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    #[inline]
+    fn block_key(&self, block: &Self::Block) -> Option<usize> {
+        let _ = block;
+        None
+    }
 }
 
 impl<A: RawAllocator + ?Sized> RawAllocator for &mut A {
     type Block = A::Block;
     type Error = A::Error;
+
+    #[inline]
+    fn block_key(&self, block: &Self::Block) -> Option<usize> {
+        (**self).block_key(block)
+    }
 
     #[inline]
     fn allocate(&mut self, size: usize) -> Result<Self::Block, Self::Error> {
@@ -74,6 +102,11 @@ impl<A: RawAllocator + ?Sized> RawAllocator for &mut A {
 impl<A: RawAllocator + ?Sized> RawAllocator for Box<A> {
     type Block = A::Block;
     type Error = A::Error;
+
+    #[inline]
+    fn block_key(&self, block: &Self::Block) -> Option<usize> {
+        (**self).block_key(block)
+    }
 
     #[inline]
     fn allocate(&mut self, size: usize) -> Result<Self::Block, Self::Error> {

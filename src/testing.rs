@@ -320,6 +320,11 @@ impl RawAllocator for CheckingAllocator {
         s.live_bytes -= size;
         s.calls.push(Call::Deallocate { block, size });
     }
+
+    #[inline]
+    fn block_key(&self, block: &u64) -> Option<usize> {
+        usize::try_from(*block).ok()
+    }
 }
 
 /// Why a [`FailingAllocator`] refused.

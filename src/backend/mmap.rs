@@ -134,4 +134,9 @@ impl RawAllocator for MmapAllocator {
         let rc = unsafe { libc::munmap(block.as_ptr().cast(), len) };
         debug_assert_eq!(rc, 0, "munmap failed: {}", std::io::Error::last_os_error());
     }
+
+    #[inline]
+    fn block_key(&self, block: &Self::Block) -> Option<usize> {
+        Some(block.as_ptr() as usize)
+    }
 }

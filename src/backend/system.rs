@@ -135,4 +135,9 @@ impl RawAllocator for SystemAllocator {
             )
         }
     }
+
+    #[inline]
+    fn block_key(&self, block: &Self::Block) -> Option<usize> {
+        Some(block.as_ptr() as usize)
+    }
 }

@@ -81,3 +81,18 @@ impl<B> Store<B> for AnyStore<B> {
         dispatch!(self, s => s.check())
     }
 }
+
+impl crate::policy::sealed::Sealed for crate::policy::AnyPolicy {}
+
+impl crate::policy::Policy for crate::policy::AnyPolicy {
+    type Store<B> = AnyStore<B>;
+
+    fn into_store<B>(self, reuse: crate::policy::Reuse) -> Self::Store<B> {
+        match self {
+            crate::policy::AnyPolicy::Timed(p) => AnyStore::Timed(TimedStore::new(p, reuse)),
+            crate::policy::AnyPolicy::Fixed(p) => {
+                AnyStore::Fixed(crate::policy::Policy::into_store(p, reuse))
+            }
+        }
+    }
+}

@@ -14,7 +14,7 @@
 //! (a counter) to compare ages within a window.
 
 use super::Store;
-use crate::policy::{FixedCapacity, Reuse};
+use crate::policy::{sealed, FixedCapacity, Policy, Reuse};
 
 const NIL: u32 = u32::MAX;
 
@@ -276,5 +276,16 @@ impl<B> Store<B> for FixedStore<B> {
         }
         assert_eq!(prev, self.newest, "age list tail");
         assert_eq!(seen, len, "age list length");
+    }
+}
+
+impl sealed::Sealed for FixedCapacity {}
+
+/// `FixedCapacity` runs on the fixed table.
+impl Policy for FixedCapacity {
+    type Store<B> = FixedStore<B>;
+
+    fn into_store<B>(self, reuse: Reuse) -> Self::Store<B> {
+        FixedStore::new(self.slots(), self.max_per_size(), reuse)
     }
 }

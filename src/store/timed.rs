@@ -62,7 +62,7 @@ use std::sync::atomic::{AtomicPtr, Ordering::Relaxed};
 
 use super::ring::Ring;
 use super::Store;
-use crate::policy::{EvictionPolicy, FreeReason, Oldest, Reuse};
+use crate::policy::{sealed, EvictionPolicy, FreeReason, Oldest, Policy, Reuse};
 
 /// Classes added beyond twice the number left by the last sweep before the
 /// next one.
@@ -742,5 +742,16 @@ impl<B, P: EvictionPolicy> TimedStore<B, P> {
             self.not_before = self.policy.deadline(oldest).map_or(0, nanos);
             None
         }
+    }
+}
+
+impl<P: EvictionPolicy> sealed::Sealed for P {}
+
+/// Every timed policy runs on the timed store.
+impl<P: EvictionPolicy> Policy for P {
+    type Store<B> = TimedStore<B, P>;
+
+    fn into_store<B>(self, reuse: Reuse) -> Self::Store<B> {
+        TimedStore::new(self, reuse)
     }
 }

@@ -305,3 +305,36 @@ mod local {
         view[0] = MaybeUninit::new(2);
     }
 }
+
+// ---------------------------------------------------------------------------
+// Debug builds catch a release whose size is not the allocated one.
+
+#[test]
+#[cfg(debug_assertions)]
+fn a_release_with_the_wrong_size_is_caught_and_loses_nothing() {
+    use std::panic::{catch_unwind, AssertUnwindSafe};
+    let alloc = decaying_pool::testing::CheckingAllocator::new();
+    let mut pool = DecayingPool::new(alloc.clone(), FixedTime::new(Duration::from_secs(60)));
+    let a = pool.allocate(100).unwrap();
+    let keep = pool.allocate(300).unwrap();
+    let err = catch_unwind(AssertUnwindSafe(|| {
+        // SAFETY: deliberately wrong size; the debug check catches it
+        // before anything reaches the backing allocator with it.
+        unsafe { pool.release(a, 200) }
+    }))
+    .unwrap_err();
+    let msg = err.downcast_ref::<String>().expect("a formatted message");
+    assert!(msg.contains("allocated with size 100"), "{msg}");
+    assert!(msg.contains("released with size 200"), "{msg}");
+    // The block went back with its true size: cached as a 100-byte block.
+    let s = pool.stats();
+    assert_eq!(
+        (s.blocks_cached, s.bytes_cached, s.bytes_in_use),
+        (1, 100, 300)
+    );
+    // SAFETY: `keep` came from this pool with this size.
+    unsafe { pool.release(keep, 300) };
+    pool.validate();
+    drop(pool);
+    alloc.assert_all_freed();
+}
