@@ -19,7 +19,6 @@ use core::fmt;
 use hashbrown::HashMap;
 use offset_allocator::{Allocation, Allocator};
 
-#[cfg(feature = "cuda")]
 pub use carve::Packable;
 pub(crate) use carve::{address_u64, carve_u64};
 pub use config::{Packing, ParsePackingError};
