@@ -61,9 +61,11 @@ mod error;
 #[cfg(feature = "fuzzing")]
 #[cfg_attr(docsrs, doc(cfg(feature = "fuzzing")))]
 pub mod fuzzing;
+/// The packing layer's model-checking harness, [`fuzzing::packed`], under
+/// its former path.
 #[cfg(feature = "fuzzing")]
 #[cfg_attr(docsrs, doc(cfg(feature = "fuzzing")))]
-pub mod fuzzing_packed;
+pub use fuzzing::packed as fuzzing_packed;
 mod local;
 mod observe;
 mod packing;

@@ -84,6 +84,8 @@
 //! assert_eq!(summary.stats.evictions, 1);
 //! ```
 
+pub mod packed;
+
 use core::any::Any;
 use core::fmt;
 use core::mem::ManuallyDrop;
