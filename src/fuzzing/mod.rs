@@ -1,7 +1,7 @@
 //! Internal: the model-checking harness behind `fuzz/` and the corpus
 //! replay; not covered by semver (feature `fuzzing`).
 //!
-//! The harness checks [`DecayingPool`](crate::DecayingPool) and
+//! The harness checks [`DecayingPool`] and
 //! [`SharedPool`](crate::SharedPool) here, the packing layer in [`packed`].
 //! The code is split as follows: `input` parses the bytes ([`Config`],
 //! [`Op`], [`SharedOp`]), `model` is the reference model, `pool` and
