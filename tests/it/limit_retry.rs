@@ -5,6 +5,7 @@
 //! and in what order, how many backing attempts are made, and that the
 //! statistics stay true and no block is lost on any path.
 
+use crate::support::{get, ms, put};
 use core::time::Duration;
 
 use decaying_pool::testing::{Call, CheckingAllocator, FailingAllocator, TestError};
@@ -18,10 +19,6 @@ type LPool = DecayingPool<CheckingAllocator, FixedTime, ManualClock>;
 type FPool = DecayingPool<FailingAllocator, FixedTime, ManualClock>;
 
 const TTL: Duration = Duration::from_secs(60);
-
-fn ms(n: u64) -> Duration {
-    Duration::from_millis(n)
-}
 
 fn limited(limit: usize, size_class: SizeClass) -> (LPool, CheckingAllocator, ManualClock) {
     let alloc = CheckingAllocator::new();
@@ -48,26 +45,6 @@ fn failing(capacity: Option<usize>) -> (FPool, FailingAllocator, CheckingAllocat
         .clock(clock.clone())
         .build();
     (pool, fail, inner, clock)
-}
-
-fn get<A: RawAllocator<Block = u64>>(
-    pool: &mut DecayingPool<A, FixedTime, ManualClock>,
-    size: usize,
-) -> u64 {
-    match pool.allocate(size) {
-        Ok(b) => b,
-        Err(e) => panic!("allocate({size}) failed: {e}"),
-    }
-}
-
-fn put<A: RawAllocator<Block = u64>>(
-    pool: &mut DecayingPool<A, FixedTime, ManualClock>,
-    block: u64,
-    size: usize,
-) {
-    // SAFETY: every caller passes a block this pool handed out for `size`
-    // and does not use it again.
-    unsafe { pool.release(block, size) }
 }
 
 /// Allocates blocks of `sizes` and releases them in order, 1 ms apart, so
