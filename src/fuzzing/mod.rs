@@ -145,6 +145,8 @@ pub struct Summary {
     pub injected: [u64; 8],
 }
 
+// --- what both harnesses share ---------------------------------------------
+
 /// The failing and checking allocators under every run.
 type Backing = FailingAllocator<CheckingAllocator>;
 
