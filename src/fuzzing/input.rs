@@ -31,7 +31,8 @@ pub const HUGE: [usize; 4] = [usize::MAX, usize::MAX - 3, (usize::MAX >> 1) + 2,
 /// Time-to-live and half-life choices, in ticks.
 pub const PERIODS: [u64; 12] = [0, 1, 2, 3, 4, 8, 16, 64, 100, 512, 1024, 5];
 
-/// `FixedCapacity` slot counts (some above [`FixedCapacity::WINDOW`](crate::FixedCapacity::WINDOW)).
+/// `FixedCapacity` slot counts (some above
+/// [`FixedCapacity::WINDOW`](crate::FixedCapacity::WINDOW)).
 pub const SLOTS: [usize; 16] = [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 12, 16, 24, 64, 3];
 
 /// Limit choices (byte 5 of a [`Config`], when `>= 128`).
@@ -49,9 +50,10 @@ pub const DIVISIONS: [u32; 9] = [0, 1, 2, 3, 4, 5, 7, 8, 16];
 /// A call the harness can make panic (see [`Op::Inject`]).
 ///
 /// An injected panic is a `String` payload starting with
-/// [`PanicSwitch::MESSAGE`](crate::testing::PanicSwitch::MESSAGE); the harness catches it around the pool
-/// operation, checks that the model expected it there, then checks the
-/// whole state as after any step. Any other panic is a failure.
+/// [`PanicSwitch::MESSAGE`](crate::testing::PanicSwitch::MESSAGE); the
+/// harness catches it around the pool operation, checks that the model
+/// expected it there, then checks the whole state as after any step. Any
+/// other panic is a failure.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Fault {
     /// The backing `allocate`, before allocating.

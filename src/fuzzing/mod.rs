@@ -31,21 +31,22 @@
 //! [`Fault`]: the backing `allocate` (which then allocates nothing), the
 //! backing `deallocate` (after the block is given back), the clock, or an
 //! `EvictionPolicy` hook (the policy runs behind
-//! [`PanickingPolicy`](crate::testing::PanickingPolicy)) panics on the n-th such call from then on. The
-//! harness catches the panic around the pool operation; the model counts
-//! the same calls, so it says which operation must panic and what that
-//! leaves, and the usual checks (the whole [`Stats`], the backing call log,
-//! `validate()`, which holds `bytes_reserved + pending <= limit`) follow.
-//! What the model expects is the pool's documented behaviour under panics:
-//! a release's block is cached, or freed (counted trimmed) when the clock
-//! panicked; a miss's booking against the limit is dropped; blocks freed on
-//! the way count as freed; a policy hook that panics changes nothing; a
-//! `SharedPool` handle operation finishes its cache step and offers every
-//! block it let go before passing the panic on; dropping the pool offers
-//! every block. A fault may stay armed through the final releases, trim and
-//! drop of a `pool_ops` run. A panic that is not injected (a failed check,
-//! a double free) is never caught. See [`SHARED_ALLOCATE_DEALLOCATE_PANICS`]
-//! for the one fault held back.
+//! [`PanickingPolicy`](crate::testing::PanickingPolicy)) panics on the
+//! n-th such call from then on. The harness catches the panic around the
+//! pool operation; the model counts the same calls, so it says which
+//! operation must panic and what that leaves, and the usual checks (the
+//! whole [`Stats`], the backing call log, `validate()`, which holds
+//! `bytes_reserved + pending <= limit`) follow. What the model expects is
+//! the pool's documented behaviour under panics: a release's block is
+//! cached, or freed (counted trimmed) when the clock panicked; a miss's
+//! booking against the limit is dropped; blocks freed on the way count as
+//! freed; a policy hook that panics changes nothing; a `SharedPool` handle
+//! operation finishes its cache step and offers every block it let go before
+//! passing the panic on; dropping the pool offers every block. A fault may
+//! stay armed through the final releases, trim and drop of a `pool_ops` run.
+//! A panic that is not injected (a failed check, a double free) is never
+//! caught. See [`SHARED_ALLOCATE_DEALLOCATE_PANICS`] for the one fault held
+//! back.
 //!
 //! The model:
 //! - the cache is a `Vec` of (block, class, release time), oldest first;
@@ -61,12 +62,12 @@
 //!   lie on a 1/512 s grid, so the `f64` arithmetic is exact and the model
 //!   rounds as the pool does;
 //! - `FixedCapacity(slots)`: no clock; with at most
-//!   [`FixedCapacity::WINDOW`](crate::FixedCapacity::WINDOW) slots the window is the whole table and the
-//!   victim of a release into a full table is predicted exactly (the
-//!   oldest block); with more slots the harness learns the victim from the
-//!   call log and checks it may be the one (it was cached with that size,
-//!   its window could be full, it is the oldest of its class when it shares
-//!   the released block's class);
+//!   [`FixedCapacity::WINDOW`](crate::FixedCapacity::WINDOW) slots the
+//!   window is the whole table and the victim of a release into a full
+//!   table is predicted exactly (the oldest block); with more slots the
+//!   harness learns the victim from the call log and checks it may be the
+//!   one (it was cached with that size, its window could be full, it is the
+//!   oldest of its class when it shares the released block's class);
 //! - the limit rule, then the out-of-memory retry ladder, on a miss;
 //! - the calls the pool makes, for the fault countdowns: one clock read
 //!   per operation (timed policies only); `must_evict` for each eviction
@@ -347,8 +348,9 @@ macro_rules! with_policy {
                 $run(p, switches, $($arg),*)
             }
             $crate::fuzzing::Kind::Exponential { half_life } => {
+                let half_life = $crate::fuzzing::input::ticks(half_life);
                 let p = $crate::testing::PanickingPolicy::new(
-                    $crate::policy::Exponential::half_life($crate::fuzzing::input::ticks(half_life)),
+                    $crate::policy::Exponential::half_life(half_life),
                 );
                 let switches = p.switches();
                 $run(p, switches, $($arg),*)

@@ -136,7 +136,8 @@ pub(super) struct Model {
     /// Blocks let go in a deferred cache step, to offer after it.
     deferred: Vec<(u64, usize)>,
     /// The deallocate switch is disarmed for now (see
-    /// [`SHARED_ALLOCATE_DEALLOCATE_PANICS`](super::SHARED_ALLOCATE_DEALLOCATE_PANICS)): calls do not count down.
+    /// [`SHARED_ALLOCATE_DEALLOCATE_PANICS`](super::SHARED_ALLOCATE_DEALLOCATE_PANICS)):
+    /// calls do not count down.
     pub(super) mute_deallocate: bool,
     /// Class minus requested bytes over successful allocations (saturating).
     waste: usize,
@@ -231,7 +232,9 @@ impl Model {
 
     /// Whether a `SharedPool` handle's `allocate` of `size` would have a
     /// `deallocate` panic among the blocks its cache step lets go (the
-    /// fault [`SHARED_ALLOCATE_DEALLOCATE_PANICS`](super::SHARED_ALLOCATE_DEALLOCATE_PANICS) holds back).
+    /// fault
+    /// [`SHARED_ALLOCATE_DEALLOCATE_PANICS`](super::SHARED_ALLOCATE_DEALLOCATE_PANICS)
+    /// holds back).
     pub(super) fn cache_step_frees_panic(&self, size: usize) -> bool {
         if self.armed[Fault::Deallocate as usize] == 0 {
             return false;
