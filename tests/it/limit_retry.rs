@@ -5,7 +5,7 @@
 //! and in what order, how many backing attempts are made, and that the
 //! statistics stay true and no block is lost on any path.
 
-use crate::support::{get, ms, put};
+use crate::support::{a, d, get, ms, put};
 use core::time::Duration;
 
 use decaying_pool::testing::{Call, CheckingAllocator, FailingAllocator, TestError};
@@ -60,14 +60,6 @@ fn cache<A: RawAllocator<Block = u64>>(
         put(pool, b, s);
     }
     blocks
-}
-
-fn a(block: u64, size: usize) -> Call {
-    Call::Allocate { block, size }
-}
-
-fn d(block: u64, size: usize) -> Call {
-    Call::Deallocate { block, size }
 }
 
 fn check<A: RawAllocator>(

@@ -7,12 +7,12 @@
 //! [`CheckingAllocator::calls`].
 
 use crate::support::Rng;
-use crate::support::{get, ms, pool_with, put, Pool};
+use crate::support::{a, d, get, ms, pool_with, put, Pool};
 use core::convert::Infallible;
 use core::time::Duration;
 use std::collections::{HashMap, HashSet};
 
-use decaying_pool::testing::{Call, CheckingAllocator};
+use decaying_pool::testing::CheckingAllocator;
 use decaying_pool::{
     Clock, DecayingPool, FixedTime, ManualClock, PoolError, RawAllocator, Reuse, SizeClass, Stats,
 };
@@ -23,14 +23,6 @@ const NS: Duration = Duration::from_nanos(1);
 /// A LIFO pool of exact sizes with a one-second time-to-live.
 fn pool() -> (Pool, CheckingAllocator, ManualClock) {
     pool_with(Reuse::Lifo, SizeClass::Exact, TTL)
-}
-
-fn a(block: u64, size: usize) -> Call {
-    Call::Allocate { block, size }
-}
-
-fn d(block: u64, size: usize) -> Call {
-    Call::Deallocate { block, size }
 }
 
 /// The identities DESIGN.md states between the counters, and agreement with

@@ -3,7 +3,7 @@
 use core::fmt::Display;
 use core::time::Duration;
 
-use decaying_pool::testing::CheckingAllocator;
+use decaying_pool::testing::{Call, CheckingAllocator};
 use decaying_pool::{
     Clock, DecayingPool, FixedTime, ManualClock, Policy, RawAllocator, Reuse, SizeClass,
 };
@@ -47,6 +47,24 @@ where
     pool.allocate(size)
         .unwrap_or_else(|e| panic!("allocate({size}) failed: {e}"))
 }
+
+/// The backing call `Allocate { block, size }`.
+pub(crate) fn a(block: u64, size: usize) -> Call {
+    Call::Allocate { block, size }
+}
+
+/// The backing call `Deallocate { block, size }`.
+pub(crate) fn d(block: u64, size: usize) -> Call {
+    Call::Deallocate { block, size }
+}
+
+/// Runs `f`, catching its panic.
+pub(crate) fn quiet<R>(f: impl FnOnce() -> R) -> std::thread::Result<R> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f))
+}
+
+/// Compiles only when `T` is `Send`.
+pub(crate) fn assert_send<T: Send>() {}
 
 /// Releases `block` of `size` into `pool`.
 pub(crate) fn put<A, P, C>(pool: &mut DecayingPool<A, P, C>, block: A::Block, size: usize)
@@ -94,8 +112,7 @@ impl Rng {
 }
 
 /// The blocks the backing allocator was given back, in order.
-pub(crate) fn freed_ids(alloc: &decaying_pool::testing::CheckingAllocator) -> Vec<u64> {
-    use decaying_pool::testing::Call;
+pub(crate) fn freed_ids(alloc: &CheckingAllocator) -> Vec<u64> {
     alloc
         .calls()
         .into_iter()
