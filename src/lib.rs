@@ -61,8 +61,11 @@ mod error;
 #[cfg(feature = "fuzzing")]
 #[cfg_attr(docsrs, doc(cfg(feature = "fuzzing")))]
 pub mod fuzzing;
+/// The packing layer's model-checking harness, [`fuzzing::packed`], under
+/// its former path.
 #[cfg(feature = "fuzzing")]
-pub mod fuzzing_packed;
+#[cfg_attr(docsrs, doc(cfg(feature = "fuzzing")))]
+pub use fuzzing::packed as fuzzing_packed;
 mod local;
 mod observe;
 mod packing;
@@ -77,6 +80,8 @@ mod store_api;
 #[cfg(feature = "testing")]
 #[cfg_attr(docsrs, doc(cfg(feature = "testing")))]
 pub mod testing;
+#[cfg(feature = "trace")]
+#[cfg_attr(docsrs, doc(cfg(feature = "trace")))]
 pub mod trace;
 
 #[cfg(feature = "cuda")]

@@ -432,13 +432,9 @@ impl<A: RawAllocator, P: Policy, C: Clock> DecayingPool<A, P, C> {
     #[inline(always)]
     fn allocate_unchecked(&mut self, size: usize) -> Result<A::Block, PoolError<A::Error>> {
         let Self { alloc, cache, .. } = self;
-        let free = &mut |block, class| {
-            // SAFETY: every block the cache lets go came from
-            // `alloc.allocate(class)` and leaves the cache exactly once.
-            unsafe { alloc.deallocate(block, class) }
-        };
         let now = cache.now();
-        cache.run_policy(now, free);
+        // SAFETY: only the cache calls it, as its free callback (`backing_free`'s contract).
+        cache.run_policy(now, &mut unsafe { backing_free(alloc) });
         let class = cache.class_of(size)?;
         if let Some(block) = cache.take(size, class, now) {
             return Ok(block);
@@ -506,10 +502,8 @@ impl<A: RawAllocator, P: Policy, C: Clock> DecayingPool<A, P, C> {
             _ => (size, None),
         };
         let Self { alloc, cache, .. } = self;
-        cache.release_now(block, size, &mut |block, class| {
-            // SAFETY: as in `allocate`.
-            unsafe { alloc.deallocate(block, class) }
-        });
+        // SAFETY: only the cache calls it, as its free callback (`backing_free`'s contract).
+        cache.release_now(block, size, &mut unsafe { backing_free(alloc) });
         #[cfg(debug_assertions)]
         if let Some(wrong) = mismatch {
             panic!(
@@ -550,10 +544,8 @@ impl<A: RawAllocator, P: Policy, C: Clock> DecayingPool<A, P, C> {
     pub fn collect(&mut self) -> usize {
         let Self { alloc, cache, .. } = self;
         let now = cache.now();
-        cache.collect(now, &mut |block, class| {
-            // SAFETY: as in `allocate`.
-            unsafe { alloc.deallocate(block, class) }
-        })
+        // SAFETY: only the cache calls it, as its free callback (`backing_free`'s contract).
+        cache.collect(now, &mut unsafe { backing_free(alloc) })
     }
 
     /// Frees every cached block, whatever the policy says. Returns the bytes
@@ -576,10 +568,8 @@ impl<A: RawAllocator, P: Policy, C: Clock> DecayingPool<A, P, C> {
     pub fn trim(&mut self) -> usize {
         let Self { alloc, cache, .. } = self;
         let now = cache.now();
-        cache.trim_all(now, Reason::Trimmed, &mut |block, class| {
-            // SAFETY: as in `allocate`.
-            unsafe { alloc.deallocate(block, class) }
-        })
+        // SAFETY: only the cache calls it, as its free callback (`backing_free`'s contract).
+        cache.trim_all(now, Reason::Trimmed, &mut unsafe { backing_free(alloc) })
     }
 
     /// A snapshot of the pool's counters.
@@ -631,10 +621,8 @@ impl<A: RawAllocator, P: Policy, C: Clock> DecayingPool<A, P, C> {
     pub fn set_limit(&mut self, limit: Option<usize>) -> usize {
         let Self { alloc, cache, .. } = self;
         let now = cache.now();
-        cache.set_limit(limit, now, &mut |block, class| {
-            // SAFETY: as in `allocate`.
-            unsafe { alloc.deallocate(block, class) }
-        })
+        // SAFETY: only the cache calls it, as its free callback (`backing_free`'s contract).
+        cache.set_limit(limit, now, &mut unsafe { backing_free(alloc) })
     }
 
     /// Sets every peak ([`Stats::peak_bytes_reserved`],
@@ -871,10 +859,8 @@ impl<A: RawAllocator, P: Policy, C: Clock> DecayingPool<A, P, C> {
         }
 
         let Self { alloc, cache, .. } = self;
-        cache.make_room(size, class, now, &mut |block, class| {
-            // SAFETY: as in `allocate`.
-            unsafe { alloc.deallocate(block, class) }
-        })?;
+        // SAFETY: only the cache calls it, as its free callback (`backing_free`'s contract).
+        cache.make_room(size, class, now, &mut unsafe { backing_free(alloc) })?;
         let booking = Booking { cache, class };
         let mut attempt = 0;
         loop {
@@ -886,12 +872,9 @@ impl<A: RawAllocator, P: Policy, C: Clock> DecayingPool<A, P, C> {
                 Err(e) => e,
             };
             attempt += 1;
-            let retry = booking
-                .cache
-                .after_failure(attempt, class, now, &mut |block, class| {
-                    // SAFETY: as in `allocate`.
-                    unsafe { alloc.deallocate(block, class) }
-                });
+            // SAFETY: only the cache calls it, as its free callback (`backing_free`'s contract).
+            let free = &mut unsafe { backing_free(alloc) };
+            let retry = booking.cache.after_failure(attempt, class, now, free);
             if retry == Retry::GiveUp {
                 // `after_failure` dropped the booking.
                 booking.settle();
@@ -924,6 +907,29 @@ impl<A: RawAllocator, P: Policy, C: Clock> DecayingPool<A, P, C> {
     }
 }
 
+/// The free callback every cache operation of a pool gets: it gives the
+/// blocks the cache lets go back to the backing allocator, through
+/// `alloc.deallocate(block, class)`.
+///
+/// # Safety
+///
+/// The closure must be called only by the [`Cache`] of the pool that owns
+/// `alloc` (passed as the `free` argument of one of its operations), with
+/// the block and class the cache gives it. Those meet `deallocate`'s
+/// contract: the cache holds only blocks that `alloc.allocate(class)`
+/// returned (a miss allocates at the class of the size, and `release`'s
+/// contract brings a block back with that same size, hence class), and it
+/// gives each block to its callback once, as the block leaves its
+/// bookkeeping, never to hand it out again.
+#[inline(always)]
+unsafe fn backing_free<A: RawAllocator>(alloc: &mut A) -> impl FnMut(A::Block, usize) + '_ {
+    move |block, class| {
+        // SAFETY: `block` came from `alloc.allocate(class)` and is not used
+        // again, as the caller's contract (the cache's) guarantees.
+        unsafe { alloc.deallocate(block, class) }
+    }
+}
+
 impl<A: RawAllocator, P: Policy, C: Clock> Drop for DecayingPool<A, P, C> {
     /// Gives every cached block back through the backing `deallocate`.
     ///
@@ -935,11 +941,11 @@ impl<A: RawAllocator, P: Policy, C: Clock> Drop for DecayingPool<A, P, C> {
     fn drop(&mut self) {
         let Self { alloc, cache, .. } = self;
         let first = FirstPanic::default();
+        // SAFETY: only the cache's free callback below calls it, with what the
+        // cache gives that callback (`backing_free`'s contract).
+        let mut free = unsafe { backing_free(alloc) };
         cache.free_all(&first, &mut |block, class| {
-            // SAFETY: as in `allocate`.
-            let r = catch_unwind(AssertUnwindSafe(|| unsafe {
-                alloc.deallocate(block, class)
-            }));
+            let r = catch_unwind(AssertUnwindSafe(|| free(block, class)));
             if let Err(panic) = r {
                 first.keep(panic);
             }

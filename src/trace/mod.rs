@@ -93,6 +93,7 @@ pub mod workloads;
 
 pub use chrome::write_chrome_trace;
 #[cfg(feature = "pickle")]
+#[cfg_attr(docsrs, doc(cfg(feature = "pickle")))]
 pub use pickle::{is_pickle, snapshot_to_csv};
 pub use record::{Instant, InstantKind, Recorder, Sample};
 pub use recording::{Recording, TraceAddress};

@@ -1,6 +1,7 @@
 //! Tests: host pools cross threads (`Send`), and `SharedPool` over them,
 //! stacked ones included, is `Send + Sync` and gets a reaper.
 
+use crate::support::assert_send;
 use core::time::Duration;
 use std::sync::Mutex;
 use std::thread;
@@ -11,7 +12,6 @@ use decaying_pool::{
     DecayingPool, Exponential, FixedCapacity, FixedTime, ManualClock, SharedPool, SystemAllocator,
 };
 
-fn assert_send<T: Send>() {}
 fn assert_sync<T: Sync>() {}
 
 #[test]

@@ -17,34 +17,17 @@
 //! together remain at time `t`, however often the pool collects.
 
 use crate::support::{freed_ids, Lcg};
+use crate::support::{ms, put};
 use core::time::Duration;
 use std::cell::RefCell;
 use std::collections::VecDeque;
 use std::rc::Rc;
 
-use decaying_pool::policy::{EvictionPolicy, FreeReason, Oldest, Policy};
+use decaying_pool::policy::{EvictionPolicy, FreeReason, Oldest};
 use decaying_pool::testing::{Call, CheckingAllocator, FailingAllocator, TestError};
-use decaying_pool::{
-    Clock, DecayingPool, Exponential, ManualClock, PoolError, RawAllocator, Reuse,
-};
+use decaying_pool::{DecayingPool, Exponential, ManualClock, PoolError, Reuse};
 
 type ExpPool = DecayingPool<CheckingAllocator, Exponential, ManualClock>;
-
-/// Releases `block` of `size` into `pool`.
-fn put<A, P, C>(pool: &mut DecayingPool<A, P, C>, block: u64, size: usize)
-where
-    A: RawAllocator<Block = u64>,
-    P: Policy,
-    C: Clock,
-{
-    // SAFETY: every caller passes a block this pool handed out for `size`
-    // and does not use it again (and a `u64` block cannot be misused).
-    unsafe { pool.release(block, size) }
-}
-
-fn ms(n: u64) -> Duration {
-    Duration::from_millis(n)
-}
 
 /// A pool with the given half-life, its allocator and its clock (at zero).
 fn exp_pool(h: Duration) -> (ExpPool, CheckingAllocator, ManualClock) {

@@ -9,29 +9,15 @@
 //! invariants.
 
 use crate::support::freed_ids;
+use crate::support::put;
 use crate::support::Lcg;
 use core::time::Duration;
 use std::collections::{HashMap, VecDeque};
 
-use decaying_pool::policy::Policy;
 use decaying_pool::testing::{Call, CheckingAllocator, FailingAllocator, TestError};
-use decaying_pool::{
-    Clock, DecayingPool, FixedCapacity, ManualClock, PoolError, RawAllocator, Reuse, SizeClass,
-};
+use decaying_pool::{Clock, DecayingPool, FixedCapacity, ManualClock, PoolError, Reuse, SizeClass};
 
 type FixedPool = DecayingPool<CheckingAllocator, FixedCapacity>;
-
-/// Releases `block` of `size` into `pool`.
-fn put<A, P, C>(pool: &mut DecayingPool<A, P, C>, block: u64, size: usize)
-where
-    A: RawAllocator<Block = u64>,
-    P: Policy,
-    C: Clock,
-{
-    // SAFETY: every caller passes a block this pool handed out for `size`
-    // and does not use it again (and a `u64` block cannot be misused).
-    unsafe { pool.release(block, size) }
-}
 
 fn fixed_pool(slots: usize, reuse: Reuse) -> (FixedPool, CheckingAllocator) {
     let alloc = CheckingAllocator::new();

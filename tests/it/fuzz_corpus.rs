@@ -11,6 +11,7 @@
 //! DECAYING_POOL_WRITE_CORPUS=1 cargo test --test it fuzz_corpus::write_seed_corpus -- --ignored
 //! ```
 
+use crate::support::noise;
 use std::path::{Path, PathBuf};
 
 use decaying_pool::fuzzing::{self, Kind, Summary, FAULTS};
@@ -222,18 +223,6 @@ fn seed(cfg: &Cfg, ops: impl IntoIterator<Item = Vec<u8>>) -> Vec<u8> {
     let mut b = cfg.bytes();
     b.extend(ops.into_iter().flatten());
     b
-}
-
-/// Pseudo-random operation bytes (64-bit LCG, high bits).
-fn noise(mut state: u64, len: usize) -> Vec<u8> {
-    (0..len)
-        .map(|_| {
-            state = state
-                .wrapping_mul(6_364_136_223_846_793_005)
-                .wrapping_add(1_442_695_040_888_963_407);
-            (state >> 56) as u8
-        })
-        .collect()
 }
 
 /// Allocate `n` blocks of palette entries `0..n % len`, release them all

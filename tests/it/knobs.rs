@@ -11,20 +11,8 @@ use decaying_pool::{
     ClassStats, DecayingPool, Event, EvictionPolicy, Exponential, FixedCapacity, FixedTime,
     ManualClock, PoolError, Reason, SharedPool, SizeClass, Stats,
 };
-use decaying_pool::{Clock, Policy, RawAllocator};
 
-use crate::support::freed_ids;
-
-/// Gives back a block of `pool`.
-fn put<A: RawAllocator, P: Policy, C: Clock>(
-    pool: &mut DecayingPool<A, P, C>,
-    block: A::Block,
-    size: usize,
-) {
-    // SAFETY: every caller passes a block this pool's `allocate(size)`
-    // handed out, once, and does not use it afterwards.
-    unsafe { pool.release(block, size) }
-}
+use crate::support::{freed_ids, put};
 
 fn events() -> (Arc<Mutex<Vec<Event>>>, impl FnMut(Event) + Send + 'static) {
     let seen = Arc::new(Mutex::new(Vec::new()));

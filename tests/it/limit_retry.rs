@@ -5,6 +5,7 @@
 //! and in what order, how many backing attempts are made, and that the
 //! statistics stay true and no block is lost on any path.
 
+use crate::support::{a, d, get, ms, put};
 use core::time::Duration;
 
 use decaying_pool::testing::{Call, CheckingAllocator, FailingAllocator, TestError};
@@ -18,10 +19,6 @@ type LPool = DecayingPool<CheckingAllocator, FixedTime, ManualClock>;
 type FPool = DecayingPool<FailingAllocator, FixedTime, ManualClock>;
 
 const TTL: Duration = Duration::from_secs(60);
-
-fn ms(n: u64) -> Duration {
-    Duration::from_millis(n)
-}
 
 fn limited(limit: usize, size_class: SizeClass) -> (LPool, CheckingAllocator, ManualClock) {
     let alloc = CheckingAllocator::new();
@@ -50,26 +47,6 @@ fn failing(capacity: Option<usize>) -> (FPool, FailingAllocator, CheckingAllocat
     (pool, fail, inner, clock)
 }
 
-fn get<A: RawAllocator<Block = u64>>(
-    pool: &mut DecayingPool<A, FixedTime, ManualClock>,
-    size: usize,
-) -> u64 {
-    match pool.allocate(size) {
-        Ok(b) => b,
-        Err(e) => panic!("allocate({size}) failed: {e}"),
-    }
-}
-
-fn put<A: RawAllocator<Block = u64>>(
-    pool: &mut DecayingPool<A, FixedTime, ManualClock>,
-    block: u64,
-    size: usize,
-) {
-    // SAFETY: every caller passes a block this pool handed out for `size`
-    // and does not use it again.
-    unsafe { pool.release(block, size) }
-}
-
 /// Allocates blocks of `sizes` and releases them in order, 1 ms apart, so
 /// the first is the oldest. Returns their ids.
 fn cache<A: RawAllocator<Block = u64>>(
@@ -83,14 +60,6 @@ fn cache<A: RawAllocator<Block = u64>>(
         put(pool, b, s);
     }
     blocks
-}
-
-fn a(block: u64, size: usize) -> Call {
-    Call::Allocate { block, size }
-}
-
-fn d(block: u64, size: usize) -> Call {
-    Call::Deallocate { block, size }
 }
 
 fn check<A: RawAllocator>(

@@ -1,11 +1,12 @@
 //! The crate's integration tests: one binary, a module per area.
 //!
-//! They use the crate's test doubles and model checker: the features
-//! `testing` and `fuzzing`, which the crate's dev-dependency on itself turns
-//! on in a checkout. A packaged crate has no such dependency: there the
-//! binary is empty unless run with `cargo test --all-features`.
+//! They use the crate's test doubles, model checker and trace tooling: the
+//! features `testing`, `fuzzing` and `trace`, which the crate's
+//! dev-dependency on itself turns on in a checkout. A packaged crate has no
+//! such dependency: there the binary is empty unless run with
+//! `cargo test --all-features`.
 
-#![cfg(all(feature = "testing", feature = "fuzzing"))]
+#![cfg(all(feature = "testing", feature = "fuzzing", feature = "trace"))]
 
 mod adoption_safety;
 mod backends;

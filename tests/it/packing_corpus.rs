@@ -11,6 +11,7 @@
 //! DECAYING_POOL_WRITE_CORPUS=1 cargo test --test it packing_corpus::write_packed_corpus -- --ignored
 //! ```
 
+use crate::support::noise;
 use std::path::PathBuf;
 
 use decaying_pool::fuzzing_packed::{self, PackedSummary};
@@ -178,18 +179,6 @@ fn seed(cfg: &Cfg, ops: impl IntoIterator<Item = Vec<u8>>) -> Vec<u8> {
         b.extend(op);
     }
     b
-}
-
-/// Deterministic noise (a 64-bit LCG), for seeds that are plain bytes.
-fn noise(mut state: u64, len: usize) -> Vec<u8> {
-    (0..len)
-        .map(|_| {
-            state = state
-                .wrapping_mul(6_364_136_223_846_793_005)
-                .wrapping_add(1_442_695_040_888_963_407);
-            (state >> 56) as u8
-        })
-        .collect()
 }
 
 /// Fill segments with bursts, punch holes, fill the holes again.

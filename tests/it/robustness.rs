@@ -5,9 +5,9 @@
 //! (`SharedPool::with`, `FixedCapacity::new`, `validate` under a clock set
 //! back).
 
+use crate::support::quiet;
 use core::time::Duration;
 use std::any::Any;
-use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use decaying_pool::policy::TooManySlots;
 use decaying_pool::testing::{
@@ -15,10 +15,6 @@ use decaying_pool::testing::{
     PanickingPolicy, PolicySwitches,
 };
 use decaying_pool::{DecayingPool, FixedCapacity, FixedTime, ManualClock, Reuse, SharedPool};
-
-fn quiet<R>(f: impl FnOnce() -> R) -> std::thread::Result<R> {
-    catch_unwind(AssertUnwindSafe(f))
-}
 
 /// The message of a panic payload.
 fn message(payload: &(dyn Any + Send)) -> &str {

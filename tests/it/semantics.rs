@@ -7,62 +7,22 @@
 //! [`CheckingAllocator::calls`].
 
 use crate::support::Rng;
+use crate::support::{a, d, get, ms, pool_with, put, Pool};
 use core::convert::Infallible;
 use core::time::Duration;
 use std::collections::{HashMap, HashSet};
 
-use decaying_pool::testing::{Call, CheckingAllocator};
+use decaying_pool::testing::CheckingAllocator;
 use decaying_pool::{
     Clock, DecayingPool, FixedTime, ManualClock, PoolError, RawAllocator, Reuse, SizeClass, Stats,
 };
 
-type Pool = DecayingPool<CheckingAllocator, FixedTime, ManualClock>;
-
 const TTL: Duration = Duration::from_secs(1);
 const NS: Duration = Duration::from_nanos(1);
-
-fn ms(n: u64) -> Duration {
-    Duration::from_millis(n)
-}
-
-fn pool_with(
-    reuse: Reuse,
-    size_class: SizeClass,
-    ttl: Duration,
-) -> (Pool, CheckingAllocator, ManualClock) {
-    let alloc = CheckingAllocator::new();
-    let clock = ManualClock::new();
-    let pool = DecayingPool::builder(alloc.clone())
-        .policy(FixedTime::new(ttl))
-        .clock(clock.clone())
-        .size_class(size_class)
-        .reuse(reuse)
-        .build();
-    (pool, alloc, clock)
-}
 
 /// A LIFO pool of exact sizes with a one-second time-to-live.
 fn pool() -> (Pool, CheckingAllocator, ManualClock) {
     pool_with(Reuse::Lifo, SizeClass::Exact, TTL)
-}
-
-fn get(pool: &mut Pool, size: usize) -> u64 {
-    pool.allocate(size)
-        .unwrap_or_else(|e| panic!("allocate({size}) failed: {e}"))
-}
-
-fn put(pool: &mut Pool, block: u64, size: usize) {
-    // SAFETY: every caller passes a block this pool handed out for `size`
-    // and does not use it again (and a `u64` block cannot be misused).
-    unsafe { pool.release(block, size) }
-}
-
-fn a(block: u64, size: usize) -> Call {
-    Call::Allocate { block, size }
-}
-
-fn d(block: u64, size: usize) -> Call {
-    Call::Deallocate { block, size }
 }
 
 /// The identities DESIGN.md states between the counters, and agreement with

@@ -6,11 +6,11 @@
 //! promised `Send`/`Sync` bounds.
 
 use crate::support::Rng;
+use crate::support::{assert_send, quiet};
 use core::convert::Infallible;
 use core::ptr::NonNull;
 use core::time::Duration;
 use std::collections::{HashMap, HashSet};
-use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Barrier, Mutex};
 use std::thread;
@@ -456,10 +456,6 @@ impl RawAllocator for Panicky {
     }
 }
 
-fn quiet<R>(f: impl FnOnce() -> R) -> thread::Result<R> {
-    catch_unwind(AssertUnwindSafe(f))
-}
-
 #[test]
 fn a_panicking_deallocator_poisons_nothing_and_loses_nothing() {
     let alloc = Panicky::default();
@@ -639,7 +635,6 @@ fn a_panicking_policy_leaves_the_pool_usable() {
 // Send and Sync
 
 fn assert_send_sync<T: Send + Sync>() {}
-fn assert_send<T: Send>() {}
 
 #[test]
 fn shared_pools_and_blocks_are_send_and_sync() {

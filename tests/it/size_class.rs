@@ -5,35 +5,18 @@
 //! sizes the statistics count, which requests share a cached block, and
 //! `TooLarge` (never a panic) when rounding would overflow.
 
+use crate::support::{get, pool_with, put, Pool};
 use core::time::Duration;
 
 use decaying_pool::testing::{Call, CheckingAllocator};
-use decaying_pool::{DecayingPool, FixedTime, ManualClock, PoolError, SizeClass, Stats};
-
-type Pool = DecayingPool<CheckingAllocator, FixedTime, ManualClock>;
+use decaying_pool::{DecayingPool, PoolError, Reuse, SizeClass, Stats};
 
 const BIG: usize = 1 << (usize::BITS - 1); // the largest power of two
 
 fn pool(size_class: SizeClass) -> (Pool, CheckingAllocator) {
-    let alloc = CheckingAllocator::new();
-    let pool = DecayingPool::builder(alloc.clone())
-        .policy(FixedTime::new(Duration::from_secs(1)))
-        .clock(ManualClock::new())
-        .size_class(size_class)
-        .build();
+    let (pool, alloc, _) = pool_with(Reuse::Lifo, size_class, Duration::from_secs(1));
     assert_eq!(pool.size_class(), size_class);
     (pool, alloc)
-}
-
-fn get(pool: &mut Pool, size: usize) -> u64 {
-    pool.allocate(size)
-        .unwrap_or_else(|e| panic!("allocate({size}) failed: {e}"))
-}
-
-fn put(pool: &mut Pool, block: u64, size: usize) {
-    // SAFETY: every caller passes a block this pool handed out for `size`
-    // and does not use it again.
-    unsafe { pool.release(block, size) }
 }
 
 /// Asserts `class_size(request) == class` for every pair, both through the

@@ -1,5 +1,83 @@
 //! Helpers shared by the test modules.
 
+use core::fmt::Display;
+use core::time::Duration;
+
+use decaying_pool::testing::{Call, CheckingAllocator};
+use decaying_pool::{
+    Clock, DecayingPool, FixedTime, ManualClock, Policy, RawAllocator, Reuse, SizeClass,
+};
+
+/// `n` milliseconds.
+pub(crate) fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+/// The pool most tests check: fixed-time decay over a checking allocator,
+/// on a manual clock.
+pub(crate) type Pool = DecayingPool<CheckingAllocator, FixedTime, ManualClock>;
+
+/// A [`Pool`] with this reuse order, size class and time-to-live, its
+/// allocator and its clock (at zero).
+pub(crate) fn pool_with(
+    reuse: Reuse,
+    size_class: SizeClass,
+    ttl: Duration,
+) -> (Pool, CheckingAllocator, ManualClock) {
+    let alloc = CheckingAllocator::new();
+    let clock = ManualClock::new();
+    let pool = DecayingPool::builder(alloc.clone())
+        .policy(FixedTime::new(ttl))
+        .clock(clock.clone())
+        .size_class(size_class)
+        .reuse(reuse)
+        .build();
+    (pool, alloc, clock)
+}
+
+/// Allocates `size` bytes from `pool`; panics (naming the size and the
+/// error) when it fails.
+pub(crate) fn get<A, P, C>(pool: &mut DecayingPool<A, P, C>, size: usize) -> A::Block
+where
+    A: RawAllocator,
+    A::Error: Display,
+    P: Policy,
+    C: Clock,
+{
+    pool.allocate(size)
+        .unwrap_or_else(|e| panic!("allocate({size}) failed: {e}"))
+}
+
+/// The backing call `Allocate { block, size }`.
+pub(crate) fn a(block: u64, size: usize) -> Call {
+    Call::Allocate { block, size }
+}
+
+/// The backing call `Deallocate { block, size }`.
+pub(crate) fn d(block: u64, size: usize) -> Call {
+    Call::Deallocate { block, size }
+}
+
+/// Runs `f`, catching its panic.
+pub(crate) fn quiet<R>(f: impl FnOnce() -> R) -> std::thread::Result<R> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f))
+}
+
+/// Compiles only when `T` is `Send`.
+pub(crate) fn assert_send<T: Send>() {}
+
+/// Releases `block` of `size` into `pool`.
+pub(crate) fn put<A, P, C>(pool: &mut DecayingPool<A, P, C>, block: A::Block, size: usize)
+where
+    A: RawAllocator,
+    P: Policy,
+    C: Clock,
+{
+    // SAFETY: every caller passes a block this pool's `allocate(size)`
+    // handed out, once, and does not use it afterwards.
+    unsafe { pool.release(block, size) }
+}
+
 /// A small deterministic generator (64-bit LCG, high bits).
 pub(crate) struct Lcg(pub(crate) u64);
 
@@ -34,8 +112,7 @@ impl Rng {
 }
 
 /// The blocks the backing allocator was given back, in order.
-pub(crate) fn freed_ids(alloc: &decaying_pool::testing::CheckingAllocator) -> Vec<u64> {
-    use decaying_pool::testing::Call;
+pub(crate) fn freed_ids(alloc: &CheckingAllocator) -> Vec<u64> {
     alloc
         .calls()
         .into_iter()
@@ -44,4 +121,12 @@ pub(crate) fn freed_ids(alloc: &decaying_pool::testing::CheckingAllocator) -> Ve
             Call::Allocate { .. } => None,
         })
         .collect()
+}
+
+/// `len` pseudo-random bytes from `state`: the high byte of each [`Lcg`]
+/// state, for fuzz seeds that are plain noise.
+pub(crate) fn noise(state: u64, len: usize) -> Vec<u8> {
+    let mut lcg = Lcg(state);
+    // `next` gives the state's top 31 bits; its top byte is the state's.
+    (0..len).map(|_| (lcg.next() >> 23) as u8).collect()
 }

@@ -1,4 +1,6 @@
-//! A model-checking harness for the packing layer (feature `fuzzing`).
+//! Internal: the model-checking harness of the packing layer, behind
+//! `fuzz/` and the corpus replay; not covered by semver (feature
+//! `fuzzing`).
 //!
 //! The `fuzz/` target `packed_ops`, the property test
 //! `tests/it/packing_model.rs` and the stable corpus replay
@@ -59,7 +61,7 @@
 //! let mut input = vec![0, 0, 0, 2, 0, 0, 0, 0, 1, 3, 14, 0, 0];
 //! // Allocate 100, allocate 3000, release the first block.
 //! input.extend([0, 0, 0, 1, 11, 0]);
-//! let summary = decaying_pool::fuzzing_packed::packed_ops(&input).unwrap();
+//! let summary = decaying_pool::fuzzing::packed::packed_ops(&input).unwrap();
 //! assert_eq!(summary.carved, 2);
 //! ```
 

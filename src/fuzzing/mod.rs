@@ -1,0 +1,366 @@
+//! Internal: the model-checking harness behind `fuzz/` and the corpus
+//! replay; not covered by semver (feature `fuzzing`).
+//!
+//! The harness checks [`DecayingPool`] and
+//! [`SharedPool`](crate::SharedPool) here, the packing layer in [`packed`].
+//! The code is split as follows: `input` parses the bytes ([`Config`],
+//! [`Op`], [`SharedOp`]), `model` is the reference model, `pool` and
+//! `shared` run the two harnesses, and this module holds what they share
+//! (the panic switches, the backing allocator, the common checks).
+//!
+//! The `fuzz/` targets `pool_ops` and `shared_ops` and the stable-Rust
+//! corpus replay (`tests/it/fuzz_corpus.rs`) all call [`pool_ops`] and
+//! [`shared_ops`] here, so the same checks run under libFuzzer and under
+//! `cargo test`.
+//!
+//! An input is an [`Arbitrary`](arbitrary::Arbitrary) configuration (policy and its parameter,
+//! [`Reuse`](crate::Reuse), [`SizeClass`](crate::SizeClass), an optional limit, an optional backing
+//! capacity so the out-of-memory retry ladder runs) followed by
+//! operations. Each is run against the real pool over
+//! [`FailingAllocator`]`<`[`CheckingAllocator`]`>` next to a reference model
+//! of the design document (plain `Vec`s, linear scans). After every step
+//! the harness checks the block handed out (or the exact error), the whole
+//! [`Stats`], the backing call log, the failing allocator's counters, and
+//! runs `validate()`; at the end every block goes back and the pool is
+//! dropped, after which every backing block must have been freed exactly
+//! once.
+//!
+//! # Injected panics
+//!
+//! With flag `& 2` in the [`Config`], an [`Op::Inject`] arms one
+//! [`Fault`]: the backing `allocate` (which then allocates nothing), the
+//! backing `deallocate` (after the block is given back), the clock, or an
+//! `EvictionPolicy` hook (the policy runs behind
+//! [`PanickingPolicy`](crate::testing::PanickingPolicy)) panics on the
+//! n-th such call from then on. The harness catches the panic around the
+//! pool operation; the model counts the same calls, so it says which
+//! operation must panic and what that leaves, and the usual checks (the
+//! whole [`Stats`], the backing call log, `validate()`, which holds
+//! `bytes_reserved + pending <= limit`) follow. What the model expects is
+//! the pool's documented behaviour under panics: a release's block is
+//! cached, or freed (counted trimmed) when the clock panicked; a miss's
+//! booking against the limit is dropped; blocks freed on the way count as
+//! freed; a policy hook that panics changes nothing; a `SharedPool` handle
+//! operation finishes its cache step and offers every block it let go before
+//! passing the panic on; dropping the pool offers every block. A fault may
+//! stay armed through the final releases, trim and drop of a `pool_ops` run.
+//! A panic that is not injected (a failed check, a double free) is never
+//! caught. See [`SHARED_ALLOCATE_DEALLOCATE_PANICS`] for the one fault held
+//! back.
+//!
+//! The model:
+//! - the cache is a `Vec` of (block, class, release time), oldest first;
+//!   a hit takes the newest (`Lifo`) or oldest (`Fifo`) block of its class;
+//! - before every `allocate`, `release` and `collect` the policy runs at
+//!   `now` and frees the oldest block while it says so (`trim` does not);
+//! - `FixedTime(ttl)`: due when `now - released >= ttl`;
+//! - `Exponential(h)`: the allowance rule documented on
+//!   [`Exponential`](crate::Exponential): decayed by `2^(-dt/h)`, raised by a release, scaled by
+//!   `after / before` on a hit, clamped to the cached bytes after
+//!   trim / limit / retry frees, held to at most `bytes_cached + oldest / 2`
+//!   before each decision, reset when the decay empties the cache. Times
+//!   lie on a 1/512 s grid, so the `f64` arithmetic is exact and the model
+//!   rounds as the pool does;
+//! - `FixedCapacity(slots)`: no clock; with at most
+//!   [`FixedCapacity::WINDOW`](crate::FixedCapacity::WINDOW) slots the
+//!   window is the whole table and the victim of a release into a full
+//!   table is predicted exactly (the oldest block); with more slots the
+//!   harness learns the victim from the call log and checks it may be the
+//!   one (it was cached with that size, its window could be full, it is the
+//!   oldest of its class when it shares the released block's class);
+//! - the limit rule, then the out-of-memory retry ladder, on a miss;
+//! - the calls the pool makes, for the fault countdowns: one clock read
+//!   per operation (timed policies only); `must_evict` for each eviction
+//!   check not skipped by the cached deadline (`FixedTime`: the oldest
+//!   block's release plus the ttl, reset by every free), `deadline` when it
+//!   says no, `on_free` before every free, `on_hit` before a hit takes its
+//!   block, `on_release` after a release caches it.
+//!
+//! # Input layout
+//!
+//! Every field is read from one byte (missing bytes read as zero), so
+//! seeds are easy to write by hand: see [`Config`], [`Op`] and [`SharedOp`].
+//!
+//! # Examples
+//!
+//! ```
+//! // FixedTime (ttl: PERIODS[4] = 4 ticks), Lifo, Exact, no limit, no
+//! // capacity, palette [SIZES[6] = 64], no final trim, drop seed 0.
+//! let mut input = vec![0, 4, 0, 0, 0, 0, 0, 0, 6, 0, 0];
+//! // Allocate palette[0], release it, advance one period, collect.
+//! input.extend([0, 0, 12, 0, 22, 4, 1, 29]);
+//! let summary = decaying_pool::fuzzing::pool_ops(&input).unwrap();
+//! assert_eq!(summary.stats.evictions, 1);
+//! ```
+
+mod input;
+mod model;
+pub mod packed;
+mod pool;
+mod shared;
+
+pub use input::{
+    Config, Fault, Kind, Op, PoolInput, SharedInput, SharedOp, Size, CAPACITIES, DIVISIONS, FAULTS,
+    HUGE, LIMITS, MAX_OPS, MULTIPLES, PERIODS, SIZES, SLOTS, TICK_NS,
+};
+pub use model::model_round;
+pub use pool::{pool_ops, run_pool};
+pub use shared::{run_shared, shared_ops, SHARED_ALLOCATE_DEALLOCATE_PANICS};
+
+use core::any::Any;
+use core::fmt;
+use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
+use std::sync::Once;
+
+use crate::clock::ManualClock;
+use crate::policy::Policy;
+use crate::pool::DecayingPool;
+use crate::raw::RawAllocator;
+use crate::stats::Stats;
+use crate::testing::{
+    CheckingAllocator, FailingAllocator, PanicSwitch, PanickingClock, PolicySwitches, TestError,
+};
+
+use model::{Injected, Model, Step};
+
+/// What a run reached, for corpus coverage checks.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Summary {
+    /// The policy.
+    pub kind: Kind,
+    /// The pool's counters once every block was given back, before the
+    /// final trim and drop.
+    pub stats: Stats,
+    /// Operations run.
+    pub ops: usize,
+    /// Misses whose backing call failed with blocks cached, so the retry
+    /// ladder's first rung ran (free the oldest blocks, retry).
+    pub retries: u64,
+    /// Misses that reached the ladder's second rung (free everything,
+    /// retry once more).
+    pub second_rung: u64,
+    /// Most blocks live at once.
+    pub peak_live: usize,
+    /// Injected panics caught, by [`Fault`] (in [`FAULTS`] order), the
+    /// final drop's included.
+    pub injected: [u64; 8],
+}
+
+// --- what both harnesses share ---------------------------------------------
+
+/// The failing and checking allocators under every run.
+type Backing = FailingAllocator<CheckingAllocator>;
+
+/// The backing allocator as the pool sees it: [`Backing`] behind two
+/// panic switches. `allocate` panics before allocating; `deallocate`
+/// panics after the block is given back, so the checking allocator's log
+/// shows every block the pool offered, exactly once.
+#[derive(Clone, Debug)]
+struct Injecting {
+    inner: Backing,
+    on_allocate: PanicSwitch,
+    on_deallocate: PanicSwitch,
+}
+
+impl RawAllocator for Injecting {
+    type Block = u64;
+    type Error = TestError;
+
+    fn allocate(&mut self, size: usize) -> Result<u64, TestError> {
+        self.on_allocate.hit();
+        self.inner.allocate(size)
+    }
+
+    unsafe fn deallocate(&mut self, block: u64, size: usize) {
+        // SAFETY: the caller's contract, passed on unchanged.
+        unsafe { self.inner.deallocate(block, size) };
+        self.on_deallocate.hit();
+    }
+}
+
+/// The clock of every run: a `ManualClock` whose reads can panic.
+type Clock = PanickingClock<ManualClock>;
+
+/// Every panic switch of a run.
+#[derive(Clone, Debug)]
+struct Switches {
+    allocate: PanicSwitch,
+    deallocate: PanicSwitch,
+    clock: PanicSwitch,
+    /// Never hit under `FixedCapacity` (no `EvictionPolicy`).
+    policy: PolicySwitches,
+}
+
+impl Switches {
+    fn get(&self, fault: Fault) -> &PanicSwitch {
+        match fault {
+            Fault::Allocate => &self.allocate,
+            Fault::Deallocate => &self.deallocate,
+            Fault::Clock => &self.clock,
+            Fault::OnRelease => &self.policy.on_release,
+            Fault::OnHit => &self.policy.on_hit,
+            Fault::OnFree => &self.policy.on_free,
+            Fault::MustEvict => &self.policy.must_evict,
+            Fault::Deadline => &self.policy.deadline,
+        }
+    }
+
+    /// Arms `fault` on the `nth` call from now; disarms the others.
+    fn inject(&self, fault: Fault, nth: u8) {
+        for f in FAULTS {
+            self.get(f).panic_on(0);
+        }
+        self.get(fault).panic_on(u64::from(nth));
+    }
+
+    fn disarm(&self) {
+        for f in FAULTS {
+            self.get(f).panic_on(0);
+        }
+    }
+}
+
+/// Whether a panic payload is one a [`PanicSwitch`] injected.
+fn is_injected(payload: &(dyn Any + Send)) -> bool {
+    let message = payload
+        .downcast_ref::<String>()
+        .map(String::as_str)
+        .or_else(|| payload.downcast_ref::<&str>().copied());
+    message.is_some_and(|m| m.starts_with(PanicSwitch::MESSAGE))
+}
+
+/// Runs `f`, catching an injected panic as `Err(Injected)`; any other
+/// panic (a failed check, a double free) goes on.
+fn catching<T>(f: impl FnOnce() -> T) -> Step<T> {
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(t) => Ok(t),
+        Err(panic) if is_injected(&*panic) => Err(Injected),
+        Err(panic) => resume_unwind(panic),
+    }
+}
+
+/// Installs, once, a panic hook that keeps quiet about injected panics
+/// and passes every other panic to the hook before it (libFuzzer's aborts
+/// on any panic, caught or not).
+fn quiet_injected_panics() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            if !is_injected(info.payload()) {
+                previous(info);
+            }
+        }));
+    });
+}
+
+/// Checks shared by both harnesses: stats, calls, failing counters.
+fn check_common(
+    stats: Stats,
+    model: &Model,
+    checking: &CheckingAllocator,
+    failing: &Backing,
+    what: &dyn fmt::Debug,
+    step: usize,
+) {
+    assert_eq!(stats, model.stats(), "stats after step {step}: {what:?}");
+    assert_eq!(
+        checking.calls(),
+        model.calls,
+        "backing calls after step {step}: {what:?}"
+    );
+    assert_eq!(
+        failing.failures(),
+        model.backing_failures,
+        "failures, step {step}"
+    );
+    assert_eq!(
+        failing.used(),
+        model.reserved(),
+        "backing bytes, step {step}"
+    );
+    if let Kind::FixedCapacity { slots } = model.cfg.kind {
+        assert!(
+            stats.blocks_cached <= slots as u64,
+            "more blocks than slots"
+        );
+    }
+}
+
+/// A run's allocators, clock and switches.
+struct Parts {
+    checking: CheckingAllocator,
+    failing: Backing,
+    backing: Injecting,
+    clock: Clock,
+    switches: Switches,
+}
+
+fn new_parts(cfg: &Config, policy: PolicySwitches) -> Parts {
+    let checking = CheckingAllocator::new();
+    let failing = FailingAllocator::new(checking.clone());
+    failing.set_capacity(cfg.capacity);
+    let clock = PanickingClock::new(ManualClock::new());
+    let switches = Switches {
+        allocate: PanicSwitch::new(),
+        deallocate: PanicSwitch::new(),
+        clock: clock.switch().clone(),
+        policy,
+    };
+    let backing = Injecting {
+        inner: failing.clone(),
+        on_allocate: switches.allocate.clone(),
+        on_deallocate: switches.deallocate.clone(),
+    };
+    Parts {
+        checking,
+        failing,
+        backing,
+        clock,
+        switches,
+    }
+}
+
+fn build<P: Policy>(policy: P, cfg: &Config, parts: &Parts) -> DecayingPool<Injecting, P, Clock> {
+    let mut builder = DecayingPool::builder(parts.backing.clone())
+        .policy(policy)
+        .clock(parts.clock.clone())
+        .size_class(cfg.size_class)
+        .reuse(cfg.reuse)
+        // `validate` then checks the statistics by class against the totals.
+        .class_stats(true);
+    if let Some(limit) = cfg.limit {
+        builder = builder.limit(limit);
+    }
+    builder.build()
+}
+
+/// Calls `run` with the policy `kind` describes (behind panic switches,
+/// for an `EvictionPolicy`) and its switches.
+macro_rules! with_policy {
+    ($kind:expr, $run:ident($($arg:expr),*)) => {
+        match $kind {
+            $crate::fuzzing::Kind::FixedTime { ttl } => {
+                let p = $crate::testing::PanickingPolicy::new($crate::policy::FixedTime::new(
+                    $crate::fuzzing::input::ticks(ttl),
+                ));
+                let switches = p.switches();
+                $run(p, switches, $($arg),*)
+            }
+            $crate::fuzzing::Kind::Exponential { half_life } => {
+                let half_life = $crate::fuzzing::input::ticks(half_life);
+                let p = $crate::testing::PanickingPolicy::new(
+                    $crate::policy::Exponential::half_life(half_life),
+                );
+                let switches = p.switches();
+                $run(p, switches, $($arg),*)
+            }
+            $crate::fuzzing::Kind::FixedCapacity { slots } => $run(
+                $crate::policy::FixedCapacity::new(slots),
+                $crate::testing::PolicySwitches::default(),
+                $($arg),*
+            ),
+        }
+    };
+}
+use with_policy;

@@ -1,0 +1,796 @@
+//! The reference model of the design document that both harnesses
+//! check the pool against.
+
+use crate::error::PoolError;
+use crate::policy::{FixedCapacity, Reuse};
+use crate::stats::Stats;
+use crate::testing::{Call, TestError};
+use crate::SizeClass;
+
+use super::input::{ticks, Config, Fault, Kind};
+use super::Summary;
+
+/// The size-class rule, written from the design document and the
+/// `SizeClass` docs (not from `SizeClass::round`): the model's rounding.
+///
+/// # Examples
+///
+/// ```
+/// use decaying_pool::{fuzzing::model_round, SizeClass};
+/// assert_eq!(model_round(SizeClass::PowerOfTwoDivisions(4), 1100), Some(1280));
+/// assert_eq!(model_round(SizeClass::PowerOfTwoDivisions(3), 3), Some(3));
+/// ```
+pub fn model_round(rule: SizeClass, size: usize) -> Option<usize> {
+    fn next_pow2(size: usize) -> Option<usize> {
+        let mut p: usize = 1;
+        while p < size {
+            p = p.checked_mul(2)?;
+        }
+        Some(p)
+    }
+    if size == 0 {
+        return None;
+    }
+    match rule {
+        SizeClass::Exact => Some(size),
+        SizeClass::PowerOfTwo => next_pow2(size),
+        SizeClass::Multiple(n) if n <= 1 => Some(size),
+        SizeClass::Multiple(n) => match size % n {
+            0 => Some(size),
+            r => size.checked_add(n - r),
+        },
+        SizeClass::PowerOfTwoDivisions(k) => {
+            if size.is_power_of_two() {
+                return Some(size);
+            }
+            if k <= 1 {
+                return next_pow2(size);
+            }
+            let mut floor: u128 = 1;
+            while floor * 2 <= size as u128 {
+                floor *= 2;
+            }
+            let k = u128::from(k);
+            (1..=k)
+                .map(|i| floor + (i * floor).div_ceil(k))
+                .find(|&step| step >= size as u128)
+                .and_then(|step| usize::try_from(step).ok())
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Idle {
+    pub(super) block: u64,
+    class: usize,
+    released: u64,
+}
+
+/// What the cache step of an `allocate` chose.
+enum Chosen {
+    /// A cached block, now in use.
+    Hit(u64),
+    /// A miss of this class, with room made under the limit.
+    Miss(usize),
+}
+
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Live {
+    pub(super) block: u64,
+    pub(super) size: usize,
+    class: usize,
+}
+
+type Outcome = Result<u64, PoolError<TestError>>;
+
+/// An injected panic, where the model expects one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct Injected;
+
+/// What the model does with an injected panic: `Err(Injected)`.
+pub(super) type Step<T = ()> = Result<T, Injected>;
+
+/// How the pool being checked hands blocks to the backing `deallocate`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Frees {
+    /// At once, as the cache lets each go (`DecayingPool`): a panicking
+    /// `deallocate` stops the operation there.
+    Immediate,
+    /// Collected under the cache lock and offered after the cache step
+    /// (`SharedPool`): a panicking `deallocate` stops nothing, every block
+    /// is offered, the panic is passed on after.
+    Deferred,
+}
+
+#[derive(Clone)]
+pub(super) struct Model {
+    pub(super) cfg: Config,
+    now: u64,
+    pub(super) idle: Vec<Idle>,
+    pub(super) live: Vec<Live>,
+    issued: u64,
+    pub(super) fail_next: u32,
+    pub(super) calls: Vec<Call>,
+    allowance: f64,
+    allowance_at: u64,
+    hits: u64,
+    misses: u64,
+    evictions: u64,
+    trimmed: u64,
+    pub(super) backing_failures: u64,
+    retries: u64,
+    second_rung: u64,
+    peak_reserved: usize,
+    peak_in_use: usize,
+    peak_live: usize,
+    from_pool: usize,
+    from_backing: usize,
+    /// Calls left before each fault fires (0: disarmed), as the switches'.
+    pub(super) armed: [u64; 8],
+    /// Injected panics fired, by fault.
+    pub(super) injected: [u64; 8],
+    /// The timed store's cached deadline (ticks): no eviction check calls
+    /// the policy before it.
+    not_before: u64,
+    pub(super) frees: Frees,
+    /// Blocks let go in a deferred cache step, to offer after it.
+    deferred: Vec<(u64, usize)>,
+    /// The deallocate switch is disarmed for now (see
+    /// [`SHARED_ALLOCATE_DEALLOCATE_PANICS`](super::SHARED_ALLOCATE_DEALLOCATE_PANICS)):
+    /// calls do not count down.
+    pub(super) mute_deallocate: bool,
+    /// Class minus requested bytes over successful allocations (saturating).
+    waste: usize,
+}
+
+impl Model {
+    pub(super) fn new(cfg: Config) -> Self {
+        Model {
+            cfg,
+            now: 0,
+            idle: Vec::new(),
+            live: Vec::new(),
+            issued: 0,
+            fail_next: 0,
+            calls: Vec::new(),
+            allowance: 0.0,
+            allowance_at: 0,
+            hits: 0,
+            misses: 0,
+            evictions: 0,
+            trimmed: 0,
+            backing_failures: 0,
+            retries: 0,
+            second_rung: 0,
+            peak_reserved: 0,
+            peak_in_use: 0,
+            peak_live: 0,
+            from_pool: 0,
+            from_backing: 0,
+            armed: [0; 8],
+            injected: [0; 8],
+            not_before: 0,
+            frees: Frees::Immediate,
+            deferred: Vec::new(),
+            mute_deallocate: false,
+            waste: 0,
+        }
+    }
+
+    /// Whether the pool reads the clock and has an `EvictionPolicy`.
+    fn timed(&self) -> bool {
+        !matches!(self.cfg.kind, Kind::FixedCapacity { .. })
+    }
+
+    /// Arms `fault` on the `nth` call from now, disarming the others.
+    pub(super) fn inject(&mut self, fault: Fault, nth: u8) {
+        self.armed = [0; 8];
+        self.armed[fault as usize] = u64::from(nth);
+    }
+
+    /// A call through `fault`'s switch: counts it down, `Err` when it fires.
+    fn fire(&mut self, fault: Fault) -> Step {
+        if fault == Fault::Deallocate && self.mute_deallocate {
+            return Ok(());
+        }
+        let left = &mut self.armed[fault as usize];
+        match *left {
+            0 => Ok(()),
+            1 => {
+                *left = 0;
+                self.injected[fault as usize] += 1;
+                Err(Injected)
+            }
+            _ => {
+                *left -= 1;
+                Ok(())
+            }
+        }
+    }
+
+    /// A call of the clock or the policy: only a timed store makes it.
+    fn hook(&mut self, fault: Fault) -> Step {
+        if self.timed() {
+            self.fire(fault)
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Offers the blocks a deferred cache step let go, every one even when
+    /// a `deallocate` panics.
+    fn flush(&mut self) -> Step {
+        let mut out = Ok(());
+        for (block, size) in core::mem::take(&mut self.deferred) {
+            self.calls.push(Call::Deallocate { block, size });
+            if self.fire(Fault::Deallocate).is_err() {
+                out = Err(Injected);
+            }
+        }
+        out
+    }
+
+    /// Whether a `SharedPool` handle's `allocate` of `size` would have a
+    /// `deallocate` panic among the blocks its cache step lets go (the
+    /// fault
+    /// [`SHARED_ALLOCATE_DEALLOCATE_PANICS`](super::SHARED_ALLOCATE_DEALLOCATE_PANICS)
+    /// holds back).
+    pub(super) fn cache_step_frees_panic(&self, size: usize) -> bool {
+        if self.armed[Fault::Deallocate as usize] == 0 {
+            return false;
+        }
+        let mut m = self.clone();
+        m.frees = Frees::Deferred;
+        let before = m.injected[Fault::Deallocate as usize];
+        let _ = (|| {
+            m.hook(Fault::Clock)?;
+            m.run_policy()?;
+            m.choose(size)
+        })();
+        let _ = m.flush();
+        m.injected[Fault::Deallocate as usize] > before
+    }
+
+    /// A cache step of a `SharedPool` handle operation: `f`, then the
+    /// blocks it let go are offered; the first panic is passed on.
+    fn section<T>(&mut self, f: impl FnOnce(&mut Self) -> Step<T>) -> Step<T> {
+        let out = f(self);
+        let flushed = self.flush();
+        let out = out?;
+        flushed.map(|()| out)
+    }
+
+    pub(super) fn class(&self, size: usize) -> Option<usize> {
+        model_round(self.cfg.size_class, size)
+    }
+
+    fn bytes_cached(&self) -> usize {
+        self.idle.iter().map(|b| b.class).sum()
+    }
+
+    fn bytes_in_use(&self) -> usize {
+        self.live.iter().map(|b| b.class).sum()
+    }
+
+    pub(super) fn reserved(&self) -> usize {
+        self.bytes_in_use() + self.bytes_cached()
+    }
+
+    pub(super) fn stats(&self) -> Stats {
+        let count = |f: fn(&Call) -> bool| self.calls.iter().filter(|c| f(c)).count() as u64;
+        let (in_use, cached) = (self.bytes_in_use(), self.bytes_cached());
+        Stats {
+            hits: self.hits,
+            misses: self.misses,
+            evictions: self.evictions,
+            trimmed: self.trimmed,
+            backing_allocs: count(|c| matches!(c, Call::Allocate { .. })),
+            backing_deallocs: count(|c| matches!(c, Call::Deallocate { .. })),
+            backing_failures: self.backing_failures,
+            blocks_in_use: self.live.len() as u64,
+            blocks_cached: self.idle.len() as u64,
+            bytes_in_use: in_use,
+            bytes_cached: cached,
+            bytes_reserved: in_use + cached,
+            peak_bytes_reserved: self.peak_reserved,
+            peak_bytes_in_use: self.peak_in_use,
+            bytes_from_pool: self.from_pool,
+            bytes_from_backing: self.from_backing,
+            bytes_requested: self
+                .from_pool
+                .saturating_add(self.from_backing)
+                .saturating_sub(self.waste),
+        }
+    }
+
+    fn update_peaks(&mut self) {
+        self.peak_reserved = self.peak_reserved.max(self.reserved());
+        self.peak_in_use = self.peak_in_use.max(self.bytes_in_use());
+        self.peak_live = self.peak_live.max(self.live.len());
+    }
+
+    fn allowance_now(&self, half_life: u64) -> f64 {
+        if self.now <= self.allowance_at {
+            return self.allowance;
+        }
+        let dt = ticks(self.now - self.allowance_at).as_secs_f64();
+        let halvings = dt * (1.0 / ticks(half_life).as_secs_f64());
+        self.allowance * (-halvings).exp2()
+    }
+
+    fn rebase(&mut self) -> Option<()> {
+        let Kind::Exponential { half_life } = self.cfg.kind else {
+            return None;
+        };
+        self.allowance = self.allowance_now(half_life);
+        self.allowance_at = self.now;
+        Some(())
+    }
+
+    /// The cache lets a block go: deallocated at once (a panic there stops
+    /// the operation), or collected for the end of the cache step.
+    fn deallocate(&mut self, block: u64, size: usize) -> Step {
+        match self.frees {
+            Frees::Immediate => {
+                self.calls.push(Call::Deallocate { block, size });
+                self.fire(Fault::Deallocate)
+            }
+            Frees::Deferred => {
+                self.deferred.push((block, size));
+                Ok(())
+            }
+        }
+    }
+
+    /// The backing `allocate`: `Err` when it panics.
+    fn backing(&mut self, class: usize) -> Step<Result<u64, TestError>> {
+        self.fire(Fault::Allocate)?;
+        Ok(self.backing_call(class))
+    }
+
+    fn backing_call(&mut self, class: usize) -> Result<u64, TestError> {
+        if self.fail_next > 0 {
+            self.fail_next -= 1;
+            self.backing_failures += 1;
+            return Err(TestError::Injected);
+        }
+        let used = self.reserved();
+        let capacity = self.cfg.capacity.unwrap_or(usize::MAX);
+        match used.checked_add(class) {
+            Some(total) if total <= capacity => {
+                self.issued += 1;
+                self.calls.push(Call::Allocate {
+                    block: self.issued,
+                    size: class,
+                });
+                Ok(self.issued)
+            }
+            _ => {
+                self.backing_failures += 1;
+                Err(TestError::OutOfMemory {
+                    requested: class,
+                    used,
+                    capacity,
+                })
+            }
+        }
+    }
+
+    /// Debug builds: a collection first holds the policy's deadline for
+    /// the oldest block against `must_evict` while the cached deadline
+    /// lies ahead (a `deadline` call, then a `must_evict` call when that
+    /// deadline is still ahead of the clock).
+    fn check_deadline(&mut self) -> Step {
+        if !cfg!(debug_assertions) || !self.timed() || self.now >= self.not_before {
+            return Ok(());
+        }
+        let Some(oldest) = self.idle.first().copied() else {
+            return Ok(());
+        };
+        self.fire(Fault::Deadline)?;
+        if let Kind::FixedTime { ttl } = self.cfg.kind {
+            if oldest.released.saturating_add(ttl) > self.now {
+                self.fire(Fault::MustEvict)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn run_policy(&mut self) -> Step<usize> {
+        let mut freed = 0;
+        if !self.timed() {
+            return Ok(0);
+        }
+        while let Some(oldest) = self.idle.first().copied() {
+            if self.now < self.not_before {
+                break;
+            }
+            self.fire(Fault::MustEvict)?;
+            let due = match self.cfg.kind {
+                Kind::FixedTime { ttl } => self.now.saturating_sub(oldest.released) >= ttl,
+                Kind::Exponential { half_life } => {
+                    let half = oldest.class as f64 / 2.0;
+                    let bound = self.bytes_cached() as f64 + half;
+                    let mut allowance = self.allowance_now(half_life);
+                    if allowance > bound {
+                        allowance = bound;
+                        self.allowance = bound;
+                        self.allowance_at = self.now;
+                    }
+                    self.bytes_cached() as f64 - allowance >= half
+                }
+                Kind::FixedCapacity { .. } => false,
+            };
+            if !due {
+                self.fire(Fault::Deadline)?;
+                self.not_before = match self.cfg.kind {
+                    Kind::FixedTime { ttl } => oldest.released + ttl,
+                    _ => 0,
+                };
+                break;
+            }
+            // The policy is told first: a panic there leaves the block.
+            self.fire(Fault::OnFree)?;
+            self.idle.remove(0);
+            self.evictions += 1;
+            self.not_before = 0;
+            freed += 1;
+            if self.idle.is_empty() && self.rebase().is_some() {
+                self.allowance = 0.0;
+            }
+            self.deallocate(oldest.block, oldest.class)?;
+        }
+        Ok(freed)
+    }
+
+    fn free_oldest(&mut self) -> Step<Option<usize>> {
+        let Some(oldest) = self.idle.first().copied() else {
+            return Ok(None);
+        };
+        self.hook(Fault::OnFree)?;
+        self.idle.remove(0);
+        self.trimmed += 1;
+        self.not_before = 0;
+        if self.rebase().is_some() {
+            self.allowance = self.allowance.min(self.bytes_cached() as f64);
+        }
+        self.deallocate(oldest.block, oldest.class)?;
+        Ok(Some(oldest.class))
+    }
+
+    /// `DecayingPool::allocate` (and through `SharedPool::with`).
+    pub(super) fn allocate(&mut self, size: usize) -> Step<Outcome> {
+        let out = (|| {
+            self.hook(Fault::Clock)?;
+            self.run_policy()?;
+            match self.choose(size)? {
+                Ok(Chosen::Hit(block)) => Ok(Ok(block)),
+                Ok(Chosen::Miss(class)) => self.miss(size, class),
+                Err(e) => Ok(Err(e)),
+            }
+        })();
+        self.update_peaks();
+        out
+    }
+
+    /// `SharedPool::allocate`: the cache step (policy, hit or limit and
+    /// booking) under the lock, its frees offered after it, then the
+    /// backing calls.
+    pub(super) fn shared_allocate(&mut self, size: usize) -> Step<Outcome> {
+        let out = (|| {
+            let chosen = (|| {
+                self.hook(Fault::Clock)?;
+                self.run_policy()?;
+                self.choose(size)
+            })();
+            let flushed = self.flush();
+            let chosen = match (chosen, flushed) {
+                (Err(Injected), _) => return Err(Injected),
+                (Ok(chosen), Ok(())) => chosen,
+                (Ok(Ok(Chosen::Hit(_))), Err(Injected)) => {
+                    // The hit's block goes back into the cache.
+                    let block = self.live.pop().expect("the hit's block");
+                    let _ = self.section(|m| m.put(block, &[]));
+                    return Err(Injected);
+                }
+                // A miss's booking is dropped.
+                (Ok(_), Err(Injected)) => return Err(Injected),
+            };
+            match chosen {
+                Ok(Chosen::Hit(block)) => Ok(Ok(block)),
+                Ok(Chosen::Miss(class)) => self.miss(size, class),
+                Err(e) => Ok(Err(e)),
+            }
+        })();
+        self.update_peaks();
+        out
+    }
+
+    /// A hit, or a miss with room made under the limit.
+    fn choose(&mut self, size: usize) -> Step<Result<Chosen, PoolError<TestError>>> {
+        let Some(class) = self.class(size) else {
+            return Ok(Err(if size == 0 {
+                PoolError::ZeroSize
+            } else {
+                PoolError::TooLarge { requested: size }
+            }));
+        };
+        let same = |b: &Idle| b.class == class;
+        let found = match self.cfg.reuse {
+            Reuse::Lifo => self.idle.iter().rposition(same),
+            Reuse::Fifo => self.idle.iter().position(same),
+        };
+        if let Some(i) = found {
+            // Told first: a panic leaves the block cached.
+            self.hook(Fault::OnHit)?;
+            let before = self.bytes_cached();
+            let hit = self.idle.remove(i);
+            let after = self.bytes_cached();
+            if self.rebase().is_some() {
+                self.allowance *= after as f64 / before as f64;
+            }
+            self.hits += 1;
+            self.from_pool = self.from_pool.saturating_add(class);
+            self.waste = self.waste.saturating_add(class - size);
+            self.live.push(Live {
+                block: hit.block,
+                size,
+                class,
+            });
+            return Ok(Ok(Chosen::Hit(hit.block)));
+        }
+        let reserved = self.reserved();
+        if reserved.checked_add(class).is_none() {
+            return Ok(Err(PoolError::TooLarge { requested: size }));
+        }
+        if let Some(limit) = self.cfg.limit {
+            if self.bytes_in_use() + class > limit {
+                return Ok(Err(PoolError::LimitExceeded {
+                    requested: size,
+                    limit,
+                    reserved,
+                }));
+            }
+            while self.reserved() + class > limit && self.free_oldest()?.is_some() {}
+        }
+        Ok(Ok(Chosen::Miss(class)))
+    }
+
+    /// The backing calls of a miss and the out-of-memory ladder; in a
+    /// `SharedPool` each rung's frees are a cache step of their own.
+    fn miss(&mut self, size: usize, class: usize) -> Step<Outcome> {
+        let deferred = self.frees == Frees::Deferred;
+        let rung = |m: &mut Self, f: fn(&mut Self, usize) -> Step| {
+            if deferred {
+                m.section(|m| f(m, class))
+            } else {
+                f(m, class)
+            }
+        };
+        let mut result = self.backing(class)?;
+        if result.is_err() && !self.idle.is_empty() {
+            self.retries += 1;
+            rung(self, |m, class| {
+                let mut freed = 0;
+                while freed < class {
+                    match m.free_oldest()? {
+                        Some(c) => freed += c,
+                        None => break,
+                    }
+                }
+                Ok(())
+            })?;
+            result = self.backing(class)?;
+            if result.is_err() && !self.idle.is_empty() {
+                self.second_rung += 1;
+                rung(self, |m, _| {
+                    while m.free_oldest()?.is_some() {}
+                    Ok(())
+                })?;
+                result = self.backing(class)?;
+            }
+        }
+        let block = match result {
+            Ok(block) => block,
+            Err(e) => return Ok(Err(PoolError::Backing(e))),
+        };
+        self.misses += 1;
+        self.from_backing = self.from_backing.saturating_add(class);
+        self.waste = self.waste.saturating_add(class - size);
+        self.live.push(Live { block, size, class });
+        Ok(Ok(block))
+    }
+
+    /// Releases `self.live[i]`; `observed` is what the pool called on the
+    /// backing allocator during the release. The block is never lost: when
+    /// the clock panics it is freed (counted trimmed), when the policy run
+    /// before it panics it is cached all the same; then the panic goes on.
+    pub(super) fn release(&mut self, i: usize, observed: &[Call]) -> Step {
+        let block = self.live.remove(i);
+        let out = match self.frees {
+            Frees::Immediate => self.release_block(block, observed),
+            Frees::Deferred => self.section(|m| m.release_block(block, observed)),
+        };
+        self.update_peaks();
+        out
+    }
+
+    fn release_block(&mut self, block: Live, observed: &[Call]) -> Step {
+        if self.hook(Fault::Clock).is_err() {
+            // No time to cache it at: given back (a second panic there is
+            // discarded).
+            self.trimmed += 1;
+            let _ = self.deallocate(block.block, block.class);
+            return Err(Injected);
+        }
+        if self.run_policy().is_err() {
+            // Cached at the time read (a second panic there is discarded).
+            let _ = self.put(block, observed);
+            return Err(Injected);
+        }
+        self.put(block, observed)
+    }
+
+    /// Caches a released block at `now`.
+    fn put(&mut self, block: Live, observed: &[Call]) -> Step {
+        let idle = Idle {
+            block: block.block,
+            class: block.class,
+            released: self.now,
+        };
+        match self.cfg.kind {
+            Kind::FixedTime { .. } | Kind::Exponential { .. } => {
+                // The policy is told last: a panic there leaves it cached.
+                self.idle.push(idle);
+                self.fire(Fault::OnRelease)?;
+                if self.rebase().is_some() && self.cfg.kind != (Kind::Exponential { half_life: 0 })
+                {
+                    self.allowance += block.class as f64;
+                }
+                Ok(())
+            }
+            Kind::FixedCapacity { slots: 0 } => {
+                self.evictions += 1;
+                self.deallocate(block.block, block.class)
+            }
+            Kind::FixedCapacity { slots } => {
+                let victim = self.fixed_victim(slots, block.class, observed);
+                let victim = victim.map(|v| self.idle.remove(v));
+                self.idle.push(idle);
+                if let Some(v) = victim {
+                    self.evictions += 1;
+                    self.deallocate(v.block, v.class)?;
+                }
+                Ok(())
+            }
+        }
+    }
+
+    fn fixed_victim(&self, slots: usize, class: usize, observed: &[Call]) -> Option<usize> {
+        let window = slots.min(FixedCapacity::WINDOW);
+        if slots <= FixedCapacity::WINDOW {
+            return (self.idle.len() == slots).then_some(0);
+        }
+        match observed {
+            [] => {
+                assert!(
+                    self.idle.len() < slots,
+                    "a release into a full table of {slots} slots evicted nothing"
+                );
+                None
+            }
+            [Call::Deallocate { block, size }] => {
+                let Some(v) = self.idle.iter().position(|b| b.block == *block) else {
+                    panic!("a release evicted block {block}, which was not cached");
+                };
+                assert_eq!(self.idle[v].class, *size, "evicted block {block}'s size");
+                assert!(
+                    self.idle.len() >= window,
+                    "a release evicted block {block} with only {} blocks cached: \
+                     its window of {window} slots cannot be full",
+                    self.idle.len()
+                );
+                if self.idle[v].class == class {
+                    assert_eq!(
+                        self.idle.iter().position(|b| b.class == class),
+                        Some(v),
+                        "a release evicted block {block}, not the oldest of its window"
+                    );
+                }
+                Some(v)
+            }
+            other => panic!("a release made unexpected backing calls: {other:?}"),
+        }
+    }
+
+    pub(super) fn collect(&mut self) -> Step<usize> {
+        let step = |m: &mut Self| {
+            m.hook(Fault::Clock)?;
+            m.check_deadline()?;
+            m.run_policy()
+        };
+        match self.frees {
+            Frees::Immediate => step(self),
+            Frees::Deferred => self.section(step),
+        }
+    }
+
+    pub(super) fn trim(&mut self) -> Step<usize> {
+        let step = |m: &mut Self| {
+            m.hook(Fault::Clock)?;
+            let mut bytes = 0;
+            while let Some(class) = m.free_oldest()? {
+                bytes += class;
+            }
+            Ok(bytes)
+        };
+        match self.frees {
+            Frees::Immediate => step(self),
+            Frees::Deferred => self.section(step),
+        }
+    }
+
+    /// Dropping the pool: every cached block is offered to `deallocate`
+    /// even when it, the clock or the policy panics (once the clock or the
+    /// policy has panicked, the rest go without telling the policy).
+    /// `Err` when a panic is passed on.
+    pub(super) fn drop_pool(&mut self) -> Step {
+        self.frees = Frees::Immediate;
+        let mut out = Ok(());
+        let mut told = self.hook(Fault::Clock).is_ok();
+        if !told {
+            out = Err(Injected);
+        }
+        while let Some(oldest) = self.idle.first().copied() {
+            if told && self.hook(Fault::OnFree).is_err() {
+                told = false;
+                out = Err(Injected);
+            }
+            self.idle.remove(0);
+            self.trimmed += 1;
+            if told && self.rebase().is_some() {
+                self.allowance = self.allowance.min(self.bytes_cached() as f64);
+            }
+            if self.deallocate(oldest.block, oldest.class).is_err() {
+                out = Err(Injected);
+            }
+        }
+        out
+    }
+
+    pub(super) fn advance(&mut self, quarters: u8, jitter: i8) -> u64 {
+        let period = match self.cfg.kind {
+            Kind::FixedTime { ttl } => ttl,
+            Kind::Exponential { half_life } => half_life,
+            Kind::FixedCapacity { .. } => 4,
+        }
+        .max(1);
+        let dt = (u64::from(quarters) * period / 4).saturating_add_signed(jitter.into());
+        self.now += dt;
+        dt
+    }
+
+    pub(super) fn summary(&self, stats: Stats, ops: usize) -> Summary {
+        Summary {
+            kind: self.cfg.kind,
+            stats,
+            ops,
+            retries: self.retries,
+            second_rung: self.second_rung,
+            peak_live: self.peak_live,
+            injected: self.injected,
+        }
+    }
+
+    /// Whether a release then an allocation of the same size must hand the
+    /// just-released block back.
+    pub(super) fn reuses_at_once(&self) -> bool {
+        self.cfg.reuse == Reuse::Lifo
+            && !matches!(
+                self.cfg.kind,
+                Kind::FixedCapacity { slots: 0 }
+                    | Kind::FixedTime { ttl: 0 }
+                    | Kind::Exponential { half_life: 0 }
+            )
+    }
+}

@@ -1,0 +1,257 @@
+//! The configurations a [`Replayer`](super::Replayer) runs and its options.
+
+use core::time::Duration;
+
+use crate::trace::human_bytes;
+use crate::{Packing, Reuse, SizeClass};
+
+use super::cost::CostModel;
+
+/// The eviction rule of a [`Config`].
+///
+/// # Examples
+///
+/// ```
+/// use core::time::Duration;
+/// use decaying_pool::trace::PolicyKind;
+/// assert_eq!(PolicyKind::FixedTime(Duration::from_millis(100)).label(), "fixed-time 100ms");
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum PolicyKind {
+    /// No pool: every request goes to the backing allocator and every free
+    /// back to it (run as [`FixedCapacity::new(0)`](crate::FixedCapacity)).
+    NoPool,
+    /// A cache that never evicts ([`FixedTime`](crate::FixedTime) with an infinite time-to-live).
+    KeepAll,
+    /// [`FixedTime`](crate::FixedTime) with this time-to-live.
+    FixedTime(Duration),
+    /// [`Exponential`](crate::Exponential) with this half-life.
+    Exponential(Duration),
+    /// [`FixedCapacity`](crate::FixedCapacity) with this many slots.
+    FixedCapacity(usize),
+}
+
+impl PolicyKind {
+    /// A short name: `no-pool`, `keep-all`, `fixed-time 100ms`,
+    /// `exponential 50ms`, `fixed-capacity 256`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use decaying_pool::trace::PolicyKind;
+    /// assert_eq!(PolicyKind::FixedCapacity(256).label(), "fixed-capacity 256");
+    /// ```
+    pub fn label(&self) -> String {
+        match self {
+            PolicyKind::NoPool => "no-pool".into(),
+            PolicyKind::KeepAll => "keep-all".into(),
+            PolicyKind::FixedTime(d) => format!("fixed-time {d:?}"),
+            PolicyKind::Exponential(d) => format!("exponential {d:?}"),
+            PolicyKind::FixedCapacity(n) => format!("fixed-capacity {n}"),
+        }
+    }
+}
+
+/// One pool configuration to replay.
+///
+/// # Examples
+///
+/// ```
+/// use core::time::Duration;
+/// use decaying_pool::trace::{Config, PolicyKind};
+/// use decaying_pool::SizeClass;
+/// let c = Config::new(PolicyKind::FixedTime(Duration::from_millis(100)))
+///     .size_class(SizeClass::PowerOfTwoDivisions(4));
+/// assert_eq!(c.name, "fixed-time 100ms, pow2/4");
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Config {
+    /// The name in reports.
+    pub name: String,
+    /// The eviction rule.
+    pub policy: PolicyKind,
+    /// How requests are rounded (default exact).
+    pub size_class: SizeClass,
+    /// Which cached block a hit hands out (default LIFO).
+    pub reuse: Reuse,
+    /// Pack small and medium requests into segments ([`PackedPool`](crate::PackedPool)) as
+    /// this says (default: no packing). A setting without a
+    /// [`capacity`](Packing::capacity) gets the replay's device capacity
+    /// ([`CostModel::capacity`]), if any.
+    pub packing: Option<Packing>,
+    /// The pool's byte limit ([`Builder::limit`](crate::Builder::limit)):
+    /// requests beyond it fail and count as failures (default: none).
+    pub limit: Option<usize>,
+}
+
+impl Config {
+    /// `policy` with exact sizes and LIFO reuse, named after the policy.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use decaying_pool::trace::{Config, PolicyKind};
+    /// assert_eq!(Config::new(PolicyKind::KeepAll).name, "keep-all");
+    /// ```
+    pub fn new(policy: PolicyKind) -> Self {
+        Config {
+            name: policy.label(),
+            policy,
+            size_class: SizeClass::Exact,
+            reuse: Reuse::Lifo,
+            packing: None,
+            limit: None,
+        }
+    }
+
+    /// The same with packing as `packing` says; the name is unchanged.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use core::time::Duration;
+    /// use decaying_pool::trace::{Config, PolicyKind};
+    /// use decaying_pool::Packing;
+    /// let c = Config::new(PolicyKind::FixedTime(Duration::from_secs(1)))
+    ///     .packing(Packing::default())
+    ///     .named("packed");
+    /// assert_eq!(c.packing, Some(Packing::default()));
+    /// ```
+    pub fn packing(mut self, packing: Packing) -> Self {
+        self.packing = Some(packing);
+        self
+    }
+
+    /// The same with a byte limit on the pool (the name says it).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use decaying_pool::trace::{Config, Event, PolicyKind, Replayer, ReplayOptions};
+    /// let c = Config::new(PolicyKind::KeepAll).limit(1000);
+    /// assert_eq!(c.name, "keep-all, limit 1000 B");
+    /// let mut r = Replayer::new(&[c], ReplayOptions::default());
+    /// r.event(&Event::alloc(Default::default(), 1, 2000));
+    /// assert_eq!(r.finish("w")[0].failures, 1);
+    /// ```
+    pub fn limit(mut self, bytes: usize) -> Self {
+        self.limit = Some(bytes);
+        self.name = format!("{}, limit {}", self.name, human_bytes(bytes as f64));
+        self
+    }
+
+    /// The same with requests rounded by `size_class` (the name says how).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use decaying_pool::trace::{Config, PolicyKind};
+    /// use decaying_pool::SizeClass;
+    /// let c = Config::new(PolicyKind::KeepAll).size_class(SizeClass::PowerOfTwo);
+    /// assert_eq!(c.name, "keep-all, pow2");
+    /// ```
+    pub fn size_class(mut self, size_class: SizeClass) -> Self {
+        self.size_class = size_class;
+        let suffix = match size_class {
+            SizeClass::Exact => return self,
+            SizeClass::PowerOfTwo => "pow2".to_string(),
+            SizeClass::Multiple(n) => format!("x{n}"),
+            SizeClass::PowerOfTwoDivisions(k) => format!("pow2/{k}"),
+        };
+        self.name = format!("{}, {suffix}", self.policy.label());
+        self
+    }
+
+    /// The same with a name of your own.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use decaying_pool::trace::{Config, PolicyKind};
+    /// assert_eq!(Config::new(PolicyKind::KeepAll).named("mine").name, "mine");
+    /// ```
+    pub fn named(mut self, name: impl Into<String>) -> Self {
+        self.name = name.into();
+        self
+    }
+
+    /// The configurations the replay example compares: `no-pool`,
+    /// `keep-all`, `fixed-time` 10 ms and 100 ms (about the p90 and p99 of
+    /// the gap from a free to the reuse of its size in PyTorch traces) and
+    /// 1 s (the crate's default), `exponential` with a 100 ms half-life,
+    /// `fixed-capacity` 256 slots, `fixed-time 1s` over PyTorch-style
+    /// size classes (`pow2/4`, [`SizeClass::PowerOfTwoDivisions`]), and
+    /// `packed`: the default [`Packing`] over the default policy
+    /// (`fixed-time 1s`).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let names: Vec<String> = decaying_pool::trace::Config::defaults().into_iter().map(|c| c.name).collect();
+    /// assert_eq!(names[..3], ["no-pool", "keep-all", "fixed-time 10ms"]);
+    /// assert_eq!(names.len(), 9);
+    /// assert_eq!(names[8], "packed");
+    /// ```
+    pub fn defaults() -> Vec<Config> {
+        let ms = Duration::from_millis;
+        vec![
+            Config::new(PolicyKind::NoPool),
+            Config::new(PolicyKind::KeepAll),
+            Config::new(PolicyKind::FixedTime(ms(10))),
+            Config::new(PolicyKind::FixedTime(ms(100))),
+            Config::new(PolicyKind::FixedTime(ms(1000))),
+            Config::new(PolicyKind::Exponential(ms(100))),
+            Config::new(PolicyKind::FixedCapacity(256)),
+            Config::new(PolicyKind::FixedTime(ms(1000)))
+                .size_class(SizeClass::PowerOfTwoDivisions(4)),
+            Config::new(PolicyKind::FixedTime(ms(1000)))
+                .packing(Packing::default())
+                .named("packed"),
+        ]
+    }
+}
+
+/// How a [`Replayer`](super::Replayer) runs.
+///
+/// # Examples
+///
+/// ```
+/// use core::time::Duration;
+/// use decaying_pool::trace::{CostModel, ReplayOptions};
+/// let opts = ReplayOptions {
+///     cost: CostModel::cuda().with_capacity(8 << 30),
+///     gap: Duration::from_secs(1),
+///     reaper: Some(Duration::from_millis(10)),
+///     record: true,
+///     ..ReplayOptions::default()
+/// };
+/// assert!(opts.record);
+/// ```
+#[derive(Clone, Debug, PartialEq)]
+pub struct ReplayOptions {
+    /// The backing allocator's costs and capacity (default [`CostModel::cuda`]).
+    pub cost: CostModel,
+    /// Idle time inserted between passes of a repeated trace (default 0).
+    pub gap: Duration,
+    /// Call `collect` on every pool at each multiple of this period, as
+    /// [`SharedPool::spawn_reaper`](crate::SharedPool::spawn_reaper) would,
+    /// so pools decay while the trace is quiet (default: never; a pool then
+    /// decays only when the trace calls it).
+    pub reaper: Option<Duration>,
+    /// Keep a [`Recorder`](crate::trace::Recorder) per configuration (default `false`: no cost).
+    pub record: bool,
+    /// The recorders' resolution (default 0: every change).
+    pub record_resolution: Duration,
+}
+
+impl Default for ReplayOptions {
+    fn default() -> Self {
+        ReplayOptions {
+            cost: CostModel::cuda(),
+            gap: Duration::ZERO,
+            reaper: None,
+            record: false,
+            record_resolution: Duration::ZERO,
+        }
+    }
+}

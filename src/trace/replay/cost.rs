@@ -1,0 +1,465 @@
+//! The cost model: what a backing allocator's calls cost by size, and
+//! [`ModelledAllocator`], which charges it.
+
+use core::fmt;
+use core::time::Duration;
+
+use crate::RawAllocator;
+
+/// A cost as a function of size: piecewise linear between points, flat
+/// below the first, proportional to size beyond the last.
+///
+/// # Examples
+///
+/// ```
+/// use core::time::Duration;
+/// use decaying_pool::trace::CostCurve;
+/// let c = CostCurve::new([(1000, Duration::from_micros(10)), (3000, Duration::from_micros(30))]);
+/// assert_eq!(c.cost(10), Duration::from_micros(10));
+/// assert_eq!(c.cost(2000), Duration::from_micros(20));
+/// assert_eq!(c.cost(6000), Duration::from_micros(60));
+/// ```
+#[derive(Clone, Debug, PartialEq)]
+pub struct CostCurve {
+    /// (size in bytes, seconds), sorted by size.
+    points: Vec<(f64, f64)>,
+}
+
+const KB: usize = 1000;
+const MB: usize = 1000 * KB;
+pub(super) const MIB: usize = 1 << 20;
+const GIB: usize = 1 << 30;
+
+impl CostCurve {
+    /// A curve through `points` (size in bytes, cost). An empty curve costs
+    /// nothing.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use decaying_pool::trace::CostCurve;
+    /// assert_eq!(CostCurve::new([]).cost(1 << 20), core::time::Duration::ZERO);
+    /// ```
+    pub fn new(points: impl IntoIterator<Item = (usize, Duration)>) -> Self {
+        let mut points: Vec<(f64, f64)> = points
+            .into_iter()
+            .map(|(s, d)| (s as f64, d.as_secs_f64()))
+            .collect();
+        points.sort_by(|a, b| a.0.total_cmp(&b.0));
+        CostCurve { points }
+    }
+
+    /// The same cost for every size.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use core::time::Duration;
+    /// use decaying_pool::trace::CostCurve;
+    /// let c = CostCurve::constant(Duration::from_micros(2));
+    /// assert_eq!(c.cost(1 << 30), Duration::from_micros(2));
+    /// ```
+    pub fn constant(cost: Duration) -> Self {
+        CostCurve {
+            points: vec![(f64::MAX, cost.as_secs_f64())],
+        }
+    }
+
+    /// `cudaMalloc`, from the published figures: ~180 µs at 64 KB, ~520 µs
+    /// at 1 MB, ~0.9 ms at 16 MB, ~1.2 ms at 64 MB, ~12.5 ms at 512 MB,
+    /// ~32 ms at 1 GiB.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use core::time::Duration;
+    /// let c = decaying_pool::trace::CostCurve::cuda_malloc();
+    /// assert_eq!(c.cost(512_000_000), Duration::from_micros(12_500));
+    /// assert_eq!(c.cost(512), Duration::from_micros(180));
+    /// ```
+    pub fn cuda_malloc() -> Self {
+        let us = Duration::from_micros;
+        CostCurve::new([
+            (64 * KB, us(180)),
+            (MB, us(520)),
+            (16 * MB, us(900)),
+            (64 * MB, us(1_200)),
+            (512 * MB, us(12_500)),
+            (GIB, us(32_000)),
+        ])
+    }
+
+    /// `cuMemFree`: published as 50–180 µs and synchronous; modelled as
+    /// 50 µs up to 1 MB rising to 180 µs at 1 GiB (an assumption: the
+    /// figures do not say which sizes cost what).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use core::time::Duration;
+    /// let c = decaying_pool::trace::CostCurve::cuda_free();
+    /// assert_eq!(c.cost(4096), Duration::from_micros(50));
+    /// assert_eq!(c.cost(1 << 30), Duration::from_micros(180));
+    /// ```
+    pub fn cuda_free() -> Self {
+        let us = Duration::from_micros;
+        CostCurve::new([(MB, us(50)), (GIB, us(180))])
+    }
+
+    /// `cudaHostAlloc` (pinned host memory): ~2.3 ms up to 1 MB, ~11.6 ms
+    /// at 32 MB, ~61 ms at 512 MB.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use core::time::Duration;
+    /// let c = decaying_pool::trace::CostCurve::cuda_host_alloc();
+    /// assert_eq!(c.cost(4096), Duration::from_micros(2_300));
+    /// ```
+    pub fn cuda_host_alloc() -> Self {
+        let us = Duration::from_micros;
+        CostCurve::new([
+            (MB, us(2_300)),
+            (32 * MB, us(11_600)),
+            (512 * MB, us(61_000)),
+        ])
+    }
+
+    /// The cost of a call for `size` bytes.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use core::time::Duration;
+    /// let c = decaying_pool::trace::CostCurve::cuda_malloc();
+    /// assert!(c.cost(2 << 30) > Duration::from_millis(60));
+    /// ```
+    pub fn cost(&self, size: usize) -> Duration {
+        Duration::try_from_secs_f64(self.seconds(size)).unwrap_or(Duration::MAX)
+    }
+
+    fn seconds(&self, size: usize) -> f64 {
+        let x = size as f64;
+        let p = &self.points;
+        match p.iter().position(|&(s, _)| s >= x) {
+            None => match p.last() {
+                // beyond the last point: proportional to size
+                Some(&(s, c)) if s > 0.0 => c * x / s,
+                Some(&(_, c)) => c,
+                None => 0.0,
+            },
+            Some(0) => p[0].1,
+            Some(i) => {
+                let (x0, y0) = p[i - 1];
+                let (x1, y1) = p[i];
+                y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+            }
+        }
+    }
+}
+
+/// Backing allocate and free costs, and an optional device capacity.
+///
+/// # Examples
+///
+/// ```
+/// use decaying_pool::trace::{CostCurve, CostModel};
+/// let pinned = CostModel::new(CostCurve::cuda_host_alloc(), CostCurve::cuda_free());
+/// let device = CostModel::cuda().with_capacity(8 << 30);
+/// assert_eq!(device.capacity(), Some(8 << 30));
+/// assert_eq!(pinned.capacity(), None);
+/// ```
+#[derive(Clone, Debug, PartialEq)]
+pub struct CostModel {
+    alloc: CostCurve,
+    free: CostCurve,
+    capacity: Option<usize>,
+}
+
+impl Default for CostModel {
+    /// [`CostModel::cuda`].
+    fn default() -> Self {
+        CostModel::cuda()
+    }
+}
+
+impl CostModel {
+    /// The given curves, no capacity.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use core::time::Duration;
+    /// use decaying_pool::trace::{CostCurve, CostModel};
+    /// let free = CostModel::new(CostCurve::constant(Duration::ZERO), CostCurve::constant(Duration::ZERO));
+    /// assert_eq!(free.alloc_cost(1 << 20), Duration::ZERO);
+    /// ```
+    pub fn new(alloc: CostCurve, free: CostCurve) -> Self {
+        CostModel {
+            alloc,
+            free,
+            capacity: None,
+        }
+    }
+
+    /// `cudaMalloc` / `cuMemFree` ([`CostCurve::cuda_malloc`],
+    /// [`CostCurve::cuda_free`]), no capacity: the default.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use core::time::Duration;
+    /// let m = decaying_pool::trace::CostModel::cuda();
+    /// assert_eq!(m.alloc_cost(1_000_000), Duration::from_micros(520));
+    /// ```
+    pub fn cuda() -> Self {
+        CostModel::new(CostCurve::cuda_malloc(), CostCurve::cuda_free())
+    }
+
+    /// The same model on a device of `bytes`: an allocation that would take
+    /// the bytes allocated over it fails.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let m = decaying_pool::trace::CostModel::cuda().with_capacity(1 << 30);
+    /// assert_eq!(m.capacity(), Some(1 << 30));
+    /// ```
+    pub fn with_capacity(mut self, bytes: usize) -> Self {
+        self.capacity = Some(bytes);
+        self
+    }
+
+    /// The device capacity, if any.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// assert_eq!(decaying_pool::trace::CostModel::cuda().capacity(), None);
+    /// ```
+    pub fn capacity(&self) -> Option<usize> {
+        self.capacity
+    }
+
+    /// The modelled cost of allocating `size` bytes.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use core::time::Duration;
+    /// let m = decaying_pool::trace::CostModel::cuda();
+    /// assert_eq!(m.alloc_cost(64_000_000), Duration::from_micros(1200));
+    /// ```
+    pub fn alloc_cost(&self, size: usize) -> Duration {
+        self.alloc.cost(size)
+    }
+
+    /// The modelled cost of freeing `size` bytes.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use core::time::Duration;
+    /// let m = decaying_pool::trace::CostModel::cuda();
+    /// assert_eq!(m.free_cost(100), Duration::from_micros(50));
+    /// ```
+    pub fn free_cost(&self, size: usize) -> Duration {
+        self.free.cost(size)
+    }
+}
+
+/// A backing allocator that allocates nothing: it hands out addresses
+/// (512-aligned, never reused, so blocks can be carved: it is
+/// [`Packable`](crate::Packable)), keeps
+/// count, charges every call the [`CostModel`]'s cost and fails past the
+/// model's capacity.
+///
+/// # Examples
+///
+/// ```
+/// use decaying_pool::trace::{CostModel, ModelledAllocator};
+/// use decaying_pool::RawAllocator;
+/// let mut a = ModelledAllocator::new(CostModel::cuda().with_capacity(1 << 20));
+/// let b = a.allocate(1_000_000).unwrap();
+/// assert!(a.allocate(100_000).is_err());
+/// unsafe { a.deallocate(b, 1_000_000) };
+/// assert!((a.modelled_seconds() - (520e-6 + 50e-6)).abs() < 1e-9);
+/// assert_eq!((a.allocs(), a.frees(), a.failures(), a.used()), (1, 1, 1, 0));
+/// ```
+#[derive(Clone, Debug)]
+pub struct ModelledAllocator {
+    model: CostModel,
+    next: u64,
+    used: usize,
+    seconds: f64,
+    allocs: u64,
+    frees: u64,
+    failures: u64,
+}
+
+/// A [`ModelledAllocator`] ran out of its capacity.
+///
+/// # Examples
+///
+/// ```
+/// use decaying_pool::trace::{CostModel, ModelledAllocator};
+/// use decaying_pool::RawAllocator;
+/// let mut a = ModelledAllocator::new(CostModel::cuda().with_capacity(100));
+/// let e = a.allocate(200).unwrap_err();
+/// assert_eq!(e.to_string(), "out of memory: 200 bytes requested, 0 of 100 in use");
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OutOfMemory {
+    /// The size asked for.
+    pub requested: usize,
+    /// Bytes allocated at the time.
+    pub used: usize,
+    /// The capacity.
+    pub capacity: usize,
+}
+
+impl fmt::Display for OutOfMemory {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "out of memory: {} bytes requested, {} of {} in use",
+            self.requested, self.used, self.capacity
+        )
+    }
+}
+
+impl std::error::Error for OutOfMemory {}
+
+impl ModelledAllocator {
+    /// An allocator following `model`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use decaying_pool::trace::{CostModel, ModelledAllocator};
+    /// assert_eq!(ModelledAllocator::new(CostModel::cuda()).allocs(), 0);
+    /// ```
+    pub fn new(model: CostModel) -> Self {
+        ModelledAllocator {
+            model,
+            next: 1 << 21,
+            used: 0,
+            seconds: 0.0,
+            allocs: 0,
+            frees: 0,
+            failures: 0,
+        }
+    }
+
+    /// Total modelled time of every call so far, in seconds (failed calls
+    /// cost nothing).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use decaying_pool::trace::{CostModel, ModelledAllocator};
+    /// assert_eq!(ModelledAllocator::new(CostModel::cuda()).modelled_seconds(), 0.0);
+    /// ```
+    pub fn modelled_seconds(&self) -> f64 {
+        self.seconds
+    }
+
+    /// Successful allocations.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use decaying_pool::trace::{CostModel, ModelledAllocator};
+    /// use decaying_pool::RawAllocator;
+    /// let mut a = ModelledAllocator::new(CostModel::cuda());
+    /// a.allocate(8).unwrap();
+    /// assert_eq!(a.allocs(), 1);
+    /// ```
+    pub fn allocs(&self) -> u64 {
+        self.allocs
+    }
+
+    /// Frees.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use decaying_pool::trace::{CostModel, ModelledAllocator};
+    /// assert_eq!(ModelledAllocator::new(CostModel::cuda()).frees(), 0);
+    /// ```
+    pub fn frees(&self) -> u64 {
+        self.frees
+    }
+
+    /// Failed allocations.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use decaying_pool::trace::{CostModel, ModelledAllocator};
+    /// use decaying_pool::RawAllocator;
+    /// let mut a = ModelledAllocator::new(CostModel::cuda().with_capacity(0));
+    /// assert!(a.allocate(1).is_err());
+    /// assert_eq!(a.failures(), 1);
+    /// ```
+    pub fn failures(&self) -> u64 {
+        self.failures
+    }
+
+    /// Bytes allocated and not freed.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use decaying_pool::trace::{CostModel, ModelledAllocator};
+    /// use decaying_pool::RawAllocator;
+    /// let mut a = ModelledAllocator::new(CostModel::cuda());
+    /// a.allocate(8).unwrap();
+    /// assert_eq!(a.used(), 8);
+    /// ```
+    pub fn used(&self) -> usize {
+        self.used
+    }
+}
+
+impl RawAllocator for ModelledAllocator {
+    type Block = u64;
+    type Error = OutOfMemory;
+
+    fn allocate(&mut self, size: usize) -> Result<u64, OutOfMemory> {
+        if let Some(capacity) = self.model.capacity {
+            if size > capacity.saturating_sub(self.used) {
+                self.failures += 1;
+                return Err(OutOfMemory {
+                    requested: size,
+                    used: self.used,
+                    capacity,
+                });
+            }
+        }
+        self.used = self.used.saturating_add(size);
+        self.allocs += 1;
+        self.seconds += self.model.alloc.seconds(size);
+        // Blocks are addresses, 512-aligned and disjoint, so the packing
+        // layer can carve them.
+        let at = self.next;
+        self.next = at.saturating_add((size.max(1) as u64).div_ceil(512).saturating_mul(512));
+        Ok(at)
+    }
+
+    unsafe fn deallocate(&mut self, _block: u64, size: usize) {
+        self.used = self.used.saturating_sub(size);
+        self.frees += 1;
+        self.seconds += self.model.free.seconds(size);
+    }
+}
+
+impl crate::Packable for ModelledAllocator {
+    fn carve(segment: &u64, offset: usize) -> u64 {
+        crate::packing::carve_u64(segment, offset)
+    }
+
+    fn address(block: &u64) -> usize {
+        crate::packing::address_u64(block)
+    }
+}

@@ -1,0 +1,507 @@
+//! [`Replayer`]: one trace through every configuration at once.
+
+use core::fmt;
+use core::time::Duration;
+use std::collections::{HashMap, HashSet};
+
+use crate::policy::Policy;
+use crate::trace::{Event, Op, Recorder};
+use crate::{DecayingPool, Exponential, FixedCapacity, FixedTime, ManualClock, PackedPool, Stats};
+
+use super::config::{Config, PolicyKind, ReplayOptions};
+use super::cost::ModelledAllocator;
+use super::report::Report;
+
+/// One configuration under replay (object-safe, so pools of different
+/// policy types sit in one list).
+trait Sim {
+    fn alloc(&mut self, addr: u64, size: usize);
+    fn free(&mut self, addr: u64);
+    fn collect(&mut self);
+    fn release_all(&mut self);
+    fn stats(&self) -> Stats;
+    fn state(&mut self) -> &mut SimState;
+    /// The counters, the modelled backing seconds, the hits.
+    fn report(&mut self) -> (Stats, f64, u64);
+}
+
+#[derive(Default)]
+struct SimState {
+    name: String,
+    allocs: u64,
+    failures: u64,
+    live_bytes: usize,
+    peak_live_bytes: usize,
+    idle_byte_seconds: f64,
+    recorder: Option<Recorder>,
+}
+
+/// What a [`PoolSim`] needs of its pool: a plain or a packed one.
+trait SimPool {
+    fn allocate(&mut self, size: usize) -> Option<u64>;
+    /// # Safety
+    /// As `DecayingPool::release`.
+    unsafe fn release(&mut self, block: u64, size: usize);
+    fn collect(&mut self);
+    fn stats(&self) -> Stats;
+    /// Requests served without a backing call.
+    fn hits(&self) -> u64;
+    fn modelled_seconds(&self) -> f64;
+}
+
+impl<P: Policy> SimPool for DecayingPool<ModelledAllocator, P, ManualClock> {
+    fn allocate(&mut self, size: usize) -> Option<u64> {
+        DecayingPool::allocate(self, size).ok()
+    }
+    unsafe fn release(&mut self, block: u64, size: usize) {
+        // SAFETY: the caller's contract.
+        unsafe { DecayingPool::release(self, block, size) }
+    }
+    fn collect(&mut self) {
+        DecayingPool::collect(self);
+    }
+    fn stats(&self) -> Stats {
+        DecayingPool::stats(self)
+    }
+    fn hits(&self) -> u64 {
+        DecayingPool::stats(self).hits
+    }
+    fn modelled_seconds(&self) -> f64 {
+        self.allocator().modelled_seconds()
+    }
+}
+
+impl<P: Policy> SimPool for PackedPool<ModelledAllocator, P, ManualClock> {
+    fn allocate(&mut self, size: usize) -> Option<u64> {
+        PackedPool::allocate(self, size).ok()
+    }
+    unsafe fn release(&mut self, block: u64, size: usize) {
+        // SAFETY: the caller's contract.
+        unsafe { PackedPool::release(self, block, size) }
+    }
+    fn collect(&mut self) {
+        PackedPool::collect(self);
+    }
+    fn stats(&self) -> Stats {
+        PackedPool::stats(self)
+    }
+    fn hits(&self) -> u64 {
+        // Every successful request made at most one pool miss (a segment
+        // or an exact block).
+        self.packing_stats()
+            .requests
+            .saturating_sub(PackedPool::stats(self).misses)
+    }
+    fn modelled_seconds(&self) -> f64 {
+        self.pool().allocator().modelled_seconds()
+    }
+}
+
+struct PoolSim<T: SimPool> {
+    pool: T,
+    /// addr → (block, requested size)
+    live: HashMap<u64, (u64, usize)>,
+    /// addresses whose allocation failed: their frees are skipped
+    failed: HashSet<u64>,
+    st: SimState,
+}
+
+impl<T: SimPool> Sim for PoolSim<T> {
+    fn alloc(&mut self, addr: u64, size: usize) {
+        self.st.allocs += 1;
+        // A live address allocated again (only possible when events are fed
+        // by hand): the earlier block is released first.
+        self.free(addr);
+        match self.pool.allocate(size) {
+            Some(block) => {
+                self.live.insert(addr, (block, size));
+                self.st.live_bytes = self.st.live_bytes.saturating_add(size);
+                self.st.peak_live_bytes = self.st.peak_live_bytes.max(self.st.live_bytes);
+            }
+            None => {
+                self.st.failures += 1;
+                self.failed.insert(addr);
+            }
+        }
+    }
+
+    fn free(&mut self, addr: u64) {
+        if let Some((block, size)) = self.live.remove(&addr) {
+            self.st.live_bytes = self.st.live_bytes.saturating_sub(size);
+            // SAFETY: `block` came from `self.pool.allocate(size)` and has
+            // just left the live map, so it is released exactly once.
+            unsafe { self.pool.release(block, size) };
+        } else {
+            self.failed.remove(&addr);
+        }
+    }
+
+    fn collect(&mut self) {
+        self.pool.collect();
+    }
+
+    fn release_all(&mut self) {
+        let addrs: Vec<u64> = self.live.keys().copied().collect();
+        for a in addrs {
+            self.free(a);
+        }
+        self.failed.clear();
+    }
+
+    fn stats(&self) -> Stats {
+        self.pool.stats()
+    }
+
+    fn state(&mut self) -> &mut SimState {
+        &mut self.st
+    }
+
+    fn report(&mut self) -> (Stats, f64, u64) {
+        (
+            self.pool.stats(),
+            self.pool.modelled_seconds(),
+            self.pool.hits(),
+        )
+    }
+}
+
+fn sim<P: Policy + 'static>(
+    policy: P,
+    config: &Config,
+    clock: &ManualClock,
+    options: &ReplayOptions,
+) -> Box<dyn Sim> {
+    let mut builder = DecayingPool::builder(ModelledAllocator::new(options.cost.clone()))
+        .policy(policy)
+        .clock(clock.clone())
+        .size_class(config.size_class)
+        .reuse(config.reuse);
+    if let Some(limit) = config.limit {
+        builder = builder.limit(limit);
+    }
+    let st = SimState {
+        name: config.name.clone(),
+        recorder: options
+            .record
+            .then(|| Recorder::with_resolution(&config.name, options.record_resolution)),
+        ..SimState::default()
+    };
+    match config.packing {
+        None => Box::new(PoolSim {
+            pool: builder.build(),
+            live: HashMap::new(),
+            failed: HashSet::new(),
+            st,
+        }),
+        Some(mut packing) => {
+            if packing.capacity.is_none() {
+                packing.capacity = options.cost.capacity();
+            }
+            Box::new(PoolSim {
+                pool: builder.packing(packing).build(),
+                live: HashMap::new(),
+                failed: HashSet::new(),
+                st,
+            })
+        }
+    }
+}
+
+/// Runs a trace through several configurations at once, on trace time.
+///
+/// Every configuration gets its own [`DecayingPool`] over its own
+/// [`ModelledAllocator`]; all share one [`ManualClock`], set to each
+/// event's time (measured from the first event) before the pools are
+/// called, so decay happens as it would have in the traced program. The
+/// trace is read once, whatever the number of configurations.
+///
+/// For a trace looped N times, call [`begin_pass`](Self::begin_pass)
+/// before each pass: the next pass starts [`ReplayOptions::gap`] after the
+/// last event of the previous one, and the blocks the previous pass left
+/// live are released at its end (the program's iteration ends), so they
+/// sit idle in the cache during the gap.
+///
+/// # Examples
+///
+/// ```
+/// use core::time::Duration;
+/// use decaying_pool::trace::{Config, Event, PolicyKind, Replayer, ReplayOptions};
+///
+/// let ms = Duration::from_millis;
+/// let configs = [
+///     Config::new(PolicyKind::KeepAll),
+///     Config::new(PolicyKind::FixedTime(ms(100))),
+/// ];
+/// let opts = ReplayOptions { gap: Duration::from_secs(1), ..Default::default() };
+/// let mut r = Replayer::new(&configs, opts);
+/// for _pass in 0..3 {
+///     r.begin_pass();
+///     r.event(&Event::alloc(ms(0), 0x10, 1 << 20));
+///     r.event(&Event::free(ms(5), 0x10, 1 << 20));
+/// }
+/// let reports = r.finish("loop");
+/// assert_eq!(reports[0].backing_allocs, 1); // keep-all: one block, reused
+/// assert_eq!(reports[1].backing_allocs, 3); // expired during each 1 s gap
+/// ```
+pub struct Replayer {
+    sims: Vec<Box<dyn Sim>>,
+    clock: ManualClock,
+    options: ReplayOptions,
+    /// Replay time of the last event, nanoseconds.
+    now: u64,
+    /// The next event starts a pass: its trace time maps to `offset`.
+    pass_start: bool,
+    passes: u64,
+    origin: u64,
+    offset: u64,
+    next_tick: u64,
+}
+
+impl fmt::Debug for Replayer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Replayer")
+            .field("configs", &self.sims.len())
+            .field("now", &Duration::from_nanos(self.now))
+            .finish_non_exhaustive()
+    }
+}
+
+impl Replayer {
+    /// A replayer of `configs`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use decaying_pool::trace::{Config, Replayer, ReplayOptions};
+    /// let r = Replayer::new(&Config::defaults(), ReplayOptions::default());
+    /// assert_eq!(r.finish("nothing").len(), Config::defaults().len());
+    /// ```
+    pub fn new(configs: &[Config], options: ReplayOptions) -> Self {
+        let clock = ManualClock::new();
+        let sims = configs
+            .iter()
+            .map(|c| match c.policy {
+                PolicyKind::NoPool => sim(FixedCapacity::new(0), c, &clock, &options),
+                PolicyKind::KeepAll => sim(FixedTime::new(Duration::MAX), c, &clock, &options),
+                PolicyKind::FixedTime(t) => sim(FixedTime::new(t), c, &clock, &options),
+                PolicyKind::Exponential(h) => sim(Exponential::half_life(h), c, &clock, &options),
+                PolicyKind::FixedCapacity(n) => sim(FixedCapacity::new(n), c, &clock, &options),
+            })
+            .collect();
+        Replayer {
+            sims,
+            clock,
+            next_tick: options.reaper.map_or(u64::MAX, duration_nanos),
+            options,
+            now: 0,
+            pass_start: true,
+            passes: 0,
+            origin: 0,
+            offset: 0,
+        }
+    }
+
+    /// Adds a configuration that runs `policy`, a policy of your own (an
+    /// [`EvictionPolicy`](crate::EvictionPolicy)), with `config`'s name,
+    /// size classes, reuse and packing (`config.policy` is not used).
+    /// Call it before the first event; its report comes after those of
+    /// [`new`](Self::new)'s configurations.
+    ///
+    /// # Examples
+    ///
+    /// A policy that keeps at most 1 MiB idle, against keep-all:
+    ///
+    /// ```
+    /// use core::time::Duration;
+    /// use decaying_pool::policy::{EvictionPolicy, Oldest};
+    /// use decaying_pool::trace::{Config, Event, PolicyKind, Replayer, ReplayOptions};
+    ///
+    /// struct MaxIdle(usize);
+    /// impl EvictionPolicy for MaxIdle {
+    ///     fn must_evict(&mut self, _now: Duration, _oldest: Oldest, bytes_cached: usize) -> bool {
+    ///         bytes_cached > self.0
+    ///     }
+    /// }
+    ///
+    /// let opts = ReplayOptions { reaper: Some(Duration::from_millis(1)), ..Default::default() };
+    /// let mut r = Replayer::new(&[Config::new(PolicyKind::KeepAll)], opts);
+    /// r.add_policy(&Config::new(PolicyKind::KeepAll).named("max-idle 1MiB"), MaxIdle(1 << 20));
+    /// let ms = Duration::from_millis;
+    /// for i in 0..4 {
+    ///     r.event(&Event::alloc(ms(i), i, 1 << 20));
+    /// }
+    /// for i in 0..4 {
+    ///     r.event(&Event::free(ms(10 + i), i, 1 << 20));
+    /// }
+    /// r.event(&Event::alloc(ms(20), 9, 64)); // the reaper has run since
+    /// let reports = r.finish("w");
+    /// assert_eq!(reports[1].policy, "max-idle 1MiB");
+    /// assert_eq!(reports[0].evictions, 0);
+    /// assert_eq!(reports[1].evictions, 3); // down to 1 MiB idle
+    /// ```
+    pub fn add_policy<P: Policy + 'static>(&mut self, config: &Config, policy: P) {
+        self.sims
+            .push(sim(policy, config, &self.clock, &self.options));
+    }
+
+    /// Starts a pass of a looped trace (the first call is optional).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use core::time::Duration;
+    /// use decaying_pool::trace::{Config, Event, PolicyKind, Replayer, ReplayOptions};
+    /// let opts = ReplayOptions { gap: Duration::from_secs(2), ..Default::default() };
+    /// let mut r = Replayer::new(&[Config::new(PolicyKind::KeepAll)], opts);
+    /// for _ in 0..2 {
+    ///     r.begin_pass();
+    ///     r.event(&Event::alloc(Duration::from_secs(100), 1, 64));
+    ///     r.event(&Event::free(Duration::from_secs(101), 1, 64));
+    /// }
+    /// assert_eq!(r.finish("w")[0].span_seconds, 4.0); // 1 s, 2 s gap, 1 s
+    /// ```
+    pub fn begin_pass(&mut self) {
+        if self.passes > 0 && !self.pass_start {
+            self.at(self.now);
+            for s in &mut self.sims {
+                s.release_all();
+            }
+            self.after_step();
+            self.offset = self.now.saturating_add(duration_nanos(self.options.gap));
+        }
+        self.pass_start = true;
+    }
+
+    /// Replays one event. Times before the previous event's are taken as
+    /// the previous event's (logs of several threads can be slightly out of
+    /// order).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use core::time::Duration;
+    /// use decaying_pool::trace::{Config, Event, PolicyKind, Replayer, ReplayOptions};
+    /// let mut r = Replayer::new(&[Config::new(PolicyKind::KeepAll)], ReplayOptions::default());
+    /// r.event(&Event::alloc(Duration::ZERO, 1, 64));
+    /// assert_eq!(r.finish("w")[0].peak_live_bytes, 64);
+    /// ```
+    pub fn event(&mut self, event: &Event) {
+        let t = duration_nanos(event.time);
+        if self.pass_start {
+            self.pass_start = false;
+            self.passes += 1;
+            self.origin = t;
+        }
+        let now = self
+            .offset
+            .saturating_add(t.saturating_sub(self.origin))
+            .max(self.now);
+        self.at(now);
+        let size = usize::try_from(event.size).unwrap_or(usize::MAX);
+        for s in &mut self.sims {
+            match event.op {
+                Op::Alloc => s.alloc(event.addr, size),
+                Op::Free => s.free(event.addr),
+            }
+        }
+        self.after_step();
+    }
+
+    /// Moves time to `now`: integrates idle bytes, runs reaper ticks.
+    fn at(&mut self, now: u64) {
+        while self.next_tick <= now {
+            let tick = self.next_tick;
+            self.advance(tick);
+            for s in &mut self.sims {
+                s.collect();
+            }
+            self.after_step();
+            let period = self.options.reaper.map_or(u64::MAX, duration_nanos).max(1);
+            self.next_tick = tick.saturating_add(period);
+        }
+        self.advance(now);
+    }
+
+    fn advance(&mut self, now: u64) {
+        let dt = now.saturating_sub(self.now) as f64 * 1e-9;
+        if dt > 0.0 {
+            for s in &mut self.sims {
+                let cached = s.stats().bytes_cached as f64;
+                s.state().idle_byte_seconds += cached * dt;
+            }
+        }
+        self.now = self.now.max(now);
+        self.clock.set(Duration::from_nanos(self.now));
+    }
+
+    fn after_step(&mut self) {
+        if !self.options.record {
+            return;
+        }
+        let t = Duration::from_nanos(self.now);
+        for s in &mut self.sims {
+            let stats = s.stats();
+            if let Some(r) = s.state().recorder.as_mut() {
+                r.record(t, &stats);
+            }
+        }
+    }
+
+    /// Replay time now: the last event's time from the start of the replay.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use core::time::Duration;
+    /// use decaying_pool::trace::{Config, Event, Replayer, ReplayOptions};
+    /// let mut r = Replayer::new(&Config::defaults(), ReplayOptions::default());
+    /// r.event(&Event::alloc(Duration::from_secs(5), 1, 8));
+    /// r.event(&Event::free(Duration::from_secs(7), 1, 8));
+    /// assert_eq!(r.now(), Duration::from_secs(2));
+    /// ```
+    pub fn now(&self) -> Duration {
+        Duration::from_nanos(self.now)
+    }
+
+    /// Ends the replay: one report per configuration, in order.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use decaying_pool::trace::{Config, Replayer, ReplayOptions};
+    /// let reports = Replayer::new(&Config::defaults(), ReplayOptions::default()).finish("w");
+    /// assert!(reports.iter().all(|r| r.workload == "w" && r.hits == 0));
+    /// ```
+    pub fn finish(mut self, workload: &str) -> Vec<Report> {
+        let span = self.now as f64 * 1e-9;
+        self.sims
+            .iter_mut()
+            .map(|s| {
+                let (stats, seconds, hits) = s.report();
+                let st = std::mem::take(s.state());
+                Report {
+                    workload: workload.to_owned(),
+                    policy: st.name,
+                    allocs: st.allocs,
+                    hits,
+                    backing_allocs: stats.backing_allocs,
+                    backing_frees: stats.backing_deallocs,
+                    evictions: stats.evictions,
+                    trimmed: stats.trimmed,
+                    peak_reserved_bytes: stats.peak_bytes_reserved,
+                    peak_live_bytes: st.peak_live_bytes,
+                    idle_byte_seconds: st.idle_byte_seconds,
+                    modelled_backing_seconds: seconds,
+                    failures: st.failures,
+                    span_seconds: span,
+                    stats,
+                    recording: st.recorder,
+                }
+            })
+            .collect()
+    }
+}
+
+fn duration_nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
