@@ -24,6 +24,8 @@ use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
 use std::sync::{Arc, Condvar, Mutex, PoisonError, Weak};
 use std::thread::{self, JoinHandle};
 
+mod lock;
+
 use crate::cache::{Cache, Retry};
 use crate::clock::{Clock, MonotonicClock};
 use crate::error::PoolError;
@@ -33,6 +35,7 @@ use crate::policy::{FixedTime, Policy};
 use crate::pool::DecayingPool;
 use crate::raw::{RawAllocator, SendBlock};
 use crate::stats::{ClassStats, Stats};
+use lock::CacheLock;
 
 /// A thread-safe, cheaply cloneable handle to a [`DecayingPool`].
 ///
@@ -46,11 +49,23 @@ use crate::stats::{ClassStats, Stats};
 ///
 /// # What runs under which lock
 ///
-/// The pool is split in two, each behind its own [`Mutex`]: the *cache*
-/// (the store of idle blocks, the policy, the clock and the counters) and
-/// the *backing allocator*. No thread ever holds both, except inside
-/// [`SharedPool::with`]. (A pool from [`SharedPool::packed`] is instead
-/// one [`PackedPool`] behind one lock: see there.)
+/// The pool is split in two, each behind its own lock: the *cache* (the
+/// store of idle blocks, the policy, the clock and the counters) and the
+/// *backing allocator* (a [`Mutex`]). No thread ever holds both, except
+/// inside [`SharedPool::with`]. (A pool from [`SharedPool::packed`] is
+/// instead one [`PackedPool`] behind one lock: see there.)
+///
+/// The cache lock is held only briefly (no backing call runs under it), so
+/// it is a lighter lock than a `Mutex`: one atomic read-modify-write to
+/// take it, a plain store to release it. A thread that finds it taken
+/// spins, then yields, then naps (at most 50 µs at a time) until it is
+/// free; inside [`with`](Self::with), which holds it for as long as its
+/// closure runs, other threads' calls nap.
+///
+/// A [`Pooled`] block does not keep its pool alive through a reference
+/// count of its own (one shared counter written by every thread): the
+/// blocks lent out are counted under the cache lock, which a round trip
+/// takes anyway, and keep the pool alive all together.
 ///
 /// - A **hit** holds the cache lock for the store lookup and the policy
 ///   check, and never touches the allocator.
@@ -76,9 +91,10 @@ use crate::stats::{ClassStats, Stats};
 /// [`EvictionPolicy`](crate::EvictionPolicy) or a closure passed to
 /// [`SharedPool::with`] does not make the pool unusable or lose blocks:
 ///
-/// - a poisoned lock is recovered ([`PoisonError::into_inner`]): the cache
-///   store tells the policy of a change before making it, so a panicking
-///   policy leaves it as it was;
+/// - a poisoned lock is recovered ([`PoisonError::into_inner`]), and the
+///   cache lock is released on unwinding (it knows no poisoning): the
+///   cache store tells the policy of a change before making it, so a
+///   panicking policy leaves it as it was;
 /// - blocks taken out of the cache are deallocated even when a policy
 ///   panics later in the same call, and every block of a batch is offered
 ///   to `deallocate` even when one call panics (the first panic is passed
@@ -158,7 +174,7 @@ where
 /// `None` only while [`SharedPool::with`] has put them back together, and
 /// always in a packed pool, whose whole [`PackedPool`] is in `packed`.
 struct Inner<A: RawAllocator, P: Policy, C: Clock> {
-    cache: Mutex<Slot<A, P, C>>,
+    cache: CacheLock<Slot<A, P, C>>,
     alloc: Mutex<Option<A>>,
     /// A pool from [`SharedPool::packed`]: every call goes to it.
     packed: Option<Layer<A, P, C>>,
@@ -307,7 +323,7 @@ impl<A: RawAllocator, P: Policy, C: Clock> Inner<A, P, C> {
     /// lock.
     #[inline]
     fn slot<R>(&self, f: impl FnOnce(&mut Cache<A::Block, P, C>, &mut Lending<A, P, C>) -> R) -> R {
-        let mut guard = recover(self.cache.lock());
+        let mut guard = self.cache.lock();
         let Slot { cache, lending } = &mut *guard;
         f(
             cache
@@ -493,7 +509,7 @@ impl<A: RawAllocator, P: Policy, C: Clock> Inner<A, P, C> {
     /// Runs `f` on the lent blocks' count under the cache lock (whether or
     /// not [`SharedPool::with`] holds the cache).
     fn lending<R>(&self, f: impl FnOnce(&mut Lending<A, P, C>) -> R) -> R {
-        f(&mut recover(self.cache.lock()).lending)
+        f(&mut self.cache.lock().lending)
     }
 
     fn collect(&self) -> usize {
@@ -526,7 +542,7 @@ impl<A: RawAllocator, P: Policy, C: Clock> Inner<A, P, C> {
 
 impl<A: RawAllocator, P: Policy, C: Clock> Drop for Inner<A, P, C> {
     fn drop(&mut self) {
-        let cache = recover(self.cache.get_mut()).cache.take();
+        let cache = self.cache.get_mut().cache.take();
         let alloc = recover(self.alloc.get_mut()).take();
         if let (Some(cache), Some(alloc)) = (cache, alloc) {
             // Dropping the pool frees every cached block.
@@ -553,7 +569,7 @@ impl<A: RawAllocator, P: Policy, C: Clock> SharedPool<A, P, C> {
         let (alloc, cache) = pool.into_parts();
         SharedPool {
             inner: Arc::new(Inner {
-                cache: Mutex::new(Slot {
+                cache: CacheLock::new(Slot {
                     cache: Some(cache),
                     lending: Lending {
                         lent: 0,
@@ -609,7 +625,7 @@ impl<A: RawAllocator, P: Policy, C: Clock> SharedPool<A, P, C> {
     {
         SharedPool {
             inner: Arc::new(Inner {
-                cache: Mutex::new(Slot {
+                cache: CacheLock::new(Slot {
                     cache: None,
                     lending: Lending {
                         lent: 0,
@@ -904,7 +920,8 @@ impl<A: RawAllocator, P: Policy, C: Clock> SharedPool<A, P, C> {
     /// together, so it stays usable.
     ///
     /// Using this pool inside `f` through a handle (or dropping a
-    /// [`Pooled`] of it) deadlocks, as its locks are held.
+    /// [`Pooled`] of it, or passing one through [`Pooled::into_raw`] or
+    /// [`Pooled::from_raw`]) deadlocks, as its locks are held.
     ///
     /// On a pool from [`SharedPool::packed`] it panics: use
     /// [`with_packed`](Self::with_packed).
@@ -933,7 +950,7 @@ impl<A: RawAllocator, P: Policy, C: Clock> SharedPool<A, P, C> {
             self.inner.packed.is_none(),
             "SharedPool::with: a packed pool; use `with_packed`"
         );
-        let mut cache_slot = recover(self.inner.cache.lock());
+        let mut cache_slot = self.inner.cache.lock();
         let mut alloc_slot = recover(self.inner.alloc.lock());
         let (Some(cache), Some(alloc)) = (cache_slot.cache.take(), alloc_slot.take()) else {
             panic!("SharedPool::with: the pool is taken apart (re-entered from `with`?)");
@@ -1162,11 +1179,8 @@ where
             return d.finish_non_exhaustive();
         }
         let stats = match self.inner.cache.try_lock() {
-            Ok(slot) => slot.cache.as_ref().map(Cache::stats),
-            Err(std::sync::TryLockError::Poisoned(e)) => {
-                e.into_inner().cache.as_ref().map(Cache::stats)
-            }
-            Err(std::sync::TryLockError::WouldBlock) => None,
+            Some(slot) => slot.cache.as_ref().map(Cache::stats),
+            None => None,
         };
         match stats {
             Some(stats) => d.field("stats", &stats),
