@@ -301,6 +301,39 @@ enum Step<B> {
     Miss { size: usize, class: usize, now: u64 },
 }
 
+/// Runs `f` on the cache and the lent blocks' count under `lock`.
+///
+/// A function of the lock alone, not a method of [`Inner`]: once a call
+/// counts back the last lent block, another thread may drop the pool as
+/// soon as the lock is released, so nothing may borrow the pool beyond the
+/// lock itself then (a borrow of the lock, all atomics and `UnsafeCell`,
+/// does not pin the memory as a borrow of the whole pool would).
+#[inline(always)]
+fn with_slot<A: RawAllocator, P: Policy, C: Clock, R>(
+    lock: &CacheLock<Slot<A, P, C>>,
+    f: impl FnOnce(&mut Cache<A::Block, P, C>, &mut Lending<A, P, C>) -> R,
+) -> R {
+    let mut guard = lock.lock();
+    let Slot { cache, lending } = &mut *guard;
+    f(
+        cache
+            .as_mut()
+            .expect("SharedPool: the pool is taken apart (re-entered from `with`?)"),
+        lending,
+    )
+}
+
+/// Runs `f` on the lent blocks' count under `lock`, whether or not
+/// [`SharedPool::with`] holds the cache; a function of the lock alone, as
+/// [`with_slot`].
+#[inline]
+fn with_lending<A: RawAllocator, P: Policy, C: Clock, R>(
+    lock: &CacheLock<Slot<A, P, C>>,
+    f: impl FnOnce(&mut Lending<A, P, C>) -> R,
+) -> R {
+    f(&mut lock.lock().lending)
+}
+
 fn recover<T>(r: Result<T, PoisonError<T>>) -> T {
     r.unwrap_or_else(PoisonError::into_inner)
 }
@@ -323,14 +356,7 @@ impl<A: RawAllocator, P: Policy, C: Clock> Inner<A, P, C> {
     /// lock.
     #[inline]
     fn slot<R>(&self, f: impl FnOnce(&mut Cache<A::Block, P, C>, &mut Lending<A, P, C>) -> R) -> R {
-        let mut guard = self.cache.lock();
-        let Slot { cache, lending } = &mut *guard;
-        f(
-            cache
-                .as_mut()
-                .expect("SharedPool: the pool is taken apart (re-entered from `with`?)"),
-            lending,
-        )
+        with_slot(&self.cache, f)
     }
 
     /// Runs `f` on the backing allocator under its lock.
@@ -509,7 +535,7 @@ impl<A: RawAllocator, P: Policy, C: Clock> Inner<A, P, C> {
     /// Runs `f` on the lent blocks' count under the cache lock (whether or
     /// not [`SharedPool::with`] holds the cache).
     fn lending<R>(&self, f: impl FnOnce(&mut Lending<A, P, C>) -> R) -> R {
-        f(&mut self.cache.lock().lending)
+        with_lending(&self.cache, f)
     }
 
     fn collect(&self) -> usize {
@@ -1023,9 +1049,11 @@ impl<A: RawAllocator, P: Policy, C: Clock> SharedPool<A, P, C> {
             // read out once here and dropped; `view` is not used again.
             drop(unsafe { core::ptr::read(&view.inner) });
         } else {
-            let held = view.inner.lending(|l| l.give_back(&view.inner.handles));
-            // The view owns no reference: this may drop the pool. Nothing
-            // reaches it through `view` afterwards.
+            let (lock, handles) = (&view.inner.cache, &view.inner.handles);
+            let held = with_lending(lock, |l| l.give_back(handles));
+            // The view owns no reference: the pool may be gone once the
+            // lock is released (another thread may have let go of the last
+            // reference), or be dropped here. Nothing reaches it afterwards.
             drop(held);
         }
     }
@@ -1735,16 +1763,39 @@ impl<A: RawAllocator, P: Policy, C: Clock> Drop for Pooled<A, P, C> {
                 release();
             }
         } else {
-            let inner = &view.inner;
-            // Set before anything can panic; dropped last, also when the
-            // release unwinds (it may drop the pool: nothing reaches the
-            // pool through `inner` afterwards).
+            // The block is counted back last: until then it keeps the pool
+            // alive; from then on another thread may drop it as soon as the
+            // lock is released, so only the lock is borrowed for that step,
+            // and nothing reaches the pool afterwards.
+            let (lock, handles) = (&view.inner.cache, &view.inner.handles);
+            let mut frees: Frees<A::Block> = Vec::new();
             let mut held = None;
-            let release = || inner.release(block, size, &mut held);
-            if panicking {
-                let _ = catch_unwind(AssertUnwindSafe(release));
-            } else {
-                release();
+            let mut counted = false;
+            let cached = catch_unwind(AssertUnwindSafe(|| {
+                with_slot(lock, |cache, lending| {
+                    cache.release_now(block, size, &mut |block, class| frees.push((block, class)));
+                    if frees.is_empty() {
+                        // The usual case: nothing to deallocate, so the
+                        // block is counted back in this same step.
+                        held = lending.give_back(handles);
+                        counted = true;
+                    }
+                })
+            }));
+            let mut freed = Ok(());
+            if !counted {
+                // The pool is alive: this block is still counted lent.
+                let inner = &view.inner;
+                freed = catch_unwind(AssertUnwindSafe(|| inner.deallocate(frees)));
+                held = with_lending(lock, |l| l.give_back(handles));
+            }
+            // May drop the pool (`held` was its last reference).
+            drop(held);
+            // The first panic goes on, unless the thread is unwinding.
+            if let Err(panic) = cached.and(freed) {
+                if !panicking {
+                    resume_unwind(panic);
+                }
             }
         }
     }
