@@ -511,6 +511,10 @@ impl<A: RawAllocator, P: Policy, C: Clock> Inner<A, P, C> {
     /// block ([`DecayingPool::release`]). The block is counted back first,
     /// so `held` is set (to drop once no borrow of the pool is left) even
     /// when the call panics.
+    ///
+    /// Only for a caller that holds a reference to the pool of its own
+    /// (`allocate` undoing a hit): this borrows the pool after counting the
+    /// block back. `Pooled::drop` counts back last instead.
     fn release(&self, block: A::Block, size: usize, held: &mut Held<A, P, C>) {
         let mut frees: Frees<A::Block> = Vec::new();
         let result = catch_unwind(AssertUnwindSafe(|| {

@@ -308,7 +308,12 @@ fn a_pooled_block_releases_on_drop_and_keeps_its_pool_alive() {
 // The blocks of a plain pool keep it alive all together, through a count
 // under the cache lock rather than a reference count each: the pool goes
 // exactly when the last handle and the last block are gone, in any order,
-// on any thread.
+// on any thread. (A long time-to-live: nothing expires however slowly the
+// test runs.)
+
+fn long_ttl() -> FixedTime {
+    FixedTime::new(Duration::from_secs(3600))
+}
 
 #[test]
 fn blocks_dropped_on_other_threads_after_the_last_handle_drop_the_pool_once() {
@@ -316,7 +321,7 @@ fn blocks_dropped_on_other_threads_after_the_last_handle_drop_the_pool_once() {
         let alloc = CheckingAllocator::new();
         let mut pool = Some(SharedPool::new(DecayingPool::new(
             alloc.clone(),
-            FixedTime::default(),
+            long_ttl(),
         )));
         let p = pool.as_ref().unwrap();
         let blocks: Vec<_> = (0..4).map(|i| p.allocate(64 << i).unwrap()).collect();
@@ -345,7 +350,7 @@ fn blocks_dropped_on_other_threads_after_the_last_handle_drop_the_pool_once() {
 #[test]
 fn a_handle_cloned_from_a_block_keeps_the_pool_alive() {
     let alloc = CheckingAllocator::new();
-    let pool = SharedPool::new(DecayingPool::new(alloc.clone(), FixedTime::default()));
+    let pool = SharedPool::new(DecayingPool::new(alloc.clone(), long_ttl()));
     let a = pool.allocate(100).unwrap();
     drop(pool);
     let revived = a.pool().clone();
@@ -367,7 +372,7 @@ fn a_handle_cloned_from_a_block_keeps_the_pool_alive() {
 #[test]
 fn into_raw_of_the_last_block_lets_the_pool_go() {
     let alloc = CheckingAllocator::new();
-    let pool = SharedPool::new(DecayingPool::new(alloc.clone(), FixedTime::default()));
+    let pool = SharedPool::new(DecayingPool::new(alloc.clone(), long_ttl()));
     let a = pool.allocate(100).unwrap();
     drop(pool.allocate(300).unwrap());
     drop(pool);
@@ -383,7 +388,7 @@ fn handles_and_blocks_dropped_concurrently_free_everything_once() {
     let threads = if cfg!(miri) { 2 } else { 4 };
     for _ in 0..ops(50).min(50) {
         let alloc = CheckingAllocator::new();
-        let pool = SharedPool::new(DecayingPool::new(alloc.clone(), FixedTime::default()));
+        let pool = SharedPool::new(DecayingPool::new(alloc.clone(), long_ttl()));
         let start = Arc::new(Barrier::new(threads));
         let workers: Vec<_> = (0..threads)
             .map(|t| {
