@@ -893,3 +893,37 @@ fn the_limit_counts_misses_in_flight() {
     drop(pool);
     alloc.inner.assert_all_freed();
 }
+
+#[test]
+fn calls_wait_for_with_and_go_on_after_it() {
+    let alloc = CheckingAllocator::new();
+    let pool = SharedPool::new(DecayingPool::new(alloc.clone(), long_ttl()));
+    drop(pool.allocate(64).unwrap());
+    let inside = Arc::new(Barrier::new(2));
+    let done = Arc::new(AtomicBool::new(false));
+    let waiter = {
+        let (pool, inside, done) = (pool.clone(), Arc::clone(&inside), Arc::clone(&done));
+        thread::spawn(move || {
+            inside.wait();
+            // The cache lock is held by `with` on the other thread.
+            let block = pool.allocate(64).unwrap();
+            done.store(true, Ordering::SeqCst);
+            *block
+        })
+    };
+    let raced = pool.with(|p| {
+        inside.wait();
+        // Give the waiter time to spin, yield and nap on the lock.
+        thread::sleep(Duration::from_millis(if cfg!(miri) { 1 } else { 20 }));
+        let raced = done.load(Ordering::SeqCst);
+        assert_eq!(p.stats().blocks_cached, 1);
+        raced
+    });
+    assert!(!raced, "a call went on while `with` held the pool");
+    let block = waiter.join().unwrap();
+    assert_eq!(block, 1, "the waiter's call was a hit once `with` returned");
+    let s = pool.stats();
+    assert_eq!((s.hits, s.misses, s.blocks_cached), (1, 1, 1));
+    drop(pool);
+    alloc.assert_all_freed();
+}
