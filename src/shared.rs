@@ -18,10 +18,13 @@ use core::any::Any;
 use core::fmt;
 use core::mem::ManuallyDrop;
 use core::ops::Deref;
+use core::sync::atomic::{AtomicUsize, Ordering};
 use core::time::Duration;
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
 use std::sync::{Arc, Condvar, Mutex, PoisonError, Weak};
 use std::thread::{self, JoinHandle};
+
+mod lock;
 
 use crate::cache::{Cache, Retry};
 use crate::clock::{Clock, MonotonicClock};
@@ -32,6 +35,7 @@ use crate::policy::{FixedTime, Policy};
 use crate::pool::DecayingPool;
 use crate::raw::{RawAllocator, SendBlock};
 use crate::stats::{ClassStats, Stats};
+use lock::CacheLock;
 
 /// A thread-safe, cheaply cloneable handle to a [`DecayingPool`].
 ///
@@ -45,11 +49,23 @@ use crate::stats::{ClassStats, Stats};
 ///
 /// # What runs under which lock
 ///
-/// The pool is split in two, each behind its own [`Mutex`]: the *cache*
-/// (the store of idle blocks, the policy, the clock and the counters) and
-/// the *backing allocator*. No thread ever holds both, except inside
-/// [`SharedPool::with`]. (A pool from [`SharedPool::packed`] is instead
-/// one [`PackedPool`] behind one lock: see there.)
+/// The pool is split in two, each behind its own lock: the *cache* (the
+/// store of idle blocks, the policy, the clock and the counters) and the
+/// *backing allocator* (a [`Mutex`]). No thread ever holds both, except
+/// inside [`SharedPool::with`]. (A pool from [`SharedPool::packed`] is
+/// instead one [`PackedPool`] behind one lock: see there.)
+///
+/// The cache lock is held only briefly (no backing call runs under it), so
+/// it is a lighter lock than a `Mutex`: one atomic read-modify-write to
+/// take it, a plain store to release it. A thread that finds it taken
+/// spins, then yields, then naps (at most 50 µs at a time) until it is
+/// free; inside [`with`](Self::with), which holds it for as long as its
+/// closure runs, other threads' calls nap.
+///
+/// A [`Pooled`] block does not keep its pool alive through a reference
+/// count of its own (one shared counter written by every thread): the
+/// blocks lent out are counted under the cache lock, which a round trip
+/// takes anyway, and keep the pool alive all together.
 ///
 /// - A **hit** holds the cache lock for the store lookup and the policy
 ///   check, and never touches the allocator.
@@ -75,9 +91,10 @@ use crate::stats::{ClassStats, Stats};
 /// [`EvictionPolicy`](crate::EvictionPolicy) or a closure passed to
 /// [`SharedPool::with`] does not make the pool unusable or lose blocks:
 ///
-/// - a poisoned lock is recovered ([`PoisonError::into_inner`]): the cache
-///   store tells the policy of a change before making it, so a panicking
-///   policy leaves it as it was;
+/// - a poisoned lock is recovered ([`PoisonError::into_inner`]), and the
+///   cache lock is released on unwinding (it knows no poisoning): the
+///   cache store tells the policy of a change before making it, so a
+///   panicking policy leaves it as it was;
 /// - blocks taken out of the cache are deallocated even when a policy
 ///   panics later in the same call, and every block of a batch is offered
 ///   to `deallocate` even when one call panics (the first panic is passed
@@ -157,10 +174,66 @@ where
 /// `None` only while [`SharedPool::with`] has put them back together, and
 /// always in a packed pool, whose whole [`PackedPool`] is in `packed`.
 struct Inner<A: RawAllocator, P: Policy, C: Clock> {
-    cache: Mutex<Option<Cache<A::Block, P, C>>>,
+    cache: CacheLock<Slot<A, P, C>>,
     alloc: Mutex<Option<A>>,
     /// A pool from [`SharedPool::packed`]: every call goes to it.
     packed: Option<Layer<A, P, C>>,
+    /// Live [`SharedPool`] handles (not counting the [`Pooled`] blocks'
+    /// own views of the pool, nor the reaper's passing references).
+    handles: AtomicUsize,
+}
+
+/// What the cache lock guards: the cache and the count of [`Pooled`]
+/// blocks of a plain pool, which keep the pool alive all together through
+/// one reference (`held`) rather than one each.
+///
+/// A `Pooled` of a plain pool touches no shared reference count: it is
+/// counted in `lent` under the cache lock it takes anyway. `held` is a
+/// strong reference taken when a block is lent while none is held; it is
+/// let go (outside the lock) when no block is lent and no handle is left:
+/// by the last `Pooled` when no handle is left, or by the last handle when
+/// no block is lent. Both decide under this lock, the handle after
+/// lowering `handles`, so exactly one of them lets it go. While handles
+/// live it stays, so a steady allocate-and-drop loop never touches it.
+struct Slot<A: RawAllocator, P: Policy, C: Clock> {
+    /// `None` only while [`SharedPool::with`] has put the pool together,
+    /// and always in a packed pool.
+    cache: Option<Cache<A::Block, P, C>>,
+    lending: Lending<A, P, C>,
+}
+
+/// The lent blocks of a plain pool and the reference they share.
+struct Lending<A: RawAllocator, P: Policy, C: Clock> {
+    /// Live `Pooled` blocks of a plain pool.
+    lent: usize,
+    /// The reference the lent blocks keep the pool alive through.
+    held: Option<Arc<Inner<A, P, C>>>,
+}
+
+/// A strong reference to a pool that a call let go of, to drop once no
+/// lock and no borrow of the pool is left (it may be the last one).
+type Held<A, P, C> = Option<Arc<Inner<A, P, C>>>;
+
+impl<A: RawAllocator, P: Policy, C: Clock> Lending<A, P, C> {
+    /// Counts a block lent out; `arc` is the pool this slot belongs to.
+    #[inline(always)]
+    fn lend(&mut self, arc: &Arc<Inner<A, P, C>>) {
+        self.lent += 1;
+        if self.held.is_none() {
+            self.held = Some(Arc::clone(arc));
+        }
+    }
+
+    /// Counts a lent block back; hands out `held` when it must go.
+    #[inline(always)]
+    fn give_back(&mut self, handles: &AtomicUsize) -> Held<A, P, C> {
+        self.lent -= 1;
+        if self.lent == 0 && handles.load(Ordering::Acquire) == 0 {
+            self.held.take()
+        } else {
+            None
+        }
+    }
 }
 
 /// The packing layer of a packed pool, behind its lock.
@@ -228,6 +301,39 @@ enum Step<B> {
     Miss { size: usize, class: usize, now: u64 },
 }
 
+/// Runs `f` on the cache and the lent blocks' count under `lock`.
+///
+/// A function of the lock alone, not a method of [`Inner`]: once a call
+/// counts back the last lent block, another thread may drop the pool as
+/// soon as the lock is released, so nothing may borrow the pool beyond the
+/// lock itself then (a borrow of the lock, all atomics and `UnsafeCell`,
+/// does not pin the memory as a borrow of the whole pool would).
+#[inline(always)]
+fn with_slot<A: RawAllocator, P: Policy, C: Clock, R>(
+    lock: &CacheLock<Slot<A, P, C>>,
+    f: impl FnOnce(&mut Cache<A::Block, P, C>, &mut Lending<A, P, C>) -> R,
+) -> R {
+    let mut guard = lock.lock();
+    let Slot { cache, lending } = &mut *guard;
+    f(
+        cache
+            .as_mut()
+            .expect("SharedPool: the pool is taken apart (re-entered from `with`?)"),
+        lending,
+    )
+}
+
+/// Runs `f` on the lent blocks' count under `lock`, whether or not
+/// [`SharedPool::with`] holds the cache; a function of the lock alone, as
+/// [`with_slot`].
+#[inline]
+fn with_lending<A: RawAllocator, P: Policy, C: Clock, R>(
+    lock: &CacheLock<Slot<A, P, C>>,
+    f: impl FnOnce(&mut Lending<A, P, C>) -> R,
+) -> R {
+    f(&mut lock.lock().lending)
+}
+
 fn recover<T>(r: Result<T, PoisonError<T>>) -> T {
     r.unwrap_or_else(PoisonError::into_inner)
 }
@@ -243,10 +349,14 @@ impl<A: RawAllocator, P: Policy, C: Clock> Inner<A, P, C> {
     /// Runs `f` on the cache under its lock.
     #[inline]
     fn cache<R>(&self, f: impl FnOnce(&mut Cache<A::Block, P, C>) -> R) -> R {
-        let mut guard = recover(self.cache.lock());
-        f(guard
-            .as_mut()
-            .expect("SharedPool: the pool is taken apart (re-entered from `with`?)"))
+        self.slot(|cache, _| f(cache))
+    }
+
+    /// Runs `f` on the cache and the lent blocks' count under the cache
+    /// lock.
+    #[inline]
+    fn slot<R>(&self, f: impl FnOnce(&mut Cache<A::Block, P, C>, &mut Lending<A, P, C>) -> R) -> R {
+        with_slot(&self.cache, f)
     }
 
     /// Runs `f` on the backing allocator under its lock.
@@ -300,18 +410,21 @@ impl<A: RawAllocator, P: Policy, C: Clock> Inner<A, P, C> {
         }
     }
 
-    fn allocate(&self, size: usize) -> Result<A::Block, PoolError<A::Error>> {
+    /// A block for a [`Pooled`]: a plain pool's block is counted lent
+    /// (`this` is the pool itself, for the reference the lent blocks hold).
+    fn allocate(&self, this: &Arc<Self>, size: usize) -> Result<A::Block, PoolError<A::Error>> {
         if let Some(r) = self.packed(|p| p.allocate(size)) {
             return r;
         }
         let mut frees: Frees<A::Block> = Vec::new();
         let step = catch_unwind(AssertUnwindSafe(|| {
-            self.cache(|cache| {
+            self.slot(|cache, lending| {
                 let free = &mut |block, class| frees.push((block, class));
                 let now = cache.now();
                 cache.run_policy(now, free);
                 let class = cache.class_of(size)?;
                 if let Some(block) = cache.take(size, class, now) {
+                    lending.lend(this);
                     return Ok(Step::Hit(block));
                 }
                 cache.make_room(size, class, now, free)?;
@@ -333,7 +446,10 @@ impl<A: RawAllocator, P: Policy, C: Clock> Inner<A, P, C> {
             // discarded (the release keeps its block: `release_now`).
             match step {
                 Ok(Step::Hit(block)) => {
-                    let _ = catch_unwind(AssertUnwindSafe(|| self.release(block, size)));
+                    let mut held = None;
+                    let _ = catch_unwind(AssertUnwindSafe(|| self.release(block, size, &mut held)));
+                    // Not the last reference: `this` is one.
+                    drop(held);
                 }
                 Ok(Step::Miss { class, .. }) => self.cache(|cache| cache.abandon(class)),
                 Err(_) => {}
@@ -342,14 +458,20 @@ impl<A: RawAllocator, P: Policy, C: Clock> Inner<A, P, C> {
         }
         match step? {
             Step::Hit(block) => Ok(block),
-            Step::Miss { size, class, now } => self.miss(size, class, now),
+            Step::Miss { size, class, now } => self.miss(this, size, class, now),
         }
     }
 
     /// A miss whose class is booked: the backing calls and the retry
     /// ladder, with the cache lock released around every backing call.
     #[inline(never)]
-    fn miss(&self, size: usize, class: usize, now: u64) -> Result<A::Block, PoolError<A::Error>> {
+    fn miss(
+        &self,
+        this: &Arc<Self>,
+        size: usize,
+        class: usize,
+        now: u64,
+    ) -> Result<A::Block, PoolError<A::Error>> {
         /// Drops the booking if the backing allocator panics.
         struct Booking<'a, A: RawAllocator, P: Policy, C: Clock> {
             inner: &'a Inner<A, P, C>,
@@ -366,7 +488,10 @@ impl<A: RawAllocator, P: Policy, C: Clock> Inner<A, P, C> {
             let err = match self.alloc(|alloc| alloc.allocate(class)) {
                 Ok(block) => {
                     core::mem::forget(booking);
-                    self.cache(|cache| cache.miss_done(size, class));
+                    self.slot(|cache, lending| {
+                        cache.miss_done(size, class);
+                        lending.lend(this);
+                    });
                     return Ok(block);
                 }
                 Err(e) => e,
@@ -381,16 +506,40 @@ impl<A: RawAllocator, P: Policy, C: Clock> Inner<A, P, C> {
         }
     }
 
-    /// Runs the policy, then caches `block`; a panic of the clock, the
-    /// policy or a `deallocate` loses no block ([`DecayingPool::release`]).
-    fn release(&self, block: A::Block, size: usize) {
-        if let Some(layer) = &self.packed {
-            // SAFETY: `block` came from this pool's `allocate(size)` and is
-            // released once (`Pooled`'s invariant, or `from_raw`'s contract).
-            unsafe { recover(layer.lock()).release(block, size) };
-            return;
+    /// Runs the policy, then caches `block` of a lent [`Pooled`] of a plain
+    /// pool; a panic of the clock, the policy or a `deallocate` loses no
+    /// block ([`DecayingPool::release`]). The block is counted back first,
+    /// so `held` is set (to drop once no borrow of the pool is left) even
+    /// when the call panics.
+    ///
+    /// Only for a caller that holds a reference to the pool of its own
+    /// (`allocate` undoing a hit): this borrows the pool after counting the
+    /// block back. `Pooled::drop` counts back last instead.
+    fn release(&self, block: A::Block, size: usize, held: &mut Held<A, P, C>) {
+        let mut frees: Frees<A::Block> = Vec::new();
+        let result = catch_unwind(AssertUnwindSafe(|| {
+            self.slot(|cache, lending| {
+                *held = lending.give_back(&self.handles);
+                cache.release_now(block, size, &mut |block, class| frees.push((block, class)))
+            })
+        }));
+        self.deallocate(frees);
+        if let Err(panic) = result {
+            resume_unwind(panic);
         }
-        self.cache_then_free(|cache, free| cache.release_now(block, size, free));
+    }
+
+    /// Releases `block` to the packing layer of a packed pool.
+    fn release_packed(&self, layer: &Layer<A, P, C>, block: A::Block, size: usize) {
+        // SAFETY: `block` came from this pool's `allocate(size)` and is
+        // released once (`Pooled`'s invariant, or `from_raw`'s contract).
+        unsafe { recover(layer.lock()).release(block, size) };
+    }
+
+    /// Runs `f` on the lent blocks' count under the cache lock (whether or
+    /// not [`SharedPool::with`] holds the cache).
+    fn lending<R>(&self, f: impl FnOnce(&mut Lending<A, P, C>) -> R) -> R {
+        with_lending(&self.cache, f)
     }
 
     fn collect(&self) -> usize {
@@ -423,7 +572,7 @@ impl<A: RawAllocator, P: Policy, C: Clock> Inner<A, P, C> {
 
 impl<A: RawAllocator, P: Policy, C: Clock> Drop for Inner<A, P, C> {
     fn drop(&mut self) {
-        let cache = recover(self.cache.get_mut()).take();
+        let cache = self.cache.get_mut().cache.take();
         let alloc = recover(self.alloc.get_mut()).take();
         if let (Some(cache), Some(alloc)) = (cache, alloc) {
             // Dropping the pool frees every cached block.
@@ -450,9 +599,16 @@ impl<A: RawAllocator, P: Policy, C: Clock> SharedPool<A, P, C> {
         let (alloc, cache) = pool.into_parts();
         SharedPool {
             inner: Arc::new(Inner {
-                cache: Mutex::new(Some(cache)),
+                cache: CacheLock::new(Slot {
+                    cache: Some(cache),
+                    lending: Lending {
+                        lent: 0,
+                        held: None,
+                    },
+                }),
                 alloc: Mutex::new(Some(alloc)),
                 packed: None,
+                handles: AtomicUsize::new(1),
             }),
         }
     }
@@ -499,9 +655,16 @@ impl<A: RawAllocator, P: Policy, C: Clock> SharedPool<A, P, C> {
     {
         SharedPool {
             inner: Arc::new(Inner {
-                cache: Mutex::new(None),
+                cache: CacheLock::new(Slot {
+                    cache: None,
+                    lending: Lending {
+                        lent: 0,
+                        held: None,
+                    },
+                }),
                 alloc: Mutex::new(None),
                 packed: Some(Mutex::new(Box::new(pool))),
+                handles: AtomicUsize::new(1),
             }),
         }
     }
@@ -614,11 +777,12 @@ impl<A: RawAllocator, P: Policy, C: Clock> SharedPool<A, P, C> {
     /// # }
     /// ```
     pub fn allocate(&self, size: usize) -> Result<Pooled<A, P, C>, PoolError<A::Error>> {
-        let block = self.inner.allocate(size)?;
+        let block = self.inner.allocate(&self.inner, size)?;
         Ok(Pooled {
             block: ManuallyDrop::new(block),
             size,
-            pool: self.clone(),
+            // The block was counted lent (plain pool) by `allocate`.
+            pool: self.view(),
         })
     }
 
@@ -786,7 +950,8 @@ impl<A: RawAllocator, P: Policy, C: Clock> SharedPool<A, P, C> {
     /// together, so it stays usable.
     ///
     /// Using this pool inside `f` through a handle (or dropping a
-    /// [`Pooled`] of it) deadlocks, as its locks are held.
+    /// [`Pooled`] of it, or passing one through [`Pooled::into_raw`] or
+    /// [`Pooled::from_raw`]) deadlocks, as its locks are held.
     ///
     /// On a pool from [`SharedPool::packed`] it panics: use
     /// [`with_packed`](Self::with_packed).
@@ -815,15 +980,15 @@ impl<A: RawAllocator, P: Policy, C: Clock> SharedPool<A, P, C> {
             self.inner.packed.is_none(),
             "SharedPool::with: a packed pool; use `with_packed`"
         );
-        let mut cache_slot = recover(self.inner.cache.lock());
+        let mut cache_slot = self.inner.cache.lock();
         let mut alloc_slot = recover(self.inner.alloc.lock());
-        let (Some(cache), Some(alloc)) = (cache_slot.take(), alloc_slot.take()) else {
+        let (Some(cache), Some(alloc)) = (cache_slot.cache.take(), alloc_slot.take()) else {
             panic!("SharedPool::with: the pool is taken apart (re-entered from `with`?)");
         };
         let mut pool = DecayingPool::from_parts(alloc, cache);
         let result = catch_unwind(AssertUnwindSafe(|| f(&mut LockedPool { pool: &mut pool })));
         let (alloc, cache) = pool.into_parts();
-        *cache_slot = Some(cache);
+        cache_slot.cache = Some(cache);
         *alloc_slot = Some(alloc);
         drop((cache_slot, alloc_slot));
         match result {
@@ -849,6 +1014,52 @@ impl<A: RawAllocator, P: Policy, C: Clock> SharedPool<A, P, C> {
     /// ```
     pub fn ptr_eq(&self, other: &Self) -> bool {
         Arc::ptr_eq(&self.inner, &other.inner)
+    }
+
+    /// The pool a new [`Pooled`] refers to. A packed pool's is a strong
+    /// reference of its own (not a handle: `SharedPool::drop` never runs on
+    /// it; [`SharedPool::unview`] drops the reference). A plain pool's owns
+    /// nothing: the block must be counted lent ([`Lending::lend`]), which
+    /// keeps the pool alive until [`SharedPool::unview`] counts it back.
+    fn view(&self) -> ManuallyDrop<Self> {
+        let inner = if self.inner.packed.is_some() {
+            Arc::clone(&self.inner)
+        } else {
+            // SAFETY: the pointer comes from an `Arc` of this same type, and
+            // the `Arc` made from it is never dropped (`ManuallyDrop`, and
+            // `unview` only reads the pointee), so no reference count
+            // changes. The view is reached only through its `Pooled`, while
+            // the block is counted lent, which keeps a strong reference
+            // (`Lending::held`): the pool outlives every use of it.
+            unsafe { Arc::from_raw(Arc::as_ptr(&self.inner)) }
+        };
+        ManuallyDrop::new(SharedPool { inner })
+    }
+
+    /// Ends what [`SharedPool::view`] started, for a block that is no
+    /// longer lent (released, or taken out by [`Pooled::into_raw`]): counts
+    /// it back and lets go of the reference that kept the pool alive if it
+    /// must go; for a packed pool, drops the view's own reference. The pool
+    /// may be gone afterwards.
+    ///
+    /// # Safety
+    ///
+    /// `view` came from [`SharedPool::view`] for this block, is used by no
+    /// one else, and is not used afterwards; a plain pool's block is still
+    /// counted lent.
+    unsafe fn unview(view: ManuallyDrop<Self>) {
+        if view.inner.packed.is_some() {
+            // SAFETY: a packed view owns one strong reference (`view`),
+            // read out once here and dropped; `view` is not used again.
+            drop(unsafe { core::ptr::read(&view.inner) });
+        } else {
+            let (lock, handles) = (&view.inner.cache, &view.inner.handles);
+            let held = with_lending(lock, |l| l.give_back(handles));
+            // The view owns no reference: the pool may be gone once the
+            // lock is released (another thread may have let go of the last
+            // reference), or be dropped here. Nothing reaches it afterwards.
+            drop(held);
+        }
     }
 
     /// Starts a background thread that calls [`collect`](Self::collect)
@@ -954,8 +1165,23 @@ impl<A: RawAllocator, P: Policy, C: Clock> SharedPool<A, P, C> {
 impl<A: RawAllocator, P: Policy, C: Clock> Clone for SharedPool<A, P, C> {
     /// Another handle to the same pool.
     fn clone(&self) -> Self {
+        self.inner.handles.fetch_add(1, Ordering::Relaxed);
         SharedPool {
             inner: Arc::clone(&self.inner),
+        }
+    }
+}
+
+impl<A: RawAllocator, P: Policy, C: Clock> Drop for SharedPool<A, P, C> {
+    /// Drops the handle; the last one also lets go of the reference the
+    /// lent blocks share when none is lent (see `Slot`).
+    fn drop(&mut self) {
+        if self.inner.handles.fetch_sub(1, Ordering::AcqRel) == 1 {
+            let held = self
+                .inner
+                .lending(|l| if l.lent == 0 { l.held.take() } else { None });
+            // Not the last reference: `self.inner` is one.
+            drop(held);
         }
     }
 }
@@ -985,9 +1211,8 @@ where
             return d.finish_non_exhaustive();
         }
         let stats = match self.inner.cache.try_lock() {
-            Ok(cache) => cache.as_ref().map(Cache::stats),
-            Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner().as_ref().map(Cache::stats),
-            Err(std::sync::TryLockError::WouldBlock) => None,
+            Some(slot) => slot.cache.as_ref().map(Cache::stats),
+            None => None,
         };
         match stats {
             Some(stats) => d.field("stats", &stats),
@@ -1361,7 +1586,10 @@ impl fmt::Debug for Reaper {
 pub struct Pooled<A: RawAllocator, P: Policy = FixedTime, C: Clock = MonotonicClock> {
     block: ManuallyDrop<A::Block>,
     size: usize,
-    pool: SharedPool<A, P, C>,
+    /// From [`SharedPool::view`]: keeps the pool alive through the count of
+    /// lent blocks (plain pool) or a reference of its own (packed pool),
+    /// without touching the handles' shared reference count.
+    pool: ManuallyDrop<SharedPool<A, P, C>>,
 }
 
 // SAFETY: a `Pooled` is a `SendBlock` (movable and shareable across
@@ -1451,10 +1679,11 @@ impl<A: RawAllocator, P: Policy, C: Clock> Pooled<A, P, C> {
         // SAFETY: `this` is never dropped nor used again, so the block is
         // taken out exactly once and not released by `Pooled::drop`.
         let block = unsafe { ManuallyDrop::take(&mut this.block) };
-        // SAFETY: as above, the pool handle is read out exactly once and
-        // dropped here, so the reference count stays right.
-        drop(unsafe { core::ptr::read(&this.pool) });
-        (block, this.size)
+        let size = this.size;
+        // SAFETY: as above, the view is read out exactly once; the block it
+        // was made for is still counted lent, and is counted back here.
+        unsafe { SharedPool::unview(core::ptr::read(&this.pool)) };
+        (block, size)
     }
 
     /// Wraps a block that [`Pooled::into_raw`] took out, so that dropping
@@ -1487,10 +1716,13 @@ impl<A: RawAllocator, P: Policy, C: Clock> Pooled<A, P, C> {
     /// # }
     /// ```
     pub unsafe fn from_raw(pool: &SharedPool<A, P, C>, block: A::Block, size: usize) -> Self {
+        if pool.inner.packed.is_none() {
+            pool.inner.lending(|l| l.lend(&pool.inner));
+        }
         Pooled {
             block: ManuallyDrop::new(block),
             size,
-            pool: pool.clone(),
+            pool: pool.view(),
         }
     }
 }
@@ -1514,15 +1746,74 @@ impl<A: RawAllocator, P: Policy, C: Clock> Drop for Pooled<A, P, C> {
         // SAFETY: `drop` runs once and `self.block` is not used afterwards.
         let block = unsafe { ManuallyDrop::take(&mut self.block) };
         let size = self.size;
+        // SAFETY: `drop` runs once and `self.pool` is not used afterwards:
+        // the view is read out once.
+        let view = unsafe { core::ptr::read(&self.pool) };
         // `block` came from this pool's `allocate(size)` (through
         // `SharedPool::allocate`, or `from_raw`, whose contract says so), and
         // this handle owned it alone, so it is released once.
-        let release = || self.pool.inner.release(block, size);
-        if thread::panicking() {
-            let _ = catch_unwind(AssertUnwindSafe(release));
+        let panicking = thread::panicking();
+        if view.inner.packed.is_some() {
+            // Drops the view's reference last, also when the release unwinds.
+            let view = Unview(view);
+            let inner = &view.0.inner;
+            let Some(layer) = &inner.packed else {
+                unreachable!("a packed pool stays packed")
+            };
+            let release = || inner.release_packed(layer, block, size);
+            if panicking {
+                let _ = catch_unwind(AssertUnwindSafe(release));
+            } else {
+                release();
+            }
         } else {
-            release();
+            // The block is counted back last: until then it keeps the pool
+            // alive; from then on another thread may drop it as soon as the
+            // lock is released, so only the lock is borrowed for that step,
+            // and nothing reaches the pool afterwards.
+            let (lock, handles) = (&view.inner.cache, &view.inner.handles);
+            let mut frees: Frees<A::Block> = Vec::new();
+            let mut held = None;
+            let mut counted = false;
+            let cached = catch_unwind(AssertUnwindSafe(|| {
+                with_slot(lock, |cache, lending| {
+                    cache.release_now(block, size, &mut |block, class| frees.push((block, class)));
+                    if frees.is_empty() {
+                        // The usual case: nothing to deallocate, so the
+                        // block is counted back in this same step.
+                        held = lending.give_back(handles);
+                        counted = true;
+                    }
+                })
+            }));
+            let mut freed = Ok(());
+            if !counted {
+                // The pool is alive: this block is still counted lent.
+                let inner = &view.inner;
+                freed = catch_unwind(AssertUnwindSafe(|| inner.deallocate(frees)));
+                held = with_lending(lock, |l| l.give_back(handles));
+            }
+            // May drop the pool (`held` was its last reference).
+            drop(held);
+            // The first panic goes on, unless the thread is unwinding.
+            if let Err(panic) = cached.and(freed) {
+                if !panicking {
+                    resume_unwind(panic);
+                }
+            }
         }
+    }
+}
+
+/// Drops a packed pool's [`SharedPool::view`] (its own reference) when
+/// dropped, also on unwinding.
+struct Unview<A: RawAllocator, P: Policy, C: Clock>(ManuallyDrop<SharedPool<A, P, C>>);
+
+impl<A: RawAllocator, P: Policy, C: Clock> Drop for Unview<A, P, C> {
+    fn drop(&mut self) {
+        // SAFETY: the view came from `SharedPool::view` for a packed pool's
+        // block, is this guard's alone, and is read out once here.
+        unsafe { SharedPool::unview(core::ptr::read(&self.0)) };
     }
 }
 

@@ -305,6 +305,119 @@ fn a_pooled_block_releases_on_drop_and_keeps_its_pool_alive() {
     alloc.assert_all_freed();
 }
 
+// The blocks of a plain pool keep it alive all together, through a count
+// under the cache lock rather than a reference count each: the pool goes
+// exactly when the last handle and the last block are gone, in any order,
+// on any thread. (A long time-to-live: nothing expires however slowly the
+// test runs.)
+
+fn long_ttl() -> FixedTime {
+    FixedTime::new(Duration::from_secs(3600))
+}
+
+#[test]
+fn blocks_dropped_on_other_threads_after_the_last_handle_drop_the_pool_once() {
+    for round in 0..ops(20).min(20) {
+        let alloc = CheckingAllocator::new();
+        let mut pool = Some(SharedPool::new(DecayingPool::new(
+            alloc.clone(),
+            long_ttl(),
+        )));
+        let p = pool.as_ref().unwrap();
+        let blocks: Vec<_> = (0..4).map(|i| p.allocate(64 << i).unwrap()).collect();
+        drop(p.allocate(8).unwrap()); // one cached block, freed with the pool
+        if round % 2 == 0 {
+            pool = None;
+        }
+        let workers: Vec<_> = blocks
+            .into_iter()
+            .map(|b| thread::spawn(move || drop(b)))
+            .collect();
+        for w in workers {
+            w.join().unwrap();
+        }
+        if round % 2 == 0 {
+            // The last block took the pool with it.
+            alloc.assert_all_freed();
+        } else {
+            assert_eq!(alloc.live(), 5, "the handle keeps every block cached");
+            drop(pool);
+            alloc.assert_all_freed();
+        }
+    }
+}
+
+#[test]
+fn a_handle_cloned_from_a_block_keeps_the_pool_alive() {
+    let alloc = CheckingAllocator::new();
+    let pool = SharedPool::new(DecayingPool::new(alloc.clone(), long_ttl()));
+    let a = pool.allocate(100).unwrap();
+    drop(pool);
+    let revived = a.pool().clone();
+    drop(a);
+    assert_eq!(alloc.live(), 1, "the revived handle keeps the cached block");
+    assert_eq!(revived.stats().blocks_cached, 1);
+    // A block allocated through a block's view of the pool, with no handle
+    // left, keeps the pool alive too.
+    let b = revived.allocate(100).unwrap();
+    let c = b.pool().allocate(200).unwrap();
+    drop(revived);
+    drop(b);
+    assert_eq!(alloc.live(), 2);
+    assert_eq!(c.pool().stats().blocks_cached, 1);
+    drop(c);
+    alloc.assert_all_freed();
+}
+
+#[test]
+fn into_raw_of_the_last_block_lets_the_pool_go() {
+    let alloc = CheckingAllocator::new();
+    let pool = SharedPool::new(DecayingPool::new(alloc.clone(), long_ttl()));
+    let a = pool.allocate(100).unwrap();
+    drop(pool.allocate(300).unwrap());
+    drop(pool);
+    // A raw block does not keep its pool: the cached block goes with it.
+    let (raw, size) = a.into_raw();
+    assert_eq!(size, 100);
+    assert_eq!(alloc.live(), 1);
+    assert_eq!(alloc.size_of(raw), Some(100));
+}
+
+#[test]
+fn handles_and_blocks_dropped_concurrently_free_everything_once() {
+    let threads = if cfg!(miri) { 2 } else { 4 };
+    for _ in 0..ops(50).min(50) {
+        let alloc = CheckingAllocator::new();
+        let pool = SharedPool::new(DecayingPool::new(alloc.clone(), long_ttl()));
+        let start = Arc::new(Barrier::new(threads));
+        let workers: Vec<_> = (0..threads)
+            .map(|t| {
+                let (pool, start) = (pool.clone(), Arc::clone(&start));
+                thread::spawn(move || {
+                    let mine: Vec<_> = (0..3)
+                        .map(|i| pool.allocate(8 << (i + t)).unwrap())
+                        .collect();
+                    start.wait();
+                    // Drop the handle between the blocks, or after them.
+                    let mut pool = Some(pool);
+                    for (i, b) in mine.into_iter().enumerate() {
+                        if i == t % 3 {
+                            pool = None;
+                        }
+                        drop(b);
+                    }
+                    drop(pool);
+                })
+            })
+            .collect();
+        drop(pool);
+        for w in workers {
+            w.join().unwrap();
+        }
+        alloc.assert_all_freed();
+    }
+}
+
 #[test]
 fn into_raw_and_from_raw_round_trip() {
     let alloc = CheckingAllocator::new();
@@ -774,4 +887,38 @@ fn the_limit_counts_misses_in_flight() {
     pool.with(|p| p.validate());
     drop(pool);
     alloc.inner.assert_all_freed();
+}
+
+#[test]
+fn calls_wait_for_with_and_go_on_after_it() {
+    let alloc = CheckingAllocator::new();
+    let pool = SharedPool::new(DecayingPool::new(alloc.clone(), long_ttl()));
+    drop(pool.allocate(64).unwrap());
+    let inside = Arc::new(Barrier::new(2));
+    let done = Arc::new(AtomicBool::new(false));
+    let waiter = {
+        let (pool, inside, done) = (pool.clone(), Arc::clone(&inside), Arc::clone(&done));
+        thread::spawn(move || {
+            inside.wait();
+            // The cache lock is held by `with` on the other thread.
+            let block = pool.allocate(64).unwrap();
+            done.store(true, Ordering::SeqCst);
+            *block
+        })
+    };
+    let raced = pool.with(|p| {
+        inside.wait();
+        // Give the waiter time to spin, yield and nap on the lock.
+        thread::sleep(Duration::from_millis(if cfg!(miri) { 1 } else { 20 }));
+        let raced = done.load(Ordering::SeqCst);
+        assert_eq!(p.stats().blocks_cached, 1);
+        raced
+    });
+    assert!(!raced, "a call went on while `with` held the pool");
+    let block = waiter.join().unwrap();
+    assert_eq!(block, 1, "the waiter's call was a hit once `with` returned");
+    let s = pool.stats();
+    assert_eq!((s.hits, s.misses, s.blocks_cached), (1, 1, 1));
+    drop(pool);
+    alloc.assert_all_freed();
 }
