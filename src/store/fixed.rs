@@ -1,34 +1,66 @@
 //! The fixed-capacity store, used by [`FixedCapacity`](crate::FixedCapacity).
 //!
 //! One open-addressing table of `slots` entries, allocated once and never
-//! grown. A class hashes to a home slot; its blocks live in the probe
-//! window of `min(slots, per_size)` slots from home (wrapping;
-//! `per_size` is `FixedCapacity::WINDOW` unless the policy says otherwise). Every lookup
-//! scans the whole window, so removing an entry simply empties it: no
-//! tombstones, no backward shift, and every operation costs at most one
-//! window scan, O(1) in the worst case.
+//! grown. A class hashes to a home slot and a 7-bit tag; its blocks live in
+//! the probe window of `min(slots, per_size)` slots from home (wrapping;
+//! `per_size` is `FixedCapacity::WINDOW` unless the policy says otherwise).
+//! Every lookup scans the whole window, so removing an entry simply empties
+//! it: no tombstones, no backward shift, and every operation costs at most
+//! one window scan, O(1) in the worst case.
+//!
+//! The scan reads tag bytes, not entries: one byte per slot, [`EMPTY`] or
+//! seven bits of the class's hash, kept in an array of its own and compared
+//! eight at a time in one `u64` (see [`group`]). A window of eight slots is
+//! one unaligned word load and a few word operations; only the entries
+//! whose tag matches are read. The tag array ends with a copy of its first
+//! eight bytes, so a window that wraps the table's end is still one load.
+//! An occupancy bitset ([`FixedBitSet`]) says which entries hold a block,
+//! for the walks that visit every cached block (statistics, checks)
+//! without reading the table.
 //!
 //! Entries are also linked, oldest first, into one age list threaded
 //! through the table, so `trim`, the limit and the out-of-memory retry free
 //! the globally oldest block in O(1). Each entry carries a release stamp
 //! (a counter) to compare ages within a window.
 
+mod group;
+
+use fixedbitset::FixedBitSet;
+
+use self::group::{Group, Mask, EMPTY, WIDTH};
 use super::Store;
 use crate::policy::{sealed, FixedCapacity, Policy, Reuse};
 
 const NIL: u32 = u32::MAX;
 
+/// One slot of the table.
 struct Entry<B> {
-    block: B,
+    /// The cached block, `None` in an empty slot.
+    block: Option<B>,
     class: usize,
     stamp: u64,
     older: u32,
     newer: u32,
 }
 
+impl<B> Entry<B> {
+    const VACANT: Self = Entry {
+        block: None,
+        class: 0,
+        stamp: 0,
+        older: NIL,
+        newer: NIL,
+    };
+}
+
 /// The fixed-capacity store: see the module documentation.
 pub struct FixedStore<B> {
-    table: Box<[Option<Entry<B>>]>,
+    /// One tag per slot, then a copy of the first `min(WIDTH, slots)`
+    /// tags (padding past that): `slots + WIDTH` bytes, or none.
+    tags: Box<[u8]>,
+    entries: Box<[Entry<B>]>,
+    /// The slots that hold a block.
+    occupied: FixedBitSet,
     window: usize,
     reuse: Reuse,
     next_stamp: u64,
@@ -40,6 +72,37 @@ pub struct FixedStore<B> {
     taken_bytes: u64,
 }
 
+/// The tag array and the entries of a table of `slots`, allocated
+/// fallibly: `None` when either cannot be.
+#[allow(clippy::type_complexity)]
+fn try_table<B>(slots: usize) -> Option<(Box<[u8]>, Box<[Entry<B>]>)> {
+    if slots == 0 {
+        // Zero slots allocate nothing.
+        return Some((Box::default(), Box::default()));
+    }
+    let mut entries = Vec::new();
+    entries.try_reserve_exact(slots).ok()?;
+    let mut tags = Vec::new();
+    tags.try_reserve_exact(slots + WIDTH).ok()?;
+    entries.resize_with(slots, || Entry::VACANT);
+    tags.resize(slots + WIDTH, EMPTY);
+    Some((tags.into_boxed_slice(), entries.into_boxed_slice()))
+}
+
+/// The hash of a class: one 64x64 -> 128-bit multiply, folded.
+#[inline(always)]
+fn hash(class: usize) -> u64 {
+    let p = u128::from(class as u64) * 0x9E37_79B9_7F4A_7C15;
+    (p as u64) ^ ((p >> 64) as u64)
+}
+
+/// The tag of a class with hash `h`: its low seven bits (the home slot
+/// comes from the high bits).
+#[inline(always)]
+fn tag_of(h: u64) -> u8 {
+    (h & 0x7F) as u8
+}
+
 impl<B> FixedStore<B> {
     /// A table of `slots` entries (at most `FixedCapacity::MAX_SLOTS`), or
     /// the largest of `slots / 2`, `slots / 4`, … that can be allocated.
@@ -47,19 +110,21 @@ impl<B> FixedStore<B> {
     pub(crate) fn new(slots: usize, window: usize, reuse: Reuse) -> Self {
         const { assert!(FixedCapacity::MAX_SLOTS < NIL as usize) };
         let mut slots = slots.min(FixedCapacity::MAX_SLOTS);
-        let table = loop {
-            let mut table = Vec::new();
+        let (tags, entries) = loop {
             // Fallible: a table too large for memory is refused here
-            // instead of aborting. Zero slots allocate nothing.
-            if table.try_reserve_exact(slots).is_ok() {
-                table.resize_with(slots, || None);
-                break table.into_boxed_slice();
+            // instead of aborting.
+            if let Some(table) = try_table(slots) {
+                break table;
             }
             slots /= 2;
         };
         FixedStore {
-            window: table.len().min(window.max(1)),
-            table,
+            window: entries.len().min(window.max(1)),
+            // One bit a slot: 1/256 of the entries' size at the least,
+            // allocated once the table is.
+            occupied: FixedBitSet::with_capacity(entries.len()),
+            tags,
+            entries,
             reuse,
             next_stamp: 0,
             oldest: NIL,
@@ -71,72 +136,122 @@ impl<B> FixedStore<B> {
         }
     }
 
-    /// The home slot of a class.
-    #[inline]
-    fn home(&self, class: usize) -> usize {
-        let h = (class as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        let h = h ^ (h >> 29);
-        ((u128::from(h) * self.table.len() as u128) >> 64) as usize
+    /// The home slot and the tag of a class.
+    #[inline(always)]
+    fn locate(&self, class: usize) -> (usize, u8) {
+        let h = hash(class);
+        let home = ((u128::from(h) * self.entries.len() as u128) >> 64) as usize;
+        (home, tag_of(h))
     }
 
-    /// The slots of the window starting at `home`.
-    #[inline]
-    fn window(&self, home: usize) -> impl Iterator<Item = usize> {
-        let n = self.table.len();
-        (0..self.window).map(move |k| {
-            let i = home + k;
-            if i >= n {
-                i - n
-            } else {
-                i
-            }
+    /// `i` (below twice the slot count) brought into the table.
+    #[inline(always)]
+    fn wrap(&self, i: usize) -> usize {
+        let n = self.entries.len();
+        if i >= n {
+            i - n
+        } else {
+            i
+        }
+    }
+
+    /// The slots of the window starting at `home` (not on the hot path).
+    fn window(&self, home: usize) -> impl Iterator<Item = usize> + '_ {
+        (0..self.window).map(move |k| self.wrap(home + k))
+    }
+
+    /// The groups of the window starting at `home`: each as the slot of
+    /// its first tag, its tags, and the positions of the window in it.
+    #[inline(always)]
+    fn groups(&self, home: usize) -> impl Iterator<Item = (usize, Group, Mask)> + '_ {
+        (0..self.window).step_by(WIDTH).map(move |start| {
+            let at = self.wrap(home + start);
+            let live = Mask::first((self.window - start).min(WIDTH));
+            (at, Group::load(&self.tags, at), live)
         })
     }
 
-    #[inline]
+    #[inline(always)]
+    fn set_tag(&mut self, i: usize, tag: u8) {
+        self.tags[i] = tag;
+        if i < WIDTH {
+            // The copy that a window wrapping the end reads.
+            let n = self.entries.len();
+            self.tags[n + i] = tag;
+        }
+    }
+
+    #[inline(always)]
     fn set_newer(&mut self, at: u32, to: u32) {
         if at == NIL {
             self.oldest = to;
-        } else if let Some(e) = &mut self.table[at as usize] {
-            e.newer = to;
+        } else {
+            self.entries[at as usize].newer = to;
         }
     }
 
-    #[inline]
+    #[inline(always)]
     fn set_older(&mut self, at: u32, to: u32) {
         if at == NIL {
             self.newest = to;
-        } else if let Some(e) = &mut self.table[at as usize] {
-            e.older = to;
+        } else {
+            self.entries[at as usize].older = to;
         }
     }
 
-    #[inline]
-    fn remove(&mut self, i: usize) -> (B, usize) {
-        let e = self.table[i].take().expect("removing an empty entry");
-        self.set_newer(e.older, e.newer);
-        self.set_older(e.newer, e.older);
+    /// Empties occupied slot `i`, returning its block and class.
+    #[inline(always)]
+    fn remove(&mut self, i: usize) -> Option<(B, usize)> {
+        let e = &mut self.entries[i];
+        let block = e.block.take()?;
+        let (class, older, newer) = (e.class, e.older, e.newer);
+        self.set_tag(i, EMPTY);
+        self.occupied.set(i, false);
+        self.set_newer(older, newer);
+        self.set_older(newer, older);
         self.len -= 1;
-        self.bytes -= e.class;
-        (e.block, e.class)
+        self.bytes -= class;
+        Some((block, class))
     }
 
-    #[inline]
-    fn insert(&mut self, i: usize, block: B, class: usize) {
+    /// Fills empty slot `i`, the newest entry.
+    #[inline(always)]
+    fn insert(&mut self, i: usize, tag: u8, block: B, class: usize) {
         let stamp = self.next_stamp;
         self.next_stamp += 1;
         let older = self.newest;
-        self.table[i] = Some(Entry {
-            block,
+        self.entries[i] = Entry {
+            block: Some(block),
             class,
             stamp,
             older,
             newer: NIL,
-        });
+        };
+        self.set_tag(i, tag);
+        self.occupied.insert(i);
         self.set_newer(older, i as u32);
         self.newest = i as u32;
         self.len += 1;
         self.bytes += class;
+    }
+
+    /// A release into a full window: the window's oldest entry makes room.
+    #[inline(never)]
+    fn displace(&mut self, home: usize, tag: u8, block: B, class: usize) -> Option<(B, usize)> {
+        let mut oldest: Option<(usize, u64)> = None;
+        for i in self.window(home) {
+            let s = self.entries[i].stamp;
+            if oldest.is_none_or(|(_, o)| s < o) {
+                oldest = Some((i, s));
+            }
+        }
+        // A window has at least one slot, and a full one is all occupied.
+        let Some((i, _)) = oldest else {
+            return Some((block, class));
+        };
+        let evicted = self.remove(i);
+        self.insert(i, tag, block, class);
+        evicted
     }
 }
 
@@ -145,17 +260,22 @@ impl<B> Store<B> for FixedStore<B> {
 
     #[inline]
     fn take(&mut self, class: usize, _now: u64) -> Option<B> {
-        if self.table.is_empty() {
+        if self.entries.is_empty() {
             return None;
         }
+        let (home, tag) = self.locate(class);
+        let lifo = self.reuse == Reuse::Lifo;
         let mut best: Option<(usize, u64)> = None;
-        for i in self.window(self.home(class)) {
-            if let Some(e) = &self.table[i] {
+        for (at, group, live) in self.groups(home) {
+            for k in group.match_tag(tag).and(live) {
+                let i = self.wrap(at + k);
+                let e = &self.entries[i];
+                // The tag may match another class (seven bits of hash, or
+                // a borrow in the comparison): the entry decides.
                 if e.class == class {
-                    let better = match (best, self.reuse) {
-                        (None, _) => true,
-                        (Some((_, s)), Reuse::Lifo) => e.stamp > s,
-                        (Some((_, s)), Reuse::Fifo) => e.stamp < s,
+                    let better = match best {
+                        None => true,
+                        Some((_, s)) => (e.stamp > s) == lifo,
                     };
                     if better {
                         best = Some((i, e.stamp));
@@ -164,34 +284,32 @@ impl<B> Store<B> for FixedStore<B> {
             }
         }
         let (i, _) = best?;
+        let (block, _) = self.remove(i)?;
         self.taken += 1;
         self.taken_bytes = self.taken_bytes.saturating_add(class as u64);
-        Some(self.remove(i).0)
+        Some(block)
     }
 
     #[inline]
     fn put(&mut self, block: B, class: usize, _now: u64) -> Option<(B, usize)> {
-        if self.table.is_empty() {
+        if self.entries.is_empty() {
             return Some((block, class));
         }
-        let mut oldest: Option<(usize, u64)> = None;
-        for i in self.window(self.home(class)) {
-            match &self.table[i] {
-                None => {
-                    self.insert(i, block, class);
-                    return None;
-                }
-                Some(e) => {
-                    if oldest.is_none_or(|(_, s)| e.stamp < s) {
-                        oldest = Some((i, e.stamp));
-                    }
-                }
+        let (home, tag) = self.locate(class);
+        let mut free = None;
+        for (at, group, live) in self.groups(home) {
+            if let Some(k) = group.match_empty().and(live).lowest() {
+                free = Some(self.wrap(at + k));
+                break;
             }
         }
-        let (i, _) = oldest.expect("a full window has an oldest entry");
-        let evicted = self.remove(i);
-        self.insert(i, block, class);
-        Some(evicted)
+        match free {
+            Some(i) => {
+                self.insert(i, tag, block, class);
+                None
+            }
+            None => self.displace(home, tag, block, class),
+        }
     }
 
     #[inline]
@@ -203,7 +321,7 @@ impl<B> Store<B> for FixedStore<B> {
         if self.oldest == NIL {
             return None;
         }
-        Some(self.remove(self.oldest as usize))
+        self.remove(self.oldest as usize)
     }
 
     fn pop_untold(&mut self) -> Option<(B, usize)> {
@@ -230,40 +348,62 @@ impl<B> Store<B> for FixedStore<B> {
     /// there is nothing to shrink.
     #[cfg(any(test, feature = "testing"))]
     fn footprint(&self) -> usize {
-        core::mem::size_of_val(&*self.table)
+        core::mem::size_of_val(&*self.entries)
+            + core::mem::size_of_val(&*self.tags)
+            + core::mem::size_of_val(self.occupied.as_slice())
     }
 
     fn cached_of(&self, class: usize) -> usize {
-        self.table
-            .iter()
-            .flatten()
-            .filter(|e| e.class == class)
+        self.occupied
+            .ones()
+            .filter(|&i| self.entries[i].class == class)
             .count()
     }
 
     fn check(&self) {
-        let (mut len, mut bytes) = (0usize, 0usize);
-        for (i, e) in self.table.iter().enumerate() {
-            if let Some(e) = e {
-                len += 1;
-                bytes += e.class;
-                let home = self.home(e.class);
-                assert!(
-                    self.window(home).any(|w| w == i),
-                    "entry {i} of class {} is outside its window",
-                    e.class
-                );
+        let n = self.entries.len();
+        assert_eq!(self.occupied.len(), n, "occupancy bitset length");
+        if n == 0 {
+            assert!(self.tags.is_empty(), "tags of an empty table");
+        } else {
+            assert_eq!(self.tags.len(), n + WIDTH, "tag array length");
+            for j in 0..WIDTH.min(n) {
+                assert_eq!(self.tags[n + j], self.tags[j], "copy of tag {j}");
             }
+        }
+        assert!(
+            (1..=n).contains(&self.window) || n == 0,
+            "window of {} slots in a table of {n}",
+            self.window
+        );
+        let (mut len, mut bytes) = (0usize, 0usize);
+        for (i, e) in self.entries.iter().enumerate() {
+            let full = e.block.is_some();
+            assert_eq!(self.occupied.contains(i), full, "occupancy of slot {i}");
+            if !full {
+                assert_eq!(self.tags[i], EMPTY, "tag of empty slot {i}");
+                continue;
+            }
+            len += 1;
+            bytes += e.class;
+            let (home, tag) = self.locate(e.class);
+            assert_eq!(self.tags[i], tag, "tag of slot {i}");
+            assert!(
+                self.window(home).any(|w| w == i),
+                "entry {i} of class {} is outside its window",
+                e.class
+            );
+            assert!(e.stamp < self.next_stamp, "stamp of slot {i}");
         }
         assert_eq!(len, self.len, "cached block count");
         assert_eq!(bytes, self.bytes, "cached byte count");
-        assert!(len <= self.table.len(), "more blocks than slots");
+        assert_eq!(self.occupied.count_ones(..), len, "occupancy count");
+        assert!(len <= n, "more blocks than slots");
         // The age list visits every entry once, stamps increasing.
         let (mut at, mut prev, mut seen, mut last) = (self.oldest, NIL, 0usize, None);
         while at != NIL {
-            let e = self.table[at as usize]
-                .as_ref()
-                .expect("age list reaches an empty slot");
+            let e = &self.entries[at as usize];
+            assert!(e.block.is_some(), "age list reaches an empty slot");
             assert_eq!(e.older, prev, "age list back link");
             if let Some(s) = last {
                 assert!(e.stamp > s, "age list out of order");
