@@ -33,6 +33,9 @@ use crate::policy::{sealed, FixedCapacity, Policy, Reuse};
 
 const NIL: u32 = u32::MAX;
 
+/// No slot.
+const NONE: usize = usize::MAX;
+
 /// One slot of the table.
 struct Entry<B> {
     /// The cached block, `None` in an empty slot.
@@ -62,7 +65,18 @@ pub struct FixedStore<B> {
     /// The slots that hold a block.
     occupied: FixedBitSet,
     window: usize,
+    /// The window's positions in its first group.
+    live: Mask,
     reuse: Reuse,
+    /// Where a release of class `hint_class` goes, left by the hit that
+    /// just took a block of it (0, a class no block has: nowhere). Any
+    /// other change to the table clears it. A hit followed by the release
+    /// of its class (the round trip of a steady workload) then neither
+    /// hashes the class again nor reloads the tags that the hit just wrote.
+    hint_class: usize,
+    /// The slot and the tag for `hint_class`.
+    hint_slot: u32,
+    hint_tag: u8,
     next_stamp: u64,
     oldest: u32,
     newest: u32,
@@ -120,12 +134,16 @@ impl<B> FixedStore<B> {
         };
         FixedStore {
             window: entries.len().min(window.max(1)),
+            live: Mask::first(entries.len().min(window.max(1)).min(WIDTH)),
             // One bit a slot: 1/256 of the entries' size at the least,
             // allocated once the table is.
             occupied: FixedBitSet::with_capacity(entries.len()),
             tags,
             entries,
             reuse,
+            hint_class: 0,
+            hint_slot: 0,
+            hint_tag: EMPTY,
             next_stamp: 0,
             oldest: NIL,
             newest: NIL,
@@ -160,14 +178,15 @@ impl<B> FixedStore<B> {
         (0..self.window).map(move |k| self.wrap(home + k))
     }
 
-    /// The groups of the window starting at `home`: each as the slot of
-    /// its first tag, its tags, and the positions of the window in it.
+    /// The groups of the window starting at `home`: each as its offset in
+    /// the window, the slot of its first tag, its tags, and the positions
+    /// of the window in it.
     #[inline(always)]
-    fn groups(&self, home: usize) -> impl Iterator<Item = (usize, Group, Mask)> + '_ {
+    fn groups(&self, home: usize) -> impl Iterator<Item = (usize, usize, Group, Mask)> + '_ {
         (0..self.window).step_by(WIDTH).map(move |start| {
             let at = self.wrap(home + start);
             let live = Mask::first((self.window - start).min(WIDTH));
-            (at, Group::load(&self.tags, at), live)
+            (start, at, Group::load(&self.tags, at), live)
         })
     }
 
@@ -202,6 +221,7 @@ impl<B> FixedStore<B> {
     /// Empties occupied slot `i`, returning its block and class.
     #[inline(always)]
     fn remove(&mut self, i: usize) -> Option<(B, usize)> {
+        self.hint_class = 0;
         let e = &mut self.entries[i];
         let block = e.block.take()?;
         let (class, older, newer) = (e.class, e.older, e.newer);
@@ -220,6 +240,7 @@ impl<B> FixedStore<B> {
         let stamp = self.next_stamp;
         self.next_stamp += 1;
         let older = self.newest;
+        self.hint_class = 0;
         self.entries[i] = Entry {
             block: Some(block),
             class,
@@ -233,6 +254,68 @@ impl<B> FixedStore<B> {
         self.newest = i as u32;
         self.len += 1;
         self.bytes += class;
+    }
+
+    /// The key that orders a class's entries for a hit: stamps are
+    /// unique; under LIFO the best entry has the largest, under FIFO the
+    /// smallest, that is the largest `stamp ^ flip`.
+    #[inline(always)]
+    fn flip(&self) -> u64 {
+        match self.reuse {
+            Reuse::Lifo => 0,
+            Reuse::Fifo => u64::MAX,
+        }
+    }
+
+    /// A hit's lookup in a window of one group: the slot of the best entry
+    /// of `class` (`NONE`: none), and the offset in the window of its first
+    /// empty slot once that entry is gone.
+    #[inline(always)]
+    fn find_in_group(&self, home: usize, class: usize, tag: u8) -> (usize, usize) {
+        let flip = self.flip();
+        let group = Group::load(&self.tags, home);
+        let (mut best, mut offset, mut best_key) = (NONE, 0, 0u64);
+        for k in group.match_tag(tag).and(self.live) {
+            let i = self.wrap(home + k);
+            let e = &self.entries[i];
+            // The tag may match another class (seven bits of hash, or a
+            // borrow in the comparison): the entry decides. Chosen without
+            // branching on the key.
+            let key = e.stamp ^ flip;
+            if (e.class == class) & (key >= best_key) {
+                (best, offset, best_key) = (i, k, key);
+            }
+        }
+        let free = match group.match_empty().and(self.live).lowest() {
+            Some(k) => k.min(offset),
+            None => offset,
+        };
+        (best, free)
+    }
+
+    /// [`find_in_group`](Self::find_in_group) for a window of several
+    /// groups.
+    #[inline(never)]
+    fn find_in_groups(&self, home: usize, class: usize, tag: u8) -> (usize, usize) {
+        let flip = self.flip();
+        let (mut best, mut offset, mut best_key) = (NONE, 0, 0u64);
+        let mut first_empty = self.window;
+        for (start, at, group, live) in self.groups(home) {
+            if first_empty == self.window {
+                if let Some(k) = group.match_empty().and(live).lowest() {
+                    first_empty = start + k;
+                }
+            }
+            for k in group.match_tag(tag).and(live) {
+                let i = self.wrap(at + k);
+                let e = &self.entries[i];
+                let key = e.stamp ^ flip;
+                if (e.class == class) & (key >= best_key) {
+                    (best, offset, best_key) = (i, start + k, key);
+                }
+            }
+        }
+        (best, first_empty.min(offset))
     }
 
     /// A release into a full window: the window's oldest entry makes room.
@@ -258,46 +341,45 @@ impl<B> FixedStore<B> {
 impl<B> Store<B> for FixedStore<B> {
     const TIMED: bool = false;
 
-    #[inline]
+    // Always inlined, as the timed store's: the hit path is short and a
+    // call would cost a good share of it.
+    #[inline(always)]
     fn take(&mut self, class: usize, _now: u64) -> Option<B> {
         if self.entries.is_empty() {
             return None;
         }
         let (home, tag) = self.locate(class);
-        let lifo = self.reuse == Reuse::Lifo;
-        let mut best: Option<(usize, u64)> = None;
-        for (at, group, live) in self.groups(home) {
-            for k in group.match_tag(tag).and(live) {
-                let i = self.wrap(at + k);
-                let e = &self.entries[i];
-                // The tag may match another class (seven bits of hash, or
-                // a borrow in the comparison): the entry decides.
-                if e.class == class {
-                    let better = match best {
-                        None => true,
-                        Some((_, s)) => (e.stamp > s) == lifo,
-                    };
-                    if better {
-                        best = Some((i, e.stamp));
-                    }
-                }
-            }
+        let (best, free) = if self.window <= WIDTH {
+            self.find_in_group(home, class, tag)
+        } else {
+            self.find_in_groups(home, class, tag)
+        };
+        if best == NONE {
+            return None;
         }
-        let (i, _) = best?;
-        let (block, _) = self.remove(i)?;
+        let (block, _) = self.remove(best)?;
+        // A release of this class now goes to the first empty slot of the
+        // window: the one just emptied, or an earlier one.
+        (self.hint_class, self.hint_slot, self.hint_tag) =
+            (class, self.wrap(home + free) as u32, tag);
         self.taken += 1;
         self.taken_bytes = self.taken_bytes.saturating_add(class as u64);
         Some(block)
     }
 
-    #[inline]
+    #[inline(always)]
     fn put(&mut self, block: B, class: usize, _now: u64) -> Option<(B, usize)> {
         if self.entries.is_empty() {
             return Some((block, class));
         }
+        // Class 0 (no block has it) never takes the hint.
+        if self.hint_class == class && class != 0 {
+            self.insert(self.hint_slot as usize, self.hint_tag, block, class);
+            return None;
+        }
         let (home, tag) = self.locate(class);
         let mut free = None;
-        for (at, group, live) in self.groups(home) {
+        for (_, at, group, live) in self.groups(home) {
             if let Some(k) = group.match_empty().and(live).lowest() {
                 free = Some(self.wrap(at + k));
                 break;
