@@ -511,3 +511,142 @@ impl Policy for FixedCapacity {
         FixedStore::new(self.slots(), self.max_per_size(), reuse)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Two classes of one home slot and one tag: the first pair found.
+    fn colliding(store: &FixedStore<u64>) -> (usize, usize) {
+        let mut seen = std::collections::HashMap::new();
+        for class in 1.. {
+            if let Some(&other) = seen.get(&store.locate(class)) {
+                return (other, class);
+            }
+            seen.insert(store.locate(class), class);
+        }
+        unreachable!()
+    }
+
+    #[test]
+    fn classes_of_one_tag_and_home_keep_their_own_blocks() {
+        for reuse in [Reuse::Lifo, Reuse::Fifo] {
+            let mut store = FixedStore::<u64>::new(64, FixedCapacity::WINDOW, reuse);
+            let (a, b) = colliding(&store);
+            assert_ne!(a, b);
+            assert_eq!(store.locate(a), store.locate(b));
+            assert_eq!(store.put(1, a, 0), None);
+            assert_eq!(store.put(2, b, 0), None);
+            assert_eq!(store.put(3, a, 0), None);
+            store.check();
+            assert_eq!(store.cached_of(a), 2);
+            assert_eq!(store.cached_of(b), 1);
+            let (first, second) = match reuse {
+                Reuse::Lifo => (3, 1),
+                Reuse::Fifo => (1, 3),
+            };
+            assert_eq!(store.take(b, 0), Some(2));
+            assert_eq!(store.take(b, 0), None);
+            assert_eq!(store.take(a, 0), Some(first));
+            store.check();
+            assert_eq!(store.take(a, 0), Some(second));
+            assert_eq!(store.take(a, 0), None);
+            assert_eq!(store.len(), 0);
+            store.check();
+        }
+    }
+
+    #[test]
+    fn a_window_wraps_the_end_of_the_table() {
+        let slots = 64;
+        let mut store = FixedStore::<u64>::new(slots, FixedCapacity::WINDOW, Reuse::Lifo);
+        // A class whose window runs past the last slot.
+        let class = (1..)
+            .find(|&c| store.locate(c).0 > slots - FixedCapacity::WINDOW)
+            .unwrap();
+        let home = store.locate(class).0;
+        for b in 0..FixedCapacity::WINDOW as u64 {
+            assert_eq!(store.put(b, class, 0), None);
+            store.check();
+        }
+        // The window is full: its slots from home to the end, then from 0.
+        let want: Vec<usize> = (home..slots)
+            .chain(0..FixedCapacity::WINDOW - (slots - home))
+            .collect();
+        let mut used: Vec<usize> = store.occupied.ones().collect();
+        used.sort_unstable();
+        let mut want_sorted = want.clone();
+        want_sorted.sort_unstable();
+        assert_eq!(used, want_sorted);
+        // The wrapped slots are found through the copy of the first tags.
+        assert_eq!(store.cached_of(class), FixedCapacity::WINDOW);
+        // One more evicts the oldest, block 0.
+        assert_eq!(store.put(99, class, 0), Some((0, class)));
+        store.check();
+        let got: Vec<u64> = (0..FixedCapacity::WINDOW)
+            .map(|_| store.take(class, 0).unwrap())
+            .collect();
+        assert_eq!(got, [99, 7, 6, 5, 4, 3, 2, 1]);
+        assert_eq!(store.take(class, 0), None);
+        store.check();
+    }
+
+    #[test]
+    fn a_window_of_several_groups_wraps_too() {
+        // A 20-slot window in a 24-slot table: three groups, the last one
+        // partial, wrapping the end wherever home is.
+        for reuse in [Reuse::Lifo, Reuse::Fifo] {
+            let mut store = FixedStore::<u64>::new(24, 20, reuse);
+            for class in 1..40usize {
+                for b in 0..21u64 {
+                    let evicted = store.put(b, class, 0);
+                    store.check();
+                    if b < 20 {
+                        assert_eq!(evicted, None, "class {class}, block {b}");
+                    } else {
+                        assert_eq!(evicted, Some((0, class)), "class {class}");
+                    }
+                }
+                let mut got: Vec<u64> = (0..20).map(|_| store.take(class, 0).unwrap()).collect();
+                if reuse == Reuse::Lifo {
+                    got.reverse();
+                }
+                assert_eq!(got, (1..21).collect::<Vec<_>>(), "class {class}");
+                assert_eq!(store.take(class, 0), None);
+                store.check();
+            }
+        }
+    }
+
+    #[test]
+    fn the_hint_is_where_a_scan_would_put_the_block() {
+        // After every hit, the slot the hint names is the first empty slot
+        // of the class's window, as the scan in `put` would find.
+        let mut store = FixedStore::<u64>::new(32, FixedCapacity::WINDOW, Reuse::Fifo);
+        let mut x = 7u64;
+        let mut held: Vec<(u64, usize)> = Vec::new();
+        for step in 0..5000u64 {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            let class = 1 + (x >> 33) as usize % 12;
+            if (x >> 20) & 1 == 0 {
+                if let Some(b) = store.take(class, 0) {
+                    let (home, tag) = store.locate(class);
+                    let first = store
+                        .window(home)
+                        .find(|&i| store.tags[i] == EMPTY)
+                        .unwrap();
+                    assert_eq!(store.hint_class, class);
+                    assert_eq!((store.hint_slot as usize, store.hint_tag), (first, tag));
+                    held.push((b, class));
+                }
+            } else if let Some((b, c)) = held.pop() {
+                let _ = store.put(b, c, 0);
+            } else {
+                let _ = store.put(step, class, 0);
+            }
+            store.check();
+        }
+    }
+}
