@@ -557,6 +557,18 @@ mod tests {
     }
 
     #[test]
+    fn bytes_per_slot() {
+        // What the policy's documentation says a slot costs.
+        assert_eq!(core::mem::size_of::<Entry<core::ptr::NonNull<u8>>>(), 32);
+        assert_eq!(core::mem::size_of::<Entry<u64>>(), 40);
+        let store = FixedStore::<u64>::new(1 << 12, FixedCapacity::WINDOW, Reuse::Lifo);
+        assert_eq!(
+            store.footprint(),
+            (1 << 12) * (40 + 1) + WIDTH + (1 << 12) / 8
+        );
+    }
+
+    #[test]
     fn a_window_wraps_the_end_of_the_table() {
         let slots = 64;
         let mut store = FixedStore::<u64>::new(slots, FixedCapacity::WINDOW, Reuse::Lifo);
