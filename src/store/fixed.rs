@@ -8,15 +8,17 @@
 //! it: no tombstones, no backward shift, and every operation costs at most
 //! one window scan, O(1) in the worst case.
 //!
-//! The scan reads tag bytes, not entries: one byte per slot, [`EMPTY`] or
-//! seven bits of the class's hash, kept in an array of its own and compared
-//! eight at a time in one `u64` (see [`group`]). A window of eight slots is
-//! one unaligned word load and a few word operations; only the entries
-//! whose tag matches are read. The tag array ends with a copy of its first
-//! eight bytes, so a window that wraps the table's end is still one load.
-//! An occupancy bitset ([`FixedBitSet`]) says which entries hold a block,
-//! for the walks that visit every cached block (statistics, checks)
-//! without reading the table.
+//! The scan reads tag bytes, not entries: one byte per slot, empty (0x80)
+//! or seven bits of the class's hash, kept in an array of its own and
+//! compared eight at a time in one `u64` (as hashbrown compares its control
+//! bytes without SIMD). A window of eight slots is one unaligned word load
+//! and a few word operations; only the entries whose tag matches are read.
+//! The tag array ends with a copy of its first eight bytes, so a window
+//! that wraps the table's end is still one load. A hit leaves the slot
+//! where a release of its class would go, so the release that follows (a
+//! steady workload's round trip) neither hashes nor scans. An occupancy
+//! bitset ([`FixedBitSet`]) says which entries hold a block, for the walks
+//! that visit every cached block (statistics, checks).
 //!
 //! Entries are also linked, oldest first, into one age list threaded
 //! through the table, so `trim`, the limit and the out-of-memory retry free
