@@ -605,12 +605,18 @@ impl EvictionPolicy for Exponential {
 /// entries ([`new`](Self::new) clamps, [`try_new`](Self::try_new)
 /// refuses), and building a pool never aborts for want of memory: if the
 /// table cannot be allocated, the pool gets the largest of `slots / 2`,
-/// `slots / 4`, … that can be (down to none, which caches nothing). A class hashes to a home slot; its blocks live
-/// in the window of up to [`FixedCapacity::WINDOW`] slots from there.
-/// Lookups always scan the whole window, so a hit simply empties its entry
-/// (no tombstones, no backward shift), and every operation is O(1) in the
-/// worst case. `collect` is a no-op; `trim` empties the table;
-/// `FixedCapacity::new(0)` caches nothing.
+/// `slots / 4`, … that can be (down to none, which caches nothing). A class
+/// hashes to a home slot; its blocks live in the window of up to
+/// [`FixedCapacity::WINDOW`] slots from there. Lookups always scan the
+/// whole window, so a hit simply empties its entry (no tombstones, no
+/// backward shift), and every operation is O(1) in the worst case. The scan
+/// reads one tag byte per slot (seven bits of the size's hash), eight at a
+/// time in one word, and only the entries whose tag matches. `collect` is a
+/// no-op; `trim` empties the table; `FixedCapacity::new(0)` caches nothing.
+///
+/// Each slot costs an entry (the block, its size, a release stamp and two
+/// links of the age list: 32 bytes for a `NonNull` block, 40 for a `u64`
+/// device pointer), a tag byte and an occupancy bit.
 ///
 /// # Blocks of one size
 ///
@@ -734,8 +740,9 @@ impl FixedCapacity {
 
     /// Sets the most blocks of one size class the table holds: its probe
     /// window, [`WINDOW`](Self::WINDOW) (8) by default, at least 1 and at
-    /// most `slots` (clamped). Every allocate and release scans this many
-    /// slots, so it is a cost as well as a bound.
+    /// most `slots` (clamped). Every allocate and release scans the tags
+    /// of this many slots, a word per eight, so it is a cost as well as a
+    /// bound.
     ///
     /// # Examples
     ///

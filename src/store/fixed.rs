@@ -1,36 +1,84 @@
 //! The fixed-capacity store, used by [`FixedCapacity`](crate::FixedCapacity).
 //!
 //! One open-addressing table of `slots` entries, allocated once and never
-//! grown. A class hashes to a home slot; its blocks live in the probe
-//! window of `min(slots, per_size)` slots from home (wrapping;
-//! `per_size` is `FixedCapacity::WINDOW` unless the policy says otherwise). Every lookup
-//! scans the whole window, so removing an entry simply empties it: no
-//! tombstones, no backward shift, and every operation costs at most one
-//! window scan, O(1) in the worst case.
+//! grown. A class hashes to a home slot and a 7-bit tag; its blocks live in
+//! the probe window of `min(slots, per_size)` slots from home (wrapping;
+//! `per_size` is `FixedCapacity::WINDOW` unless the policy says otherwise).
+//! Every lookup scans the whole window, so removing an entry simply empties
+//! it: no tombstones, no backward shift, and every operation costs at most
+//! one window scan, O(1) in the worst case.
+//!
+//! The scan reads tag bytes, not entries: one byte per slot, empty (0x80)
+//! or seven bits of the class's hash, kept in an array of its own and
+//! compared eight at a time in one `u64` (as hashbrown compares its control
+//! bytes without SIMD). A window of eight slots is one unaligned word load
+//! and a few word operations; only the entries whose tag matches are read.
+//! The tag array ends with a copy of its first eight bytes, so a window
+//! that wraps the table's end is still one load. A hit leaves the slot
+//! where a release of its class would go, so the release that follows (a
+//! steady workload's round trip) neither hashes nor scans. An occupancy
+//! bitset ([`FixedBitSet`]) says which entries hold a block, for the walks
+//! that visit every cached block (statistics, checks).
 //!
 //! Entries are also linked, oldest first, into one age list threaded
 //! through the table, so `trim`, the limit and the out-of-memory retry free
 //! the globally oldest block in O(1). Each entry carries a release stamp
 //! (a counter) to compare ages within a window.
 
+mod group;
+
+use fixedbitset::FixedBitSet;
+
+use self::group::{Group, Mask, EMPTY, WIDTH};
 use super::Store;
 use crate::policy::{sealed, FixedCapacity, Policy, Reuse};
 
 const NIL: u32 = u32::MAX;
 
+/// No slot.
+const NONE: usize = usize::MAX;
+
+/// One slot of the table.
 struct Entry<B> {
-    block: B,
+    /// The cached block, `None` in an empty slot.
+    block: Option<B>,
     class: usize,
     stamp: u64,
     older: u32,
     newer: u32,
 }
 
+impl<B> Entry<B> {
+    const VACANT: Self = Entry {
+        block: None,
+        class: 0,
+        stamp: 0,
+        older: NIL,
+        newer: NIL,
+    };
+}
+
 /// The fixed-capacity store: see the module documentation.
 pub struct FixedStore<B> {
-    table: Box<[Option<Entry<B>>]>,
+    /// One tag per slot, then a copy of the first `min(WIDTH, slots)`
+    /// tags (padding past that): `slots + WIDTH` bytes, or none.
+    tags: Box<[u8]>,
+    entries: Box<[Entry<B>]>,
+    /// The slots that hold a block.
+    occupied: FixedBitSet,
     window: usize,
+    /// The window's positions in its first group.
+    live: Mask,
     reuse: Reuse,
+    /// Where a release of class `hint_class` goes, left by the hit that
+    /// just took a block of it (0, a class no block has: nowhere). Any
+    /// other change to the table clears it. A hit followed by the release
+    /// of its class (the round trip of a steady workload) then neither
+    /// hashes the class again nor reloads the tags that the hit just wrote.
+    hint_class: usize,
+    /// The slot and the tag for `hint_class`.
+    hint_slot: u32,
+    hint_tag: u8,
     next_stamp: u64,
     oldest: u32,
     newest: u32,
@@ -40,6 +88,37 @@ pub struct FixedStore<B> {
     taken_bytes: u64,
 }
 
+/// The tag array and the entries of a table of `slots`, allocated
+/// fallibly: `None` when either cannot be.
+#[allow(clippy::type_complexity)]
+fn try_table<B>(slots: usize) -> Option<(Box<[u8]>, Box<[Entry<B>]>)> {
+    if slots == 0 {
+        // Zero slots allocate nothing.
+        return Some((Box::default(), Box::default()));
+    }
+    let mut entries = Vec::new();
+    entries.try_reserve_exact(slots).ok()?;
+    let mut tags = Vec::new();
+    tags.try_reserve_exact(slots + WIDTH).ok()?;
+    entries.resize_with(slots, || Entry::VACANT);
+    tags.resize(slots + WIDTH, EMPTY);
+    Some((tags.into_boxed_slice(), entries.into_boxed_slice()))
+}
+
+/// The hash of a class: one 64x64 -> 128-bit multiply, folded.
+#[inline(always)]
+fn hash(class: usize) -> u64 {
+    let p = u128::from(class as u64) * 0x9E37_79B9_7F4A_7C15;
+    (p as u64) ^ ((p >> 64) as u64)
+}
+
+/// The tag of a class with hash `h`: its low seven bits (the home slot
+/// comes from the high bits).
+#[inline(always)]
+fn tag_of(h: u64) -> u8 {
+    (h & 0x7F) as u8
+}
+
 impl<B> FixedStore<B> {
     /// A table of `slots` entries (at most `FixedCapacity::MAX_SLOTS`), or
     /// the largest of `slots / 2`, `slots / 4`, … that can be allocated.
@@ -47,20 +126,26 @@ impl<B> FixedStore<B> {
     pub(crate) fn new(slots: usize, window: usize, reuse: Reuse) -> Self {
         const { assert!(FixedCapacity::MAX_SLOTS < NIL as usize) };
         let mut slots = slots.min(FixedCapacity::MAX_SLOTS);
-        let table = loop {
-            let mut table = Vec::new();
+        let (tags, entries) = loop {
             // Fallible: a table too large for memory is refused here
-            // instead of aborting. Zero slots allocate nothing.
-            if table.try_reserve_exact(slots).is_ok() {
-                table.resize_with(slots, || None);
-                break table.into_boxed_slice();
+            // instead of aborting.
+            if let Some(table) = try_table(slots) {
+                break table;
             }
             slots /= 2;
         };
         FixedStore {
-            window: table.len().min(window.max(1)),
-            table,
+            window: entries.len().min(window.max(1)),
+            live: Mask::first(entries.len().min(window.max(1)).min(WIDTH)),
+            // One bit a slot: 1/256 of the entries' size at the least,
+            // allocated once the table is.
+            occupied: FixedBitSet::with_capacity(entries.len()),
+            tags,
+            entries,
             reuse,
+            hint_class: 0,
+            hint_slot: 0,
+            hint_tag: EMPTY,
             next_stamp: 0,
             oldest: NIL,
             newest: NIL,
@@ -71,127 +156,244 @@ impl<B> FixedStore<B> {
         }
     }
 
-    /// The home slot of a class.
-    #[inline]
-    fn home(&self, class: usize) -> usize {
-        let h = (class as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        let h = h ^ (h >> 29);
-        ((u128::from(h) * self.table.len() as u128) >> 64) as usize
+    /// The home slot and the tag of a class.
+    #[inline(always)]
+    fn locate(&self, class: usize) -> (usize, u8) {
+        let h = hash(class);
+        let home = ((u128::from(h) * self.entries.len() as u128) >> 64) as usize;
+        (home, tag_of(h))
     }
 
-    /// The slots of the window starting at `home`.
-    #[inline]
-    fn window(&self, home: usize) -> impl Iterator<Item = usize> {
-        let n = self.table.len();
-        (0..self.window).map(move |k| {
-            let i = home + k;
-            if i >= n {
-                i - n
-            } else {
-                i
-            }
+    /// `i` (below twice the slot count) brought into the table.
+    #[inline(always)]
+    fn wrap(&self, i: usize) -> usize {
+        let n = self.entries.len();
+        if i >= n {
+            i - n
+        } else {
+            i
+        }
+    }
+
+    /// The slots of the window starting at `home` (not on the hot path).
+    fn window(&self, home: usize) -> impl Iterator<Item = usize> + '_ {
+        (0..self.window).map(move |k| self.wrap(home + k))
+    }
+
+    /// The groups of the window starting at `home`: each as its offset in
+    /// the window, the slot of its first tag, its tags, and the positions
+    /// of the window in it.
+    #[inline(always)]
+    fn groups(&self, home: usize) -> impl Iterator<Item = (usize, usize, Group, Mask)> + '_ {
+        (0..self.window).step_by(WIDTH).map(move |start| {
+            let at = self.wrap(home + start);
+            let live = Mask::first((self.window - start).min(WIDTH));
+            (start, at, Group::load(&self.tags, at), live)
         })
     }
 
-    #[inline]
+    #[inline(always)]
+    fn set_tag(&mut self, i: usize, tag: u8) {
+        self.tags[i] = tag;
+        if i < WIDTH {
+            // The copy that a window wrapping the end reads.
+            let n = self.entries.len();
+            self.tags[n + i] = tag;
+        }
+    }
+
+    #[inline(always)]
     fn set_newer(&mut self, at: u32, to: u32) {
         if at == NIL {
             self.oldest = to;
-        } else if let Some(e) = &mut self.table[at as usize] {
-            e.newer = to;
+        } else {
+            self.entries[at as usize].newer = to;
         }
     }
 
-    #[inline]
+    #[inline(always)]
     fn set_older(&mut self, at: u32, to: u32) {
         if at == NIL {
             self.newest = to;
-        } else if let Some(e) = &mut self.table[at as usize] {
-            e.older = to;
+        } else {
+            self.entries[at as usize].older = to;
         }
     }
 
-    #[inline]
-    fn remove(&mut self, i: usize) -> (B, usize) {
-        let e = self.table[i].take().expect("removing an empty entry");
-        self.set_newer(e.older, e.newer);
-        self.set_older(e.newer, e.older);
+    /// Empties occupied slot `i`, returning its block and class.
+    #[inline(always)]
+    fn remove(&mut self, i: usize) -> Option<(B, usize)> {
+        self.hint_class = 0;
+        let e = &mut self.entries[i];
+        let block = e.block.take()?;
+        let (class, older, newer) = (e.class, e.older, e.newer);
+        self.set_tag(i, EMPTY);
+        self.occupied.set(i, false);
+        self.set_newer(older, newer);
+        self.set_older(newer, older);
         self.len -= 1;
-        self.bytes -= e.class;
-        (e.block, e.class)
+        self.bytes -= class;
+        Some((block, class))
     }
 
-    #[inline]
-    fn insert(&mut self, i: usize, block: B, class: usize) {
+    /// Fills empty slot `i`, the newest entry.
+    #[inline(always)]
+    fn insert(&mut self, i: usize, tag: u8, block: B, class: usize) {
         let stamp = self.next_stamp;
         self.next_stamp += 1;
         let older = self.newest;
-        self.table[i] = Some(Entry {
-            block,
+        self.hint_class = 0;
+        self.entries[i] = Entry {
+            block: Some(block),
             class,
             stamp,
             older,
             newer: NIL,
-        });
+        };
+        self.set_tag(i, tag);
+        self.occupied.insert(i);
         self.set_newer(older, i as u32);
         self.newest = i as u32;
         self.len += 1;
         self.bytes += class;
+    }
+
+    /// The key that orders a class's entries for a hit: stamps are
+    /// unique; under LIFO the best entry has the largest, under FIFO the
+    /// smallest, that is the largest `stamp ^ flip`.
+    #[inline(always)]
+    fn flip(&self) -> u64 {
+        match self.reuse {
+            Reuse::Lifo => 0,
+            Reuse::Fifo => u64::MAX,
+        }
+    }
+
+    /// A hit's lookup in a window of one group: the slot of the best entry
+    /// of `class` (`NONE`: none), and the offset in the window of its first
+    /// empty slot once that entry is gone.
+    #[inline(always)]
+    fn find_in_group(&self, home: usize, class: usize, tag: u8) -> (usize, usize) {
+        let flip = self.flip();
+        let group = Group::load(&self.tags, home);
+        let (mut best, mut offset, mut best_key) = (NONE, 0, 0u64);
+        for k in group.match_tag(tag).and(self.live) {
+            let i = self.wrap(home + k);
+            let e = &self.entries[i];
+            // The tag may match another class (seven bits of hash, or a
+            // borrow in the comparison): the entry decides. Chosen without
+            // branching on the key.
+            let key = e.stamp ^ flip;
+            if (e.class == class) & (key >= best_key) {
+                (best, offset, best_key) = (i, k, key);
+            }
+        }
+        let free = match group.match_empty().and(self.live).lowest() {
+            Some(k) => k.min(offset),
+            None => offset,
+        };
+        (best, free)
+    }
+
+    /// [`find_in_group`](Self::find_in_group) for a window of several
+    /// groups.
+    #[inline(never)]
+    fn find_in_groups(&self, home: usize, class: usize, tag: u8) -> (usize, usize) {
+        let flip = self.flip();
+        let (mut best, mut offset, mut best_key) = (NONE, 0, 0u64);
+        let mut first_empty = self.window;
+        for (start, at, group, live) in self.groups(home) {
+            if first_empty == self.window {
+                if let Some(k) = group.match_empty().and(live).lowest() {
+                    first_empty = start + k;
+                }
+            }
+            for k in group.match_tag(tag).and(live) {
+                let i = self.wrap(at + k);
+                let e = &self.entries[i];
+                let key = e.stamp ^ flip;
+                if (e.class == class) & (key >= best_key) {
+                    (best, offset, best_key) = (i, start + k, key);
+                }
+            }
+        }
+        (best, first_empty.min(offset))
+    }
+
+    /// A release into a full window: the window's oldest entry makes room.
+    #[inline(never)]
+    fn displace(&mut self, home: usize, tag: u8, block: B, class: usize) -> Option<(B, usize)> {
+        let mut oldest: Option<(usize, u64)> = None;
+        for i in self.window(home) {
+            let s = self.entries[i].stamp;
+            if oldest.is_none_or(|(_, o)| s < o) {
+                oldest = Some((i, s));
+            }
+        }
+        // A window has at least one slot, and a full one is all occupied.
+        let Some((i, _)) = oldest else {
+            return Some((block, class));
+        };
+        let evicted = self.remove(i);
+        self.insert(i, tag, block, class);
+        evicted
     }
 }
 
 impl<B> Store<B> for FixedStore<B> {
     const TIMED: bool = false;
 
-    #[inline]
+    // Always inlined, as the timed store's: the hit path is short and a
+    // call would cost a good share of it.
+    #[inline(always)]
     fn take(&mut self, class: usize, _now: u64) -> Option<B> {
-        if self.table.is_empty() {
+        if self.entries.is_empty() {
             return None;
         }
-        let mut best: Option<(usize, u64)> = None;
-        for i in self.window(self.home(class)) {
-            if let Some(e) = &self.table[i] {
-                if e.class == class {
-                    let better = match (best, self.reuse) {
-                        (None, _) => true,
-                        (Some((_, s)), Reuse::Lifo) => e.stamp > s,
-                        (Some((_, s)), Reuse::Fifo) => e.stamp < s,
-                    };
-                    if better {
-                        best = Some((i, e.stamp));
-                    }
-                }
-            }
+        let (home, tag) = self.locate(class);
+        let (best, free) = if self.window <= WIDTH {
+            self.find_in_group(home, class, tag)
+        } else {
+            self.find_in_groups(home, class, tag)
+        };
+        if best == NONE {
+            return None;
         }
-        let (i, _) = best?;
+        let (block, _) = self.remove(best)?;
+        // A release of this class now goes to the first empty slot of the
+        // window: the one just emptied, or an earlier one.
+        (self.hint_class, self.hint_slot, self.hint_tag) =
+            (class, self.wrap(home + free) as u32, tag);
         self.taken += 1;
         self.taken_bytes = self.taken_bytes.saturating_add(class as u64);
-        Some(self.remove(i).0)
+        Some(block)
     }
 
-    #[inline]
+    #[inline(always)]
     fn put(&mut self, block: B, class: usize, _now: u64) -> Option<(B, usize)> {
-        if self.table.is_empty() {
+        if self.entries.is_empty() {
             return Some((block, class));
         }
-        let mut oldest: Option<(usize, u64)> = None;
-        for i in self.window(self.home(class)) {
-            match &self.table[i] {
-                None => {
-                    self.insert(i, block, class);
-                    return None;
-                }
-                Some(e) => {
-                    if oldest.is_none_or(|(_, s)| e.stamp < s) {
-                        oldest = Some((i, e.stamp));
-                    }
-                }
+        // Class 0 (no block has it) never takes the hint.
+        if self.hint_class == class && class != 0 {
+            self.insert(self.hint_slot as usize, self.hint_tag, block, class);
+            return None;
+        }
+        let (home, tag) = self.locate(class);
+        let mut free = None;
+        for (_, at, group, live) in self.groups(home) {
+            if let Some(k) = group.match_empty().and(live).lowest() {
+                free = Some(self.wrap(at + k));
+                break;
             }
         }
-        let (i, _) = oldest.expect("a full window has an oldest entry");
-        let evicted = self.remove(i);
-        self.insert(i, block, class);
-        Some(evicted)
+        match free {
+            Some(i) => {
+                self.insert(i, tag, block, class);
+                None
+            }
+            None => self.displace(home, tag, block, class),
+        }
     }
 
     #[inline]
@@ -203,7 +405,7 @@ impl<B> Store<B> for FixedStore<B> {
         if self.oldest == NIL {
             return None;
         }
-        Some(self.remove(self.oldest as usize))
+        self.remove(self.oldest as usize)
     }
 
     fn pop_untold(&mut self) -> Option<(B, usize)> {
@@ -230,40 +432,62 @@ impl<B> Store<B> for FixedStore<B> {
     /// there is nothing to shrink.
     #[cfg(any(test, feature = "testing"))]
     fn footprint(&self) -> usize {
-        core::mem::size_of_val(&*self.table)
+        core::mem::size_of_val(&*self.entries)
+            + core::mem::size_of_val(&*self.tags)
+            + core::mem::size_of_val(self.occupied.as_slice())
     }
 
     fn cached_of(&self, class: usize) -> usize {
-        self.table
-            .iter()
-            .flatten()
-            .filter(|e| e.class == class)
+        self.occupied
+            .ones()
+            .filter(|&i| self.entries[i].class == class)
             .count()
     }
 
     fn check(&self) {
-        let (mut len, mut bytes) = (0usize, 0usize);
-        for (i, e) in self.table.iter().enumerate() {
-            if let Some(e) = e {
-                len += 1;
-                bytes += e.class;
-                let home = self.home(e.class);
-                assert!(
-                    self.window(home).any(|w| w == i),
-                    "entry {i} of class {} is outside its window",
-                    e.class
-                );
+        let n = self.entries.len();
+        assert_eq!(self.occupied.len(), n, "occupancy bitset length");
+        if n == 0 {
+            assert!(self.tags.is_empty(), "tags of an empty table");
+        } else {
+            assert_eq!(self.tags.len(), n + WIDTH, "tag array length");
+            for j in 0..WIDTH.min(n) {
+                assert_eq!(self.tags[n + j], self.tags[j], "copy of tag {j}");
             }
+        }
+        assert!(
+            (1..=n).contains(&self.window) || n == 0,
+            "window of {} slots in a table of {n}",
+            self.window
+        );
+        let (mut len, mut bytes) = (0usize, 0usize);
+        for (i, e) in self.entries.iter().enumerate() {
+            let full = e.block.is_some();
+            assert_eq!(self.occupied.contains(i), full, "occupancy of slot {i}");
+            if !full {
+                assert_eq!(self.tags[i], EMPTY, "tag of empty slot {i}");
+                continue;
+            }
+            len += 1;
+            bytes += e.class;
+            let (home, tag) = self.locate(e.class);
+            assert_eq!(self.tags[i], tag, "tag of slot {i}");
+            assert!(
+                self.window(home).any(|w| w == i),
+                "entry {i} of class {} is outside its window",
+                e.class
+            );
+            assert!(e.stamp < self.next_stamp, "stamp of slot {i}");
         }
         assert_eq!(len, self.len, "cached block count");
         assert_eq!(bytes, self.bytes, "cached byte count");
-        assert!(len <= self.table.len(), "more blocks than slots");
+        assert_eq!(self.occupied.count_ones(..), len, "occupancy count");
+        assert!(len <= n, "more blocks than slots");
         // The age list visits every entry once, stamps increasing.
         let (mut at, mut prev, mut seen, mut last) = (self.oldest, NIL, 0usize, None);
         while at != NIL {
-            let e = self.table[at as usize]
-                .as_ref()
-                .expect("age list reaches an empty slot");
+            let e = &self.entries[at as usize];
+            assert!(e.block.is_some(), "age list reaches an empty slot");
             assert_eq!(e.older, prev, "age list back link");
             if let Some(s) = last {
                 assert!(e.stamp > s, "age list out of order");
@@ -287,5 +511,156 @@ impl Policy for FixedCapacity {
 
     fn into_store<B>(self, reuse: Reuse) -> Self::Store<B> {
         FixedStore::new(self.slots(), self.max_per_size(), reuse)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Two classes of one home slot and one tag: the first pair found.
+    fn colliding(store: &FixedStore<u64>) -> (usize, usize) {
+        let mut seen = std::collections::HashMap::new();
+        for class in 1.. {
+            if let Some(&other) = seen.get(&store.locate(class)) {
+                return (other, class);
+            }
+            seen.insert(store.locate(class), class);
+        }
+        unreachable!()
+    }
+
+    #[test]
+    fn classes_of_one_tag_and_home_keep_their_own_blocks() {
+        for reuse in [Reuse::Lifo, Reuse::Fifo] {
+            let mut store = FixedStore::<u64>::new(64, FixedCapacity::WINDOW, reuse);
+            let (a, b) = colliding(&store);
+            assert_ne!(a, b);
+            assert_eq!(store.locate(a), store.locate(b));
+            assert_eq!(store.put(1, a, 0), None);
+            assert_eq!(store.put(2, b, 0), None);
+            assert_eq!(store.put(3, a, 0), None);
+            store.check();
+            assert_eq!(store.cached_of(a), 2);
+            assert_eq!(store.cached_of(b), 1);
+            let (first, second) = match reuse {
+                Reuse::Lifo => (3, 1),
+                Reuse::Fifo => (1, 3),
+            };
+            assert_eq!(store.take(b, 0), Some(2));
+            assert_eq!(store.take(b, 0), None);
+            assert_eq!(store.take(a, 0), Some(first));
+            store.check();
+            assert_eq!(store.take(a, 0), Some(second));
+            assert_eq!(store.take(a, 0), None);
+            assert_eq!(store.len(), 0);
+            store.check();
+        }
+    }
+
+    #[test]
+    fn bytes_per_slot() {
+        // What the policy's documentation says a slot costs.
+        assert_eq!(core::mem::size_of::<Entry<core::ptr::NonNull<u8>>>(), 32);
+        assert_eq!(core::mem::size_of::<Entry<u64>>(), 40);
+        let store = FixedStore::<u64>::new(1 << 12, FixedCapacity::WINDOW, Reuse::Lifo);
+        assert_eq!(
+            store.footprint(),
+            (1 << 12) * (40 + 1) + WIDTH + (1 << 12) / 8
+        );
+    }
+
+    #[test]
+    fn a_window_wraps_the_end_of_the_table() {
+        let slots = 64;
+        let mut store = FixedStore::<u64>::new(slots, FixedCapacity::WINDOW, Reuse::Lifo);
+        // A class whose window runs past the last slot.
+        let class = (1..)
+            .find(|&c| store.locate(c).0 > slots - FixedCapacity::WINDOW)
+            .unwrap();
+        let home = store.locate(class).0;
+        for b in 0..FixedCapacity::WINDOW as u64 {
+            assert_eq!(store.put(b, class, 0), None);
+            store.check();
+        }
+        // The window is full: its slots from home to the end, then from 0.
+        let want: Vec<usize> = (home..slots)
+            .chain(0..FixedCapacity::WINDOW - (slots - home))
+            .collect();
+        let mut used: Vec<usize> = store.occupied.ones().collect();
+        used.sort_unstable();
+        let mut want_sorted = want.clone();
+        want_sorted.sort_unstable();
+        assert_eq!(used, want_sorted);
+        // The wrapped slots are found through the copy of the first tags.
+        assert_eq!(store.cached_of(class), FixedCapacity::WINDOW);
+        // One more evicts the oldest, block 0.
+        assert_eq!(store.put(99, class, 0), Some((0, class)));
+        store.check();
+        let got: Vec<u64> = (0..FixedCapacity::WINDOW)
+            .map(|_| store.take(class, 0).unwrap())
+            .collect();
+        assert_eq!(got, [99, 7, 6, 5, 4, 3, 2, 1]);
+        assert_eq!(store.take(class, 0), None);
+        store.check();
+    }
+
+    #[test]
+    fn a_window_of_several_groups_wraps_too() {
+        // A 20-slot window in a 24-slot table: three groups, the last one
+        // partial, wrapping the end wherever home is.
+        for reuse in [Reuse::Lifo, Reuse::Fifo] {
+            let mut store = FixedStore::<u64>::new(24, 20, reuse);
+            for class in 1..40usize {
+                for b in 0..21u64 {
+                    let evicted = store.put(b, class, 0);
+                    store.check();
+                    if b < 20 {
+                        assert_eq!(evicted, None, "class {class}, block {b}");
+                    } else {
+                        assert_eq!(evicted, Some((0, class)), "class {class}");
+                    }
+                }
+                let mut got: Vec<u64> = (0..20).map(|_| store.take(class, 0).unwrap()).collect();
+                if reuse == Reuse::Lifo {
+                    got.reverse();
+                }
+                assert_eq!(got, (1..21).collect::<Vec<_>>(), "class {class}");
+                assert_eq!(store.take(class, 0), None);
+                store.check();
+            }
+        }
+    }
+
+    #[test]
+    fn the_hint_is_where_a_scan_would_put_the_block() {
+        // After every hit, the slot the hint names is the first empty slot
+        // of the class's window, as the scan in `put` would find.
+        let mut store = FixedStore::<u64>::new(32, FixedCapacity::WINDOW, Reuse::Fifo);
+        let mut x = 7u64;
+        let mut held: Vec<(u64, usize)> = Vec::new();
+        for step in 0..5000u64 {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            let class = 1 + (x >> 33) as usize % 12;
+            if (x >> 20) & 1 == 0 {
+                if let Some(b) = store.take(class, 0) {
+                    let (home, tag) = store.locate(class);
+                    let first = store
+                        .window(home)
+                        .find(|&i| store.tags[i] == EMPTY)
+                        .unwrap();
+                    assert_eq!(store.hint_class, class);
+                    assert_eq!((store.hint_slot as usize, store.hint_tag), (first, tag));
+                    held.push((b, class));
+                }
+            } else if let Some((b, c)) = held.pop() {
+                let _ = store.put(b, c, 0);
+            } else {
+                let _ = store.put(step, class, 0);
+            }
+            store.check();
+        }
     }
 }

@@ -319,6 +319,131 @@ fn full_window_evicts_its_oldest_entry() {
     alloc.assert_all_freed();
 }
 
+/// A lookup compares seven bits of each size's hash before the size
+/// itself: with a thousand sizes over a 16-slot table, many sizes share a
+/// window and a tag, and a hit still hands out a block of its own size
+/// only, the newest of them (LIFO).
+#[test]
+fn sizes_sharing_a_tag_keep_their_own_blocks() {
+    let (mut pool, alloc) = fixed_pool(16, Reuse::Lifo);
+    let sizes: Vec<usize> = (1..=1000).map(|k| 48 * k).collect();
+    let blocks: Vec<u64> = sizes.iter().map(|&s| pool.allocate(s).unwrap()).collect();
+    for (&b, &s) in blocks.iter().zip(&sizes) {
+        put(&mut pool, b, s);
+        pool.validate();
+    }
+    assert_eq!(pool.stats().blocks_cached, 16);
+    // Every size asked once (held, so nothing more is evicted): each of
+    // the 16 cached blocks is found by its own size, no other size finds
+    // one.
+    let mut held = Vec::new();
+    for &s in &sizes {
+        let before = pool.stats().hits;
+        let b = pool.allocate(s).unwrap();
+        assert_eq!(alloc.size_of(b), Some(s), "size {s} was handed block {b}");
+        if pool.stats().hits > before {
+            // The block released for this size, not another one.
+            assert_eq!(b, blocks[s / 48 - 1]);
+        }
+        held.push((b, s));
+        pool.validate();
+    }
+    assert_eq!(pool.stats().hits, 16);
+    assert_eq!(pool.stats().blocks_cached, 0);
+    for (b, s) in held {
+        put(&mut pool, b, s);
+    }
+    drop(pool);
+    alloc.assert_all_freed();
+}
+
+/// `per_size` above `WINDOW` makes the window span several groups of
+/// tags: all its blocks are found, in reuse order, and the block past the
+/// bound evicts the oldest.
+#[test]
+fn per_size_beyond_one_group_of_tags() {
+    for (reuse, per) in [(Reuse::Lifo, 20usize), (Reuse::Fifo, 20), (Reuse::Lifo, 64)] {
+        let alloc = CheckingAllocator::new();
+        let mut pool = DecayingPool::builder(alloc.clone())
+            .policy(FixedCapacity::new(1000).per_size(per))
+            .reuse(reuse)
+            .build();
+        let ids: Vec<u64> = (0..per + 3).map(|_| pool.allocate(4096).unwrap()).collect();
+        for &b in &ids {
+            put(&mut pool, b, 4096);
+            pool.validate();
+        }
+        let s = pool.stats();
+        assert_eq!((s.blocks_cached as usize, s.evictions), (per, 3));
+        assert_eq!(freed_ids(&alloc), ids[..3]);
+        let got: Vec<u64> = (0..per).map(|_| pool.allocate(4096).unwrap()).collect();
+        let mut want = ids[3..].to_vec();
+        if reuse == Reuse::Lifo {
+            want.reverse();
+        }
+        assert_eq!(got, want, "{reuse:?}, per_size {per}");
+        assert_eq!(pool.stats().misses as usize, per + 3);
+        for b in got {
+            put(&mut pool, b, 4096);
+        }
+        drop(pool);
+        alloc.assert_all_freed();
+    }
+}
+
+/// A window as large as the table (`per_size(slots)`, here over several
+/// groups of tags and wrapping the table's end from any home slot) is the
+/// whole table: a release into a full table evicts the globally oldest
+/// block and a hit takes the newest (LIFO) or oldest (FIFO) of its class,
+/// as with tables of at most `WINDOW` slots. An exact model.
+#[test]
+#[cfg_attr(miri, ignore)] // thousands of steps: too slow under Miri
+fn whole_table_windows_of_several_groups_evict_the_oldest_block() {
+    for slots in [9usize, 12, 16, 17, 24] {
+        for reuse in [Reuse::Lifo, Reuse::Fifo] {
+            let mut rng = Lcg(slots as u64 * 7919 + reuse as u64);
+            let alloc = CheckingAllocator::new();
+            let mut pool = DecayingPool::builder(alloc.clone())
+                .policy(FixedCapacity::new(slots).per_size(slots))
+                .reuse(reuse)
+                .build();
+            let mut model: VecDeque<(u64, usize)> = VecDeque::new();
+            let mut model_freed = Vec::new();
+            let mut held: Vec<(u64, usize)> = Vec::new();
+            for _ in 0..2000 {
+                if held.is_empty() || rng.below(2) == 0 {
+                    let size = 100 * (1 + rng.below(6) as usize);
+                    let want = match reuse {
+                        Reuse::Lifo => model.iter().rposition(|e| e.1 == size),
+                        Reuse::Fifo => model.iter().position(|e| e.1 == size),
+                    }
+                    .map(|i| model.remove(i).unwrap().0);
+                    let got = pool.allocate(size).unwrap();
+                    if let Some(id) = want {
+                        assert_eq!(got, id, "slots {slots}, {reuse:?}");
+                    }
+                    held.push((got, size));
+                } else {
+                    let (b, size) = held.swap_remove(rng.below(held.len() as u64) as usize);
+                    if model.len() == slots {
+                        model_freed.push(model.pop_front().unwrap().0);
+                    }
+                    model.push_back((b, size));
+                    put(&mut pool, b, size);
+                }
+                assert_eq!(freed_ids(&alloc), model_freed, "slots {slots}, {reuse:?}");
+                assert_eq!(pool.stats().blocks_cached as usize, model.len());
+                pool.validate();
+            }
+            for (b, size) in held.drain(..) {
+                put(&mut pool, b, size);
+            }
+            drop(pool);
+            alloc.assert_all_freed();
+        }
+    }
+}
+
 /// `FixedCapacity::new(0)` caches nothing: every allocate is a miss and
 /// every release an eviction and a backing free, of that very block.
 #[test]

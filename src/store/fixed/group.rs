@@ -1,0 +1,147 @@
+//! Tag bytes compared eight at a time (SWAR on a `u64`), as hashbrown
+//! compares its control bytes on targets without SIMD.
+//!
+//! A slot's tag is [`EMPTY`] (high bit set) or seven bits of its class's
+//! hash (high bit clear). A [`Group`] is eight consecutive tags read as one
+//! little-endian word: byte `k` of the word is the tag of slot `start + k`.
+
+/// The tag of an empty slot.
+pub(super) const EMPTY: u8 = 0x80;
+
+/// Tags in one group.
+pub(super) const WIDTH: usize = 8;
+
+const LO: u64 = 0x0101_0101_0101_0101;
+const HI: u64 = 0x8080_8080_8080_8080;
+
+/// Eight tags.
+#[derive(Clone, Copy)]
+pub(super) struct Group(u64);
+
+/// A set of positions in a group: the high bit of each chosen byte.
+#[derive(Clone, Copy)]
+pub(super) struct Mask(u64);
+
+impl Group {
+    /// The eight tags from `tags[at..at + WIDTH]`.
+    #[inline(always)]
+    pub(super) fn load(tags: &[u8], at: usize) -> Self {
+        let mut word = [0; WIDTH];
+        word.copy_from_slice(&tags[at..at + WIDTH]);
+        Group(u64::from_le_bytes(word))
+    }
+
+    /// The positions whose tag may be `tag` (a full tag, below 0x80). Every
+    /// position holding `tag` is in it; a position holding another tag may
+    /// be too (a borrow from an equal byte below it can carry into the
+    /// next), so callers check the entry itself. Never an empty position.
+    #[inline(always)]
+    pub(super) fn match_tag(self, tag: u8) -> Mask {
+        let x = self.0 ^ (LO * u64::from(tag));
+        Mask(x.wrapping_sub(LO) & !x & HI)
+    }
+
+    /// The empty positions, exactly.
+    #[inline(always)]
+    pub(super) fn match_empty(self) -> Mask {
+        Mask(self.0 & HI)
+    }
+}
+
+impl Mask {
+    /// The first `n` positions (`n <= WIDTH`).
+    #[inline(always)]
+    pub(super) fn first(n: usize) -> Self {
+        debug_assert!(n <= WIDTH);
+        if n >= WIDTH {
+            Mask(HI)
+        } else {
+            Mask(HI & ((1u64 << (8 * n)) - 1))
+        }
+    }
+
+    /// The positions in both.
+    #[inline(always)]
+    pub(super) fn and(self, other: Mask) -> Mask {
+        Mask(self.0 & other.0)
+    }
+
+    /// Whether no position is in it.
+    #[cfg(test)]
+    #[inline(always)]
+    pub(super) fn is_empty(self) -> bool {
+        self.0 == 0
+    }
+
+    /// The lowest position in it, if any.
+    #[inline(always)]
+    pub(super) fn lowest(self) -> Option<usize> {
+        if self.0 == 0 {
+            None
+        } else {
+            Some(self.0.trailing_zeros() as usize / 8)
+        }
+    }
+}
+
+impl Iterator for Mask {
+    type Item = usize;
+
+    /// The positions, lowest first.
+    #[inline(always)]
+    fn next(&mut self) -> Option<usize> {
+        let k = self.lowest()?;
+        self.0 &= self.0 - 1;
+        Some(k)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn group(tags: [u8; WIDTH]) -> Group {
+        Group::load(&tags, 0)
+    }
+
+    #[test]
+    fn match_tag_finds_every_equal_byte_and_no_empty_one() {
+        for tag in 0..0x80u8 {
+            let mut tags = [EMPTY; WIDTH];
+            tags[1] = tag;
+            tags[4] = tag;
+            tags[6] = tag ^ 1;
+            tags[7] = tag;
+            let m: Vec<usize> = group(tags).match_tag(tag).collect();
+            for k in [1, 4, 7] {
+                assert!(m.contains(&k), "tag {tag:#x}: position {k} missed in {m:?}");
+            }
+            for k in [0, 2, 3, 5] {
+                assert!(!m.contains(&k), "tag {tag:#x}: empty position {k} matched");
+            }
+        }
+    }
+
+    #[test]
+    fn match_tag_may_only_add_positions_above_a_true_match() {
+        // The tag with its low bit flipped, right above an equal byte: the
+        // borrow makes it a false positive, which callers filter out.
+        let m: Vec<usize> = group([4, 5, 9, 9, 9, 9, 9, 9]).match_tag(4).collect();
+        assert_eq!(m, [0, 1]);
+        // No true match, no position at all.
+        assert!(group([1, 2, 3, 5, 6, 7, 8, 0x7f]).match_tag(4).is_empty());
+    }
+
+    #[test]
+    fn match_empty_and_masks() {
+        let g = group([EMPTY, 3, EMPTY, EMPTY, 0x7f, 0, EMPTY, 1]);
+        assert_eq!(g.match_empty().collect::<Vec<_>>(), [0, 2, 3, 6]);
+        assert_eq!(
+            g.match_empty().and(Mask::first(3)).collect::<Vec<_>>(),
+            [0, 2]
+        );
+        assert!(g.match_empty().and(Mask::first(0)).is_empty());
+        assert_eq!(g.match_empty().and(Mask::first(WIDTH)).lowest(), Some(0));
+        assert_eq!(Mask::first(1).lowest(), Some(0));
+    }
+}
