@@ -513,6 +513,9 @@ impl<B, P: EvictionPolicy> Store<B> for TimedStore<B, P> {
         // Told first, so a panic in the policy changes nothing.
         self.policy
             .on_hit(Duration::from_nanos(now), class, before, before - class);
+        if self.policy.deadline_stale() {
+            self.not_before = 0;
+        }
         let item = match self.reuse {
             Reuse::Lifo => cls.items.pop_back(),
             Reuse::Fifo => cls.items.pop_front(),
@@ -555,6 +558,9 @@ impl<B, P: EvictionPolicy> Store<B> for TimedStore<B, P> {
         }
         self.policy
             .on_release(Duration::from_nanos(now), class, self.bytes());
+        if self.policy.deadline_stale() {
+            self.not_before = 0;
+        }
         None
     }
 
@@ -585,7 +591,11 @@ impl<B, P: EvictionPolicy> Store<B> for TimedStore<B, P> {
         // The cached deadline may be stale after the clock was set back (a
         // block released "later" at an earlier time): only the policy's
         // deadline for the block now oldest is held against it.
-        let Some(deadline) = self.policy.deadline(oldest).filter(|&d| d > now_d) else {
+        let Some(deadline) = self
+            .policy
+            .provisional_deadline(oldest)
+            .filter(|&d| d > now_d)
+        else {
             return;
         };
         if self.policy.must_evict(now_d, oldest, self.bytes()) {
@@ -739,7 +749,7 @@ impl<B, P: EvictionPolicy> TimedStore<B, P> {
         {
             Some(self.remove_oldest(size, now, FreeReason::Expired))
         } else {
-            self.not_before = self.policy.deadline(oldest).map_or(0, nanos);
+            self.not_before = self.policy.provisional_deadline(oldest).map_or(0, nanos);
             None
         }
     }
