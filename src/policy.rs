@@ -573,16 +573,35 @@ pub struct Exponential {
     bytes: usize,
     /// The deadline last planned (see [`Exponential::plan`]) and what keeps
     /// it: it holds while `allowance > (bytes - half) * watch`, where `half`
-    /// is half the size of the oldest block it was planned for and `watch`
-    /// is `2^((due - at) / half_life)` times a safety margin.
+    /// is half the size of the oldest block it was planned for (or of the
+    /// smallest block cached, once that block may be gone) and `watch` is
+    /// `2^((due - at) / half_life)` times a safety margin.
     due: Duration,
     watch: f64,
     half: f64,
     /// The size of the oldest block the deadline was planned for: a hit of
-    /// that size may take it, and a smaller successor may be due sooner.
+    /// that size may take it, leaving a successor of any size cached. Zero
+    /// once that may have happened: `half` then covers any successor.
     oldest_size: usize,
+    /// The smallest size released since the cache was last empty
+    /// (`usize::MAX` when empty): no cached block is smaller.
+    min_size: usize,
     /// Whether `due` may no longer hold ([`EvictionPolicy::deadline_stale`]).
     stale: bool,
+}
+
+/// `x` as the nearest `f64`, exactly as `x as f64`: through the signed
+/// conversion, one instruction where x86-64 takes several for the unsigned
+/// one. Above `i64::MAX`, halving with the low bit kept (round to odd)
+/// and doubling rounds the same.
+#[inline(always)]
+fn float(x: usize) -> f64 {
+    let x = x as u64;
+    if (x as i64) >= 0 {
+        x as i64 as f64
+    } else {
+        ((x >> 1) | (x & 1)) as i64 as f64 * 2.0
+    }
 }
 
 /// Relative safety margin of a planned deadline: the allowance must exceed
@@ -614,6 +633,7 @@ impl Exponential {
             watch: f64::INFINITY,
             half: 0.0,
             oldest_size: 0,
+            min_size: usize::MAX,
             stale: true,
         }
     }
@@ -675,8 +695,42 @@ impl Exponential {
     /// cached; marks it stale when not.
     #[inline(always)]
     fn keep_watch(&mut self) {
-        if !self.stale && !(self.allowance > (self.bytes as f64 - self.half) * self.watch) {
+        if !self.stale && !(self.allowance > (float(self.bytes) - self.half) * self.watch) {
             self.stale = true;
+        }
+    }
+
+    /// A hit may have taken the oldest block the deadline was planned for.
+    /// Its successor, of any cached size, is due no sooner than a block of
+    /// the smallest size, so the deadline holds if it holds for that size.
+    /// Since the successor may be smaller, the collections skipped must
+    /// also not clamp the allowance (to `bytes + successor / 2`): else the
+    /// deadline is stale.
+    #[cold]
+    #[inline(never)]
+    fn lose_oldest(&mut self) {
+        self.oldest_size = 0;
+        self.cover(self.min_size);
+    }
+
+    /// Covers any oldest block of `size` bytes or more (see `lose_oldest`).
+    /// (When the watch holds for `size`, the clamp cannot bind as long as
+    /// the deadline was planned at the exact time the allowance reaches the
+    /// threshold; the plan stops short of it, so this is checked too.)
+    fn cover(&mut self, size: usize) {
+        self.half = float(size) / 2.0;
+        if !(self.allowance <= float(self.bytes) + self.half) {
+            self.stale = true;
+        }
+    }
+
+    /// A block smaller than any cached was released.
+    #[cold]
+    #[inline(never)]
+    fn smaller(&mut self, size: usize) {
+        self.min_size = size;
+        if self.oldest_size == 0 && !self.stale {
+            self.cover(size);
         }
     }
 
@@ -691,10 +745,10 @@ impl Exponential {
     /// exactly that the margin holds at the planned time. Since `L` only
     /// falls as time passes, `must_evict` answers `false` before it.
     fn plan(&self, oldest: Oldest) -> Option<(Duration, f64)> {
-        let half = oldest.size as f64 / 2.0;
-        let threshold = self.bytes as f64 - half;
+        let half = float(oldest.size) / 2.0;
+        let threshold = float(self.bytes) - half;
         // As `must_evict` would clamp it.
-        let allowance = self.allowance.min(self.bytes as f64 + half);
+        let allowance = self.allowance.min(float(self.bytes) + half);
         if !(threshold > 0.0 && allowance > threshold) || !self.rate.is_finite() {
             return None;
         }
@@ -714,9 +768,12 @@ impl EvictionPolicy for Exponential {
     fn on_release(&mut self, now: Duration, size: usize, bytes_cached: usize) {
         self.rebase(now);
         if self.rate.is_finite() {
-            self.allowance += size as f64;
+            self.allowance += float(size);
         }
         self.bytes = bytes_cached;
+        if size < self.min_size {
+            self.smaller(size);
+        }
         // A release adds `size` to both sides of `L > bytes - half`: as `L`
         // then decays faster in bytes, the deadline may come sooner.
         self.keep_watch();
@@ -726,14 +783,17 @@ impl EvictionPolicy for Exponential {
     fn on_hit(&mut self, now: Duration, size: usize, before: usize, after: usize) {
         self.rebase(now);
         if before > 0 {
-            self.allowance *= after as f64 / before as f64;
+            self.allowance *= float(after) / float(before);
         }
         self.bytes = after;
+        if after == 0 {
+            self.min_size = usize::MAX;
+        }
         // A hit that leaves the oldest block scales `L` and the bytes alike,
         // which only delays the deadline (checked all the same, for
         // rounding); one of the oldest block's size may have taken it.
         if size == self.oldest_size {
-            self.stale = true;
+            self.lose_oldest();
         }
         self.keep_watch();
     }
@@ -742,24 +802,27 @@ impl EvictionPolicy for Exponential {
     fn on_free(&mut self, now: Duration, _size: usize, after: usize, reason: FreeReason) {
         if reason == FreeReason::Trimmed || after == 0 {
             self.rebase(now);
-            self.allowance = self.allowance.min(after as f64);
+            self.allowance = self.allowance.min(float(after));
         }
         self.bytes = after;
+        if after == 0 {
+            self.min_size = usize::MAX;
+        }
         self.stale = true;
     }
 
     #[inline]
     fn must_evict(&mut self, now: Duration, oldest: Oldest, bytes_cached: usize) -> bool {
-        let half = oldest.size as f64 / 2.0;
+        let half = float(oldest.size) / 2.0;
         let mut allowance = self.allowance_at(now);
-        let bound = bytes_cached as f64 + half;
+        let bound = float(bytes_cached) + half;
         if allowance > bound {
             allowance = bound;
             self.allowance = bound;
             self.at = self.at.max(now);
         }
         self.bytes = bytes_cached;
-        let evict = bytes_cached as f64 - allowance >= half;
+        let evict = float(bytes_cached) - allowance >= half;
         if evict {
             self.stale = true;
         } else {
@@ -1020,4 +1083,44 @@ pub trait Policy: sealed::Sealed {
     /// Builds the store.
     #[doc(hidden)]
     fn into_store<B>(self, reuse: Reuse) -> Self::Store<B>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::float;
+
+    /// The signed conversion rounds every `usize` as `as f64` does,
+    /// including above `i64::MAX` and at the halfway points of `f64`.
+    #[test]
+    fn float_rounds_as_the_unsigned_conversion() {
+        let mut edges = vec![0usize, 1, 2, (1 << 53) - 1, 1 << 53, (1 << 53) + 1];
+        for top in [i64::MAX as usize, usize::MAX] {
+            for d in 0..2050usize {
+                edges.push(top - d);
+            }
+        }
+        for k in 54..64 {
+            let base = 1usize << k;
+            let ulp = 1usize << (k - 52);
+            for x in [
+                base + ulp / 2,
+                base + ulp / 2 + 1,
+                base + ulp + ulp / 2,
+                base - 1,
+            ] {
+                edges.push(x);
+            }
+        }
+        let mut x: u64 = 1;
+        for _ in 0..100_000 {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            edges.push(x as usize);
+            edges.push((x >> (x % 64)) as usize);
+        }
+        for v in edges {
+            assert_eq!(float(v).to_bits(), (v as f64).to_bits(), "{v}");
+        }
+    }
 }
