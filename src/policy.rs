@@ -695,7 +695,9 @@ impl Exponential {
     /// cached; marks it stale when not.
     #[inline(always)]
     fn keep_watch(&mut self) {
-        if !self.stale && !(self.allowance > (float(self.bytes) - self.half) * self.watch) {
+        // Written so that a NaN (none arises) would count as stale.
+        let keeps = self.allowance > (float(self.bytes) - self.half) * self.watch;
+        if !self.stale && !keeps {
             self.stale = true;
         }
     }
@@ -719,7 +721,8 @@ impl Exponential {
     /// threshold; the plan stops short of it, so this is checked too.)
     fn cover(&mut self, size: usize) {
         self.half = float(size) / 2.0;
-        if !(self.allowance <= float(self.bytes) + self.half) {
+        let unclamped = self.allowance <= float(self.bytes) + self.half;
+        if !unclamped {
             self.stale = true;
         }
     }
@@ -749,11 +752,13 @@ impl Exponential {
         let threshold = float(self.bytes) - half;
         // As `must_evict` would clamp it.
         let allowance = self.allowance.min(float(self.bytes) + half);
-        if !(threshold > 0.0 && allowance > threshold) || !self.rate.is_finite() {
+        let ahead = threshold > 0.0 && allowance > threshold && self.rate.is_finite();
+        if !ahead {
             return None;
         }
         let halvings = (allowance / threshold).log2() * (1.0 - 1e-9) - 1e-10;
-        if !(halvings > 0.0) {
+        let later = halvings > 0.0;
+        if !later {
             return None;
         }
         let span = Duration::try_from_secs_f64(halvings * self.half_life.as_secs_f64()).ok()?;

@@ -27,9 +27,12 @@
 //! class is empty when it reaches the top is dropped.
 //!
 //! The fast path of an eviction check is one comparison: the policy's
-//! [deadline](EvictionPolicy::deadline) for the oldest block, cached until
-//! a block is freed (it also covers any later block that becomes the
-//! oldest, so a hit needs no reset). For a policy without deadlines, the
+//! [deadline](EvictionPolicy::provisional_deadline) for the oldest block,
+//! cached until a block is freed or the policy reports it
+//! [stale](EvictionPolicy::deadline_stale) after a release or a hit (as
+//! `Exponential` does when a release brings it forward). It also covers
+//! any later block that becomes the oldest, so a hit needs no reset of its
+//! own. For a policy without deadlines, the
 //! store remembers which class holds the oldest block until a hit moves
 //! that class's oldest block or a block is freed, so the check reads no
 //! class.
@@ -228,7 +231,8 @@ pub struct TimedStore<B, P> {
     popped: u64,
     /// The policy's deadline (nanoseconds) for the oldest block when it was
     /// last checked: nothing is due before it. Reset whenever a block is
-    /// freed; a hit on the oldest block leaves it (too early is safe).
+    /// freed, and after a release or a hit that the policy says made it
+    /// stale; a hit on the oldest block leaves it (too early is safe).
     not_before: u64,
     /// The number of classes at which the next insertion first sweeps the
     /// empty ones.
