@@ -756,7 +756,11 @@ impl Exponential {
         if !ahead {
             return None;
         }
-        let halvings = (allowance / threshold).log2() * (1.0 - 1e-9) - 1e-10;
+        // Short of the exact `log2(L / T)` by `log2(1 + MARGIN)` (1.44e-12)
+        // and a little more for rounding; the check below decides. (A
+        // cache of more than about 10^11 times its smallest block may find
+        // no such time: it is then checked at every collection.)
+        let halvings = (allowance / threshold).log2() * (1.0 - 1e-9) - 2e-12;
         let later = halvings > 0.0;
         if !later {
             return None;

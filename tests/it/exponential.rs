@@ -1371,3 +1371,35 @@ fn round_trips_skip_the_policy_and_a_large_release_brings_the_deadline_forward()
     );
     assert_eq!(freed_ids(&alloc)[freed_before], blocks[0]);
 }
+
+/// A terabyte cached beside a 64-byte oldest block: the allowance is due
+/// to fall below the threshold after about 4e-11 half-lives, and the
+/// deadline still holds that close (round trips skip the policy).
+#[test]
+fn a_terabyte_cache_still_gets_a_deadline_for_its_small_oldest_block() {
+    let asked = Rc::new(RefCell::new(0));
+    let clock = ManualClock::new();
+    let alloc = CheckingAllocator::new();
+    let mut pool = DecayingPool::builder(alloc.clone())
+        .policy(Counted {
+            inner: Exponential::half_life(Duration::from_secs(3600)),
+            asked: asked.clone(),
+        })
+        .clock(clock.clone())
+        .build();
+    let small = pool.allocate(64).unwrap();
+    let huge = pool.allocate(1 << 40).unwrap();
+    put(&mut pool, small, 64);
+    put(&mut pool, huge, 1 << 40);
+    *asked.borrow_mut() = 0;
+    for _ in 0..1000 {
+        let b = pool.allocate(1 << 40).unwrap();
+        put(&mut pool, b, 1 << 40);
+    }
+    assert!(*asked.borrow() <= 2, "{} must_evict calls", asked.borrow());
+    assert_eq!(pool.stats().blocks_cached, 2);
+    // 64 * 2^-1 bytes of 2^40 decay in about 0.15 microseconds.
+    clock.set(Duration::from_micros(1));
+    assert_eq!(pool.collect(), 1);
+    assert_eq!(freed_ids(&alloc), vec![small]);
+}
