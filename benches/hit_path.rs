@@ -181,6 +181,18 @@ fn hit_round_trip(c: &mut Criterion) {
         );
         bench_pool(
             &mut g,
+            "exponential_monotonic",
+            &scale,
+            DecayingPool::builder(Null::default())
+                .policy(Exponential::half_life(ttl))
+                .clock(MonotonicClock)
+                .build(),
+            &sizes,
+            per,
+            &walk,
+        );
+        bench_pool(
+            &mut g,
             "fixed_capacity",
             &scale,
             DecayingPool::builder(Null::default())
@@ -223,13 +235,45 @@ fn batch_round_trip(c: &mut Criterion) {
         })
     });
 
+    let ttl = Duration::from_secs(3600);
+    batch_pool(
+        &mut g,
+        "fixed_time_manual/8x16",
+        FixedTime::new(ttl),
+        &sizes,
+        per,
+        &walk,
+    );
+    batch_pool(
+        &mut g,
+        "exponential_manual/8x16",
+        Exponential::half_life(ttl),
+        &sizes,
+        per,
+        &walk,
+    );
+    g.finish();
+}
+
+/// One pool's batches (see `batch_round_trip`).
+fn batch_pool<P: Policy>(
+    g: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
+    name: &str,
+    policy: P,
+    sizes: &[usize],
+    per: usize,
+    walk: &[usize],
+) {
+    const BATCH: usize = 16;
+    let mut held = [(0usize, 0usize); BATCH];
+    let mut i = 0;
     let mut pool = DecayingPool::builder(Null::default())
-        .policy(FixedTime::new(Duration::from_secs(3600)))
+        .policy(policy)
         .clock(ManualClock::new())
         .build();
-    fill(&mut pool, &sizes, per);
+    fill(&mut pool, sizes, per);
     let filled = pool.stats().misses;
-    g.bench_function("fixed_time_manual/8x16", |b| {
+    g.bench_function(name, |b| {
         b.iter(|| {
             for slot in held.iter_mut() {
                 let s = sizes[walk[i]];
@@ -242,8 +286,7 @@ fn batch_round_trip(c: &mut Criterion) {
             }
         })
     });
-    assert_eq!(pool.stats().misses, filled, "a batch missed");
-    g.finish();
+    assert_eq!(pool.stats().misses, filled, "{name}: a batch missed");
 }
 
 criterion_group!(benches, hit_round_trip, batch_round_trip);

@@ -170,11 +170,16 @@ pub trait EvictionPolicy {
     /// for `oldest`, and for any block released after it that becomes the
     /// oldest (a hit may take `oldest`), whatever is released or hit
     /// meanwhile; `None` (the default) when there is no such time. The pool
-    /// asks again after it frees a block.
+    /// asks (through [`provisional_deadline`](Self::provisional_deadline),
+    /// which defaults to this) after a collection's `must_evict` answers
+    /// `false`, and asks again after it frees a block.
     ///
     /// The pool then skips the policy check until that time: on the hit
     /// path it becomes one comparison. A deadline that is too early only
-    /// costs a check; one that is too late delays evictions.
+    /// costs a check; one that is too late delays evictions. A policy whose
+    /// deadline a release or a hit can bring forward (as [`Exponential`]'s)
+    /// answers `None` here and gives its deadline through
+    /// [`provisional_deadline`](Self::provisional_deadline) instead.
     ///
     /// # Panics (debug builds)
     ///
@@ -220,6 +225,57 @@ pub trait EvictionPolicy {
     fn deadline(&self, oldest: Oldest) -> Option<Duration> {
         let _ = oldest;
         None
+    }
+
+    /// A deadline as [`deadline`](Self::deadline)'s, except that it holds
+    /// only until [`deadline_stale`](Self::deadline_stale) answers `true`:
+    /// a time before which [`must_evict`](Self::must_evict) answers `false`
+    /// for `oldest`, and for any block that becomes the oldest, as long as
+    /// the releases and hits meanwhile leave `deadline_stale` `false`. The
+    /// default is [`deadline`](Self::deadline), which holds whatever
+    /// happens. This is the method the pool calls.
+    ///
+    /// Implement both methods or neither: a policy that wraps another and
+    /// forwards its calls forwards both, or its deadlines are held across
+    /// releases that make them stale. A wrapper written before these
+    /// methods existed forwards neither, and then gets the wrapped policy's
+    /// [`deadline`](Self::deadline), which holds whatever happens (for
+    /// [`Exponential`], none: the pool asks `must_evict` at every
+    /// collection).
+    ///
+    /// # Panics (debug builds)
+    ///
+    /// As [`deadline`](Self::deadline): a collection that the deadline
+    /// would let skip the policy asks `must_evict` anyway, and panics when
+    /// it answers `true`.
+    #[inline]
+    fn provisional_deadline(&self, oldest: Oldest) -> Option<Duration> {
+        self.deadline(oldest)
+    }
+
+    /// Whether the last [`provisional_deadline`](Self::provisional_deadline)
+    /// may no longer hold: a release or a hit since the last
+    /// [`must_evict`](Self::must_evict) brought forward the time the
+    /// oldest block is due, or took that block and left a successor that
+    /// may be due sooner. `false` (the default) for a policy whose
+    /// deadline holds whatever is released or hit, as [`FixedTime`]'s.
+    ///
+    /// The pool asks after every [`on_release`](Self::on_release) and
+    /// [`on_hit`](Self::on_hit); once the answer is `true`, its next
+    /// collection asks `must_evict` (and then `provisional_deadline`)
+    /// again. Answering `true` too often only costs checks; a policy whose
+    /// deadline a release or a hit brings forward must answer `true` then,
+    /// or its evictions are delayed.
+    ///
+    /// [`Exponential`] uses it: a release adds its size both to the idle
+    /// bytes and to the allowance, which then decays faster in bytes, so
+    /// the oldest block is due sooner. Rather than solve for the deadline
+    /// on every release, it checks that the allowance still clears the
+    /// eviction threshold at the deadline it gave (a multiplication and a
+    /// comparison), and answers `true` when it does not.
+    #[inline]
+    fn deadline_stale(&self) -> bool {
+        false
     }
 }
 
@@ -272,6 +328,16 @@ impl<P: EvictionPolicy + ?Sized> EvictionPolicy for Box<P> {
     #[inline]
     fn deadline(&self, oldest: Oldest) -> Option<Duration> {
         (**self).deadline(oldest)
+    }
+
+    #[inline]
+    fn provisional_deadline(&self, oldest: Oldest) -> Option<Duration> {
+        (**self).provisional_deadline(oldest)
+    }
+
+    #[inline]
+    fn deadline_stale(&self) -> bool {
+        (**self).deadline_stale()
     }
 }
 
@@ -503,7 +569,45 @@ pub struct Exponential {
     rate: f64,
     allowance: f64,
     at: Duration,
+    /// Cached bytes, as the pool last told.
+    bytes: usize,
+    /// The deadline last planned (see [`Exponential::plan`]) and what keeps
+    /// it: it holds while `allowance > (bytes - half) * watch`, where `half`
+    /// is half the size of the oldest block it was planned for (or of the
+    /// smallest block cached, once that block may be gone) and `watch` is
+    /// `2^((due - at) / half_life)` times a safety margin.
+    due: Duration,
+    watch: f64,
+    half: f64,
+    /// The size of the oldest block the deadline was planned for: a hit of
+    /// that size may take it, leaving a successor of any size cached. Zero
+    /// once that may have happened: `half` then covers any successor.
+    oldest_size: usize,
+    /// The smallest size released since the cache was last empty
+    /// (`usize::MAX` when empty): no cached block is smaller.
+    min_size: usize,
+    /// Whether `due` may no longer hold ([`EvictionPolicy::deadline_stale`]).
+    stale: bool,
 }
+
+/// `x` as the nearest `f64`, exactly as `x as f64`: through the signed
+/// conversion, one instruction where x86-64 takes several for the unsigned
+/// one. Above `i64::MAX`, halving with the low bit kept (round to odd)
+/// and doubling rounds the same.
+#[inline(always)]
+fn float(x: usize) -> f64 {
+    let x = x as u64;
+    if (x as i64) >= 0 {
+        x as i64 as f64
+    } else {
+        ((x >> 1) | (x & 1)) as i64 as f64 * 2.0
+    }
+}
+
+/// Relative safety margin of a planned deadline: the allowance must exceed
+/// the eviction threshold by this factor at the deadline. Far above the
+/// rounding of the few floating-point operations involved (about 1e-15).
+const MARGIN: f64 = 1e-12;
 
 impl Exponential {
     /// Decays the idle stock by half every `h`.
@@ -524,6 +628,13 @@ impl Exponential {
             rate: 1.0 / h.as_secs_f64(),
             allowance: 0.0,
             at: Duration::ZERO,
+            bytes: 0,
+            due: Duration::ZERO,
+            watch: f64::INFINITY,
+            half: 0.0,
+            oldest_size: 0,
+            min_size: usize::MAX,
+            stale: true,
         }
     }
 
@@ -550,49 +661,210 @@ impl Exponential {
         self.allowance * (-halvings).exp2()
     }
 
+    /// Decays the allowance to `now` (when later than the last time).
     #[inline]
     fn rebase(&mut self, now: Duration) {
+        if now > self.at {
+            self.rebase_later(now);
+        }
+    }
+
+    /// `rebase` once the clock has moved: with a coarse clock, at most once
+    /// per tick.
+    #[inline(never)]
+    fn rebase_later(&mut self, now: Duration) {
         self.allowance = self.allowance_at(now);
-        self.at = self.at.max(now);
+        self.at = now;
+        if !self.stale {
+            if now >= self.due {
+                self.stale = true;
+            } else {
+                self.watch = self.watch_at(self.due, now);
+            }
+        }
+    }
+
+    /// What keeps a deadline `due` from a state at `at`: `2^((due - at) /
+    /// half_life)` with the safety margin.
+    #[inline]
+    fn watch_at(&self, due: Duration, at: Duration) -> f64 {
+        ((due - at).as_secs_f64() * self.rate).exp2() * (1.0 + MARGIN)
+    }
+
+    /// Whether the allowance still keeps the planned deadline, with `bytes`
+    /// cached; marks it stale when not.
+    #[inline(always)]
+    fn keep_watch(&mut self) {
+        // Written so that a NaN (none arises) would count as stale.
+        let keeps = self.allowance > (float(self.bytes) - self.half) * self.watch;
+        if !self.stale && !keeps {
+            self.stale = true;
+        }
+    }
+
+    /// A hit may have taken the oldest block the deadline was planned for.
+    /// Its successor, of any cached size, is due no sooner than a block of
+    /// the smallest size, so the deadline holds if it holds for that size.
+    /// Since the successor may be smaller, the collections skipped must
+    /// also not clamp the allowance (to `bytes + successor / 2`): else the
+    /// deadline is stale.
+    #[cold]
+    #[inline(never)]
+    fn lose_oldest(&mut self) {
+        self.oldest_size = 0;
+        self.cover(self.min_size);
+    }
+
+    /// Covers any oldest block of `size` bytes or more (see `lose_oldest`).
+    /// (When the watch holds for `size`, the clamp cannot bind as long as
+    /// the deadline was planned at the exact time the allowance reaches the
+    /// threshold; the plan stops short of it, so this is checked too.)
+    fn cover(&mut self, size: usize) {
+        self.half = float(size) / 2.0;
+        let unclamped = self.allowance <= float(self.bytes) + self.half;
+        if !unclamped {
+            self.stale = true;
+        }
+    }
+
+    /// A block smaller than any cached was released.
+    #[cold]
+    #[inline(never)]
+    fn smaller(&mut self, size: usize) {
+        self.min_size = size;
+        if self.oldest_size == 0 && !self.stale {
+            self.cover(size);
+        }
+    }
+
+    /// A deadline for `oldest` from the current state: a time before which
+    /// the allowance, undisturbed, stays above `bytes - size / 2` with the
+    /// safety margin, and the `watch` that keeps it; `None` when there is
+    /// no such time after `at` (or no allowance).
+    ///
+    /// Undisturbed, `L(t) = L(at) * 2^(-(t - at) / h)` reaches the
+    /// threshold `T = bytes - size / 2` after `log2(L(at) / T)`
+    /// half-lives; the plan stops a hair short of that and then checks
+    /// exactly that the margin holds at the planned time. Since `L` only
+    /// falls as time passes, `must_evict` answers `false` before it.
+    fn plan(&self, oldest: Oldest) -> Option<(Duration, f64)> {
+        let half = float(oldest.size) / 2.0;
+        let threshold = float(self.bytes) - half;
+        // As `must_evict` would clamp it.
+        let allowance = self.allowance.min(float(self.bytes) + half);
+        let ahead = threshold > 0.0 && allowance > threshold && self.rate.is_finite();
+        if !ahead {
+            return None;
+        }
+        // Short of the exact `log2(L / T)` by `log2(1 + MARGIN)` (1.44e-12)
+        // and a little more for rounding; the check below decides. (A
+        // cache of more than about 10^11 times its smallest block may find
+        // no such time: it is then checked at every collection.)
+        let halvings = (allowance / threshold).log2() * (1.0 - 1e-9) - 2e-12;
+        let later = halvings > 0.0;
+        if !later {
+            return None;
+        }
+        let span = Duration::try_from_secs_f64(halvings * self.half_life.as_secs_f64()).ok()?;
+        let due = self.at.checked_add(span)?;
+        let watch = self.watch_at(due, self.at);
+        (allowance > threshold * watch).then_some((due, watch))
     }
 }
 
 impl EvictionPolicy for Exponential {
     #[inline]
-    fn on_release(&mut self, now: Duration, size: usize, _bytes_cached: usize) {
+    fn on_release(&mut self, now: Duration, size: usize, bytes_cached: usize) {
         self.rebase(now);
         if self.rate.is_finite() {
-            self.allowance += size as f64;
+            self.allowance += float(size);
         }
+        self.bytes = bytes_cached;
+        if size < self.min_size {
+            self.smaller(size);
+        }
+        // A release adds `size` to both sides of `L > bytes - half`: as `L`
+        // then decays faster in bytes, the deadline may come sooner.
+        self.keep_watch();
     }
 
     #[inline]
-    fn on_hit(&mut self, now: Duration, _size: usize, before: usize, after: usize) {
+    fn on_hit(&mut self, now: Duration, size: usize, before: usize, after: usize) {
         self.rebase(now);
         if before > 0 {
-            self.allowance *= after as f64 / before as f64;
+            self.allowance *= float(after) / float(before);
         }
+        self.bytes = after;
+        if after == 0 {
+            self.min_size = usize::MAX;
+        }
+        // A hit that leaves the oldest block scales `L` and the bytes alike,
+        // which only delays the deadline (checked all the same, for
+        // rounding); one of the oldest block's size may have taken it.
+        if size == self.oldest_size {
+            self.lose_oldest();
+        }
+        self.keep_watch();
     }
 
     #[inline]
     fn on_free(&mut self, now: Duration, _size: usize, after: usize, reason: FreeReason) {
         if reason == FreeReason::Trimmed || after == 0 {
             self.rebase(now);
-            self.allowance = self.allowance.min(after as f64);
+            self.allowance = self.allowance.min(float(after));
         }
+        self.bytes = after;
+        if after == 0 {
+            self.min_size = usize::MAX;
+        }
+        self.stale = true;
     }
 
     #[inline]
     fn must_evict(&mut self, now: Duration, oldest: Oldest, bytes_cached: usize) -> bool {
-        let half = oldest.size as f64 / 2.0;
+        let half = float(oldest.size) / 2.0;
         let mut allowance = self.allowance_at(now);
-        let bound = bytes_cached as f64 + half;
+        let bound = float(bytes_cached) + half;
         if allowance > bound {
             allowance = bound;
             self.allowance = bound;
             self.at = self.at.max(now);
         }
-        bytes_cached as f64 - allowance >= half
+        self.bytes = bytes_cached;
+        let evict = float(bytes_cached) - allowance >= half;
+        if evict {
+            self.stale = true;
+        } else {
+            match self.plan(oldest) {
+                Some((due, watch)) => {
+                    self.due = due;
+                    self.watch = watch;
+                    self.half = half;
+                    self.oldest_size = oldest.size;
+                    self.stale = false;
+                }
+                None => self.stale = true,
+            }
+        }
+        evict
+    }
+
+    /// The time the allowance, undisturbed, first lets `oldest` go, less a
+    /// hair; a release can bring it forward, which
+    /// [`deadline_stale`](EvictionPolicy::deadline_stale) reports.
+    /// ([`deadline`](EvictionPolicy::deadline), which must hold whatever is
+    /// released, is `None`.)
+    #[inline]
+    fn provisional_deadline(&self, oldest: Oldest) -> Option<Duration> {
+        if !self.stale && oldest.size == self.oldest_size {
+            return Some(self.due);
+        }
+        self.plan(oldest).map(|(due, _)| due)
+    }
+
+    #[inline]
+    fn deadline_stale(&self) -> bool {
+        self.stale
     }
 }
 
@@ -827,4 +1099,44 @@ pub trait Policy: sealed::Sealed {
     /// Builds the store.
     #[doc(hidden)]
     fn into_store<B>(self, reuse: Reuse) -> Self::Store<B>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::float;
+
+    /// The signed conversion rounds every `usize` as `as f64` does,
+    /// including above `i64::MAX` and at the halfway points of `f64`.
+    #[test]
+    fn float_rounds_as_the_unsigned_conversion() {
+        let mut edges = vec![0usize, 1, 2, (1 << 53) - 1, 1 << 53, (1 << 53) + 1];
+        for top in [i64::MAX as usize, usize::MAX] {
+            for d in 0..2050usize {
+                edges.push(top - d);
+            }
+        }
+        for k in 54..64 {
+            let base = 1usize << k;
+            let ulp = 1usize << (k - 52);
+            for x in [
+                base + ulp / 2,
+                base + ulp / 2 + 1,
+                base + ulp + ulp / 2,
+                base - 1,
+            ] {
+                edges.push(x);
+            }
+        }
+        let mut x: u64 = 1;
+        for _ in 0..100_000 {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            edges.push(x as usize);
+            edges.push((x >> (x % 64)) as usize);
+        }
+        for v in edges {
+            assert_eq!(float(v).to_bits(), (v as f64).to_bits(), "{v}");
+        }
+    }
 }

@@ -6,6 +6,7 @@
 //! its own leaf module), so `policy` and `store` do not import each other.
 
 pub mod any;
+mod classes;
 pub mod fixed;
 mod ring;
 pub mod timed;

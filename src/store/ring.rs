@@ -8,7 +8,7 @@
 
 use core::mem::MaybeUninit;
 
-/// A double-ended queue of `T` in a boxed slice of 0 or 2^k slots (k < 31),
+/// A double-ended queue of `T` in a boxed slice of 0 or 2^k slots (k <= 30),
 /// with one bit for its owner ([`Ring::flag`]): 24 bytes in all.
 ///
 /// Slots `head, head + 1, …, head + len - 1` (modulo the capacity) hold
@@ -67,7 +67,8 @@ impl<T> Ring<T> {
     ///
     /// # Panics
     ///
-    /// When the ring already holds 2^31 values.
+    /// When the ring already holds 2^30 values, its largest capacity (the
+    /// head's index must fit in the 31 bits beside the flag).
     #[inline(always)]
     pub(crate) fn push_back(&mut self, value: T) {
         if self.len as usize == self.buf.len() {
@@ -128,8 +129,6 @@ impl<T> Ring<T> {
         })
     }
 
-    /// Doubles the capacity (0 becomes 1), moving the values to the front
-    /// of the new buffer.
     /// Slots allocated.
     #[inline]
     #[cfg_attr(not(any(test, feature = "testing")), allow(dead_code))] // read by validate()
@@ -137,6 +136,12 @@ impl<T> Ring<T> {
         self.buf.len()
     }
 
+    /// Doubles the capacity (0 becomes 1), moving the values to the front
+    /// of the new buffer.
+    ///
+    /// # Panics
+    ///
+    /// When the capacity is already 2^30.
     #[cold]
     #[inline(never)]
     fn grow(&mut self) {

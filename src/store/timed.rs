@@ -7,7 +7,8 @@
 //!   oldest at the front. A hit takes from the back (LIFO) or the front
 //!   (FIFO) in O(1); a LIFO round trip on a class touches its bucket only.
 //!   The release right after a hit of the same size reaches the bucket
-//!   through a pointer the hit's lookup left (see `Classes`).
+//!   through a pointer the hit's lookup left (see `classes::Classes`, which
+//!   keeps that pointer's invariant in its own module).
 //! - **Eviction order**: a binary min-heap with one *token* per class that
 //!   holds blocks, keyed by a release sequence number that is never later
 //!   than the class's oldest block. The token with the smallest key whose
@@ -26,9 +27,12 @@
 //! class is empty when it reaches the top is dropped.
 //!
 //! The fast path of an eviction check is one comparison: the policy's
-//! [deadline](EvictionPolicy::deadline) for the oldest block, cached until
-//! a block is freed (it also covers any later block that becomes the
-//! oldest, so a hit needs no reset). For a policy without deadlines, the
+//! [deadline](EvictionPolicy::provisional_deadline) for the oldest block,
+//! cached until a block is freed or the policy reports it
+//! [stale](EvictionPolicy::deadline_stale) after a release or a hit (as
+//! `Exponential` does when a release brings it forward). It also covers
+//! any later block that becomes the oldest, so a hit needs no reset of its
+//! own. For a policy without deadlines, the
 //! store remembers which class holds the oldest block until a hit moves
 //! that class's oldest block or a block is freed, so the check reads no
 //! class.
@@ -56,10 +60,9 @@ use core::time::Duration;
 use std::collections::binary_heap::PeekMut;
 use std::collections::BinaryHeap;
 
-use core::ptr;
-use hashbrown::{HashMap, HashTable};
-use std::sync::atomic::{AtomicPtr, Ordering::Relaxed};
+use hashbrown::HashMap;
 
+use super::classes::{Classes, Keyed};
 use super::ring::Ring;
 use super::Store;
 use crate::policy::{sealed, EvictionPolicy, FreeReason, Oldest, Policy, Reuse};
@@ -197,115 +200,10 @@ impl PartialEq for Token {
 
 impl Eq for Token {}
 
-/// The hash of a class size: one folded multiply (the high and low halves
-/// of a 128-bit product), so both ends of the hash, which the table uses
-/// for the bucket and for its tag, depend on every bit of the size. Not
-/// seeded: class sizes come from the program, not from an adversary.
-#[inline(always)]
-fn hash_size(size: usize) -> u64 {
-    let product = u128::from(size as u64) * 0x9E37_79B9_7F4A_7C15;
-    (product as u64) ^ ((product >> 64) as u64)
-}
-
-/// The classes, keyed by size: a `hashbrown` table, and a pointer to the
-/// class the last lookup found.
-///
-/// A release right after a hit of the same size (the common round trip)
-/// reaches its class through that pointer without hashing. The pointer is
-/// valid only while the table is touched through nothing else: every other
-/// access (a lookup of another size, an insertion, a removal, even a read)
-/// clears it first. It is an `AtomicPtr` only so that `&self` reads can
-/// clear it while `Classes` stays `Send` and `Sync` like the table.
-struct Classes<B> {
-    table: HashTable<Class<B>>,
-    /// The class the last lookup found, or null.
-    last: AtomicPtr<Class<B>>,
-}
-
-impl<B> Classes<B> {
-    fn new() -> Self {
-        Classes {
-            table: HashTable::new(),
-            last: AtomicPtr::new(ptr::null_mut()),
-        }
-    }
-
-    #[inline]
-    fn len(&self) -> usize {
-        self.table.len()
-    }
-
-    /// Forgets the last class found, before the table is touched otherwise.
+impl<B> Keyed for Class<B> {
     #[inline(always)]
-    fn forget_last(&self) {
-        self.last.store(ptr::null_mut(), Relaxed);
-    }
-
-    /// The class of `size`, if any, through the last class found when it
-    /// is that size (a release after a hit).
-    #[inline(always)]
-    fn get_mut(&mut self, size: usize) -> Option<&mut Class<B>> {
-        let last = *self.last.get_mut();
-        if !last.is_null() {
-            // SAFETY: `last` is non-null, so it was derived from the `&mut`
-            // that `find_mut` returned in `find`, and the table has been
-            // touched through nothing else since (every other access
-            // clears `last` first): the class has not moved, was not
-            // removed, and no other reference to it exists (`&mut self`).
-            let class = unsafe { &mut *last };
-            if class.size == size {
-                return Some(class);
-            }
-        }
-        self.find(size)
-    }
-
-    /// The class of `size`, if any, looked up in the table (a hit, which
-    /// rarely repeats the size before it); remembered for the release.
-    #[inline(always)]
-    fn find(&mut self, size: usize) -> Option<&mut Class<B>> {
-        let hash = hash_size(size);
-        let found: *mut Class<B> = self.table.find_mut(hash, |c| c.size == size)?;
-        *self.last.get_mut() = found;
-        // SAFETY: `found` comes from the `&mut` `find_mut` just returned;
-        // deriving the result from the raw pointer keeps the pointer valid
-        // for the next call.
-        Some(unsafe { &mut *found })
-    }
-
-    /// The class of `size`, if any.
-    fn get(&self, size: usize) -> Option<&Class<B>> {
-        self.forget_last();
-        let hash = hash_size(size);
-        self.table.find(hash, |c| c.size == size)
-    }
-
-    /// Adds an empty class of `size` bytes, which is not in the table.
-    #[cold]
-    #[inline(never)]
-    fn insert(&mut self, size: usize) -> &mut Class<B> {
-        self.forget_last();
-        let hash = hash_size(size);
-        let entry = self.table.insert_unique(
-            hash,
-            Class {
-                size,
-                items: Blocks::new(),
-            },
-            |c| hash_size(c.size),
-        );
-        entry.into_mut()
-    }
-
-    /// Keeps only the classes `keep` approves.
-    fn retain(&mut self, keep: impl FnMut(&mut Class<B>) -> bool) {
-        self.forget_last();
-        self.table.retain(keep);
-    }
-
-    fn iter(&self) -> impl Iterator<Item = &Class<B>> {
-        self.forget_last();
-        self.table.iter()
+    fn size(&self) -> usize {
+        self.size
     }
 }
 
@@ -323,7 +221,7 @@ pub struct TimedStore<B, P> {
     /// release two.
     taken: u64,
     taken_bytes: u64,
-    classes: Classes<B>,
+    classes: Classes<Class<B>>,
     /// Blocks released into the store (the next release number).
     puts: u64,
     heap: BinaryHeap<Token>,
@@ -333,7 +231,8 @@ pub struct TimedStore<B, P> {
     popped: u64,
     /// The policy's deadline (nanoseconds) for the oldest block when it was
     /// last checked: nothing is due before it. Reset whenever a block is
-    /// freed; a hit on the oldest block leaves it (too early is safe).
+    /// freed, and after a release or a hit that the policy says made it
+    /// stale; a hit on the oldest block leaves it (too early is safe).
     not_before: u64,
     /// The number of classes at which the next insertion first sweeps the
     /// empty ones.
@@ -372,7 +271,10 @@ impl<B, P: EvictionPolicy> TimedStore<B, P> {
         if self.classes.len() >= self.sweep_at {
             self.sweep();
         }
-        self.classes.insert(size)
+        self.classes.insert(Class {
+            size,
+            items: Blocks::new(),
+        })
     }
 
     /// Drops every empty class, with its buffer and its token; then gives
@@ -392,9 +294,8 @@ impl<B, P: EvictionPolicy> TimedStore<B, P> {
         // they fill a quarter of it or less: the next shrink takes half of
         // them to go first, and regrowing is paid for by the insertions.
         let keep = live.max(SWEEP_SLACK);
-        if self.classes.table.capacity() > keep * 4 {
-            self.classes.forget_last();
-            self.classes.table.shrink_to(keep, |c| hash_size(c.size));
+        if self.classes.capacity() > keep * 4 {
+            self.classes.shrink_to(keep);
         }
         if self.heap.capacity() > keep * 4 {
             self.heap.shrink_to(keep);
@@ -476,7 +377,7 @@ impl<B, P: EvictionPolicy> TimedStore<B, P> {
     /// the table: its buckets and control bytes).
     #[cfg(any(test, feature = "testing"))]
     fn heap_bytes(&self) -> usize {
-        let cap = self.classes.table.capacity();
+        let cap = self.classes.capacity();
         let buckets = match cap {
             0 => 0,
             1..8 => (cap + 1).next_power_of_two(),
@@ -513,6 +414,9 @@ impl<B, P: EvictionPolicy> Store<B> for TimedStore<B, P> {
         // Told first, so a panic in the policy changes nothing.
         self.policy
             .on_hit(Duration::from_nanos(now), class, before, before - class);
+        if self.policy.deadline_stale() {
+            self.not_before = 0;
+        }
         let item = match self.reuse {
             Reuse::Lifo => cls.items.pop_back(),
             Reuse::Fifo => cls.items.pop_front(),
@@ -555,6 +459,9 @@ impl<B, P: EvictionPolicy> Store<B> for TimedStore<B, P> {
         }
         self.policy
             .on_release(Duration::from_nanos(now), class, self.bytes());
+        if self.policy.deadline_stale() {
+            self.not_before = 0;
+        }
         None
     }
 
@@ -585,7 +492,11 @@ impl<B, P: EvictionPolicy> Store<B> for TimedStore<B, P> {
         // The cached deadline may be stale after the clock was set back (a
         // block released "later" at an earlier time): only the policy's
         // deadline for the block now oldest is held against it.
-        let Some(deadline) = self.policy.deadline(oldest).filter(|&d| d > now_d) else {
+        let Some(deadline) = self
+            .policy
+            .provisional_deadline(oldest)
+            .filter(|&d| d > now_d)
+        else {
             return;
         };
         if self.policy.must_evict(now_d, oldest, self.bytes()) {
@@ -739,7 +650,7 @@ impl<B, P: EvictionPolicy> TimedStore<B, P> {
         {
             Some(self.remove_oldest(size, now, FreeReason::Expired))
         } else {
-            self.not_before = self.policy.deadline(oldest).map_or(0, nanos);
+            self.not_before = self.policy.provisional_deadline(oldest).map_or(0, nanos);
             None
         }
     }

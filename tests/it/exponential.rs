@@ -1135,3 +1135,254 @@ fn user_policy_hears_of_limit_and_retry_frees() {
     drop(pool);
     alloc.inner().assert_all_freed();
 }
+
+// ---------------------------------------------------------------------------
+// The provisional deadline: the pool skips `must_evict` until it, and the
+// policy reports it stale when a release or a hit brings it forward.
+// ---------------------------------------------------------------------------
+
+/// `Exponential` as a policy written before provisional deadlines: it
+/// forwards only the hooks, `must_evict` and `deadline` (which is `None`),
+/// so the pool asks `must_evict` at every collection. Counts those calls.
+struct Legacy {
+    inner: Exponential,
+    asked: Rc<RefCell<u64>>,
+}
+
+impl EvictionPolicy for Legacy {
+    fn on_release(&mut self, now: Duration, size: usize, bytes_cached: usize) {
+        self.inner.on_release(now, size, bytes_cached)
+    }
+    fn on_hit(&mut self, now: Duration, size: usize, before: usize, after: usize) {
+        self.inner.on_hit(now, size, before, after)
+    }
+    fn on_free(&mut self, now: Duration, size: usize, after: usize, reason: FreeReason) {
+        self.inner.on_free(now, size, after, reason)
+    }
+    fn must_evict(&mut self, now: Duration, oldest: Oldest, bytes_cached: usize) -> bool {
+        *self.asked.borrow_mut() += 1;
+        self.inner.must_evict(now, oldest, bytes_cached)
+    }
+    fn deadline(&self, oldest: Oldest) -> Option<Duration> {
+        self.inner.deadline(oldest)
+    }
+}
+
+/// `Exponential` forwarded whole, counting `must_evict` calls.
+struct Counted {
+    inner: Exponential,
+    asked: Rc<RefCell<u64>>,
+}
+
+impl EvictionPolicy for Counted {
+    fn on_release(&mut self, now: Duration, size: usize, bytes_cached: usize) {
+        self.inner.on_release(now, size, bytes_cached)
+    }
+    fn on_hit(&mut self, now: Duration, size: usize, before: usize, after: usize) {
+        self.inner.on_hit(now, size, before, after)
+    }
+    fn on_free(&mut self, now: Duration, size: usize, after: usize, reason: FreeReason) {
+        self.inner.on_free(now, size, after, reason)
+    }
+    fn must_evict(&mut self, now: Duration, oldest: Oldest, bytes_cached: usize) -> bool {
+        *self.asked.borrow_mut() += 1;
+        self.inner.must_evict(now, oldest, bytes_cached)
+    }
+    fn deadline(&self, oldest: Oldest) -> Option<Duration> {
+        self.inner.deadline(oldest)
+    }
+    fn provisional_deadline(&self, oldest: Oldest) -> Option<Duration> {
+        self.inner.provisional_deadline(oldest)
+    }
+    fn deadline_stale(&self) -> bool {
+        self.inner.deadline_stale()
+    }
+}
+
+/// Drives two pools with the same operations and checks that they make
+/// the same backing calls in the same order: `Exponential` with its
+/// provisional deadline, and the same policy asked at every collection.
+/// Times are whole milliseconds and half-lives a few of them, so many
+/// decisions fall on exact halfway points (the documented table's ties),
+/// where only bit-identical allowances agree. Returns the `must_evict`
+/// calls of each.
+fn differential(seed: u64, reuse: Reuse) -> (u64, u64) {
+    let mut rng = Lcg(seed * 104_729 + 17);
+    let h = ms(1 + rng.below(40));
+    let sizes: Vec<usize> = match seed % 3 {
+        0 => vec![64],
+        1 => vec![64, 128, 256],
+        _ => vec![1, 64, 1000, 1 << 20],
+    };
+    let clock = ManualClock::new();
+    let (fast_asked, slow_asked) = (Rc::new(RefCell::new(0)), Rc::new(RefCell::new(0)));
+    let fast_alloc = CheckingAllocator::new();
+    let slow_alloc = CheckingAllocator::new();
+    let mut fast = DecayingPool::builder(fast_alloc.clone())
+        .policy(Counted {
+            inner: Exponential::half_life(h),
+            asked: fast_asked.clone(),
+        })
+        .clock(clock.clone())
+        .reuse(reuse)
+        .build();
+    let mut slow = DecayingPool::builder(slow_alloc.clone())
+        .policy(Legacy {
+            inner: Exponential::half_life(h),
+            asked: slow_asked.clone(),
+        })
+        .clock(clock.clone())
+        .reuse(reuse)
+        .build();
+    let mut now = ms(0);
+    let mut held: Vec<(u64, u64, usize)> = Vec::new();
+    for step in 0..600 {
+        match rng.below(20) {
+            0..=5 => now += ms(rng.below(3)),
+            6 => now += ms(rng.below(4 * h.as_millis() as u64 + 1)),
+            // The clock set back a little.
+            7 if rng.below(4) == 0 => now = now.saturating_sub(ms(rng.below(3))),
+            _ => {}
+        }
+        clock.set(now);
+        match rng.below(10) {
+            0..=3 => {
+                let size = sizes[rng.below(sizes.len() as u64) as usize];
+                let (a, b) = (fast.allocate(size).unwrap(), slow.allocate(size).unwrap());
+                held.push((a, b, size));
+            }
+            4..=7 if !held.is_empty() => {
+                // Mostly the newest (round trips), sometimes any.
+                let i = if rng.below(3) == 0 {
+                    rng.below(held.len() as u64) as usize
+                } else {
+                    held.len() - 1
+                };
+                let (a, b, size) = held.swap_remove(i);
+                put(&mut fast, a, size);
+                put(&mut slow, b, size);
+            }
+            8 => assert_eq!(fast.collect(), slow.collect(), "seed {seed} step {step}"),
+            _ if rng.below(20) == 0 => assert_eq!(fast.trim(), slow.trim()),
+            _ => {}
+        }
+        assert_eq!(
+            fast_alloc.calls(),
+            slow_alloc.calls(),
+            "seed {seed} step {step}: the backing calls differ"
+        );
+        assert_eq!(fast.stats(), slow.stats(), "seed {seed} step {step}");
+        fast.validate();
+    }
+    for (a, b, size) in held {
+        put(&mut fast, a, size);
+        put(&mut slow, b, size);
+    }
+    let asked = (*fast_asked.borrow(), *slow_asked.borrow());
+    drop((fast, slow));
+    fast_alloc.assert_all_freed();
+    asked
+}
+
+#[test]
+fn the_provisional_deadline_changes_no_decision() {
+    let (mut fast, mut slow) = (0, 0);
+    for seed in 0..40 {
+        for reuse in [Reuse::Lifo, Reuse::Fifo] {
+            let (f, s) = differential(seed, reuse);
+            fast += f;
+            slow += s;
+        }
+    }
+    // The deadline is used (this workload mostly defeats it: one size in a
+    // third of the runs, so every hit may take the oldest block; see the
+    // next test for round trips).
+    assert!(
+        fast < slow,
+        "must_evict calls: {fast} with deadlines, {slow} without"
+    );
+}
+
+/// Round trips on a cache of many classes at a frozen clock ask the policy
+/// only when a hit takes the oldest block's class; a release of a block
+/// far larger than the cache brings the deadline forward, which the policy
+/// reports, and the pool then evicts on time.
+#[test]
+fn round_trips_skip_the_policy_and_a_large_release_brings_the_deadline_forward() {
+    let asked = Rc::new(RefCell::new(0));
+    let clock = ManualClock::new();
+    let alloc = CheckingAllocator::new();
+    // 64 classes of 64 to 4096 bytes, 133,120 in all, decay by about 92
+    // bytes a second: the 64-byte oldest block is due in about 0.35 s.
+    let h = Duration::from_secs(1000);
+    let mut pool = DecayingPool::builder(alloc.clone())
+        .policy(Counted {
+            inner: Exponential::half_life(h),
+            asked: asked.clone(),
+        })
+        .clock(clock.clone())
+        .build();
+    let sizes: Vec<usize> = (1..=64).map(|i| i * 64).collect();
+    let blocks: Vec<u64> = sizes.iter().map(|&s| pool.allocate(s).unwrap()).collect();
+    for (&b, &s) in blocks.iter().zip(&sizes) {
+        put(&mut pool, b, s);
+    }
+    clock.set(ms(10));
+    *asked.borrow_mut() = 0;
+    for i in 0..6400 {
+        // Never the oldest block's class (64 bytes, released first).
+        let s = sizes[1 + i % 63];
+        let b = pool.allocate(s).unwrap();
+        put(&mut pool, b, s);
+    }
+    assert!(
+        *asked.borrow() <= 2,
+        "{} must_evict calls in 12800 operations",
+        asked.borrow()
+    );
+    // One block of 1 GiB: the allowance now decays by 744,000 bytes a
+    // second (2^30 * ln 2 / h), so the 32 bytes of headroom of the 64-byte
+    // oldest block last about 43 microseconds.
+    let big = pool.allocate(1 << 30).unwrap();
+    put(&mut pool, big, 1 << 30);
+    let freed_before = freed_ids(&alloc).len();
+    clock.set(ms(20));
+    pool.collect();
+    assert!(
+        freed_ids(&alloc).len() > freed_before,
+        "the 64-byte oldest block is due 10 ms after a 1 GiB release"
+    );
+    assert_eq!(freed_ids(&alloc)[freed_before], blocks[0]);
+}
+
+/// A terabyte cached beside a 64-byte oldest block: the allowance is due
+/// to fall below the threshold after about 4e-11 half-lives, and the
+/// deadline still holds that close (round trips skip the policy).
+#[test]
+fn a_terabyte_cache_still_gets_a_deadline_for_its_small_oldest_block() {
+    let asked = Rc::new(RefCell::new(0));
+    let clock = ManualClock::new();
+    let alloc = CheckingAllocator::new();
+    let mut pool = DecayingPool::builder(alloc.clone())
+        .policy(Counted {
+            inner: Exponential::half_life(Duration::from_secs(3600)),
+            asked: asked.clone(),
+        })
+        .clock(clock.clone())
+        .build();
+    let small = pool.allocate(64).unwrap();
+    let huge = pool.allocate(1 << 40).unwrap();
+    put(&mut pool, small, 64);
+    put(&mut pool, huge, 1 << 40);
+    *asked.borrow_mut() = 0;
+    for _ in 0..1000 {
+        let b = pool.allocate(1 << 40).unwrap();
+        put(&mut pool, b, 1 << 40);
+    }
+    assert!(*asked.borrow() <= 2, "{} must_evict calls", asked.borrow());
+    assert_eq!(pool.stats().blocks_cached, 2);
+    // 64 * 2^-1 bytes of 2^40 decay in about 0.15 microseconds.
+    clock.set(Duration::from_micros(1));
+    assert_eq!(pool.collect(), 1);
+    assert_eq!(freed_ids(&alloc), vec![small]);
+}

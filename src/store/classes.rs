@@ -1,0 +1,188 @@
+//! The timed store's size classes: a `hashbrown` table keyed by class
+//! size, and a pointer to the class the last lookup found, so that the
+//! release right after a hit of the same size (the common round trip)
+//! reaches its class without hashing.
+//!
+//! That pointer is the module's only `unsafe`, and its invariant is kept
+//! here, behind a safe API: the rest of the store cannot touch the table
+//! or the pointer except through [`Classes`]' methods, each of which
+//! either leaves every class in place or forgets the pointer first.
+
+use core::ptr;
+use std::sync::atomic::{AtomicPtr, Ordering::Relaxed};
+
+use hashbrown::HashTable;
+
+/// A value keyed by its class size.
+pub(super) trait Keyed {
+    /// The class size: its key in the table.
+    fn size(&self) -> usize;
+}
+
+/// The hash of a class size: one folded multiply (the high and low halves
+/// of a 128-bit product), so both ends of the hash, which the table uses
+/// for the bucket and for its tag, depend on every bit of the size. Not
+/// seeded: class sizes come from the program, not from an adversary.
+#[inline(always)]
+fn hash_size(size: usize) -> u64 {
+    let product = u128::from(size as u64) * 0x9E37_79B9_7F4A_7C15;
+    (product as u64) ^ ((product >> 64) as u64)
+}
+
+/// The classes, keyed by size, and the class the last lookup found.
+///
+/// # The pointer to the last class found
+///
+/// [`find`](Classes::find) remembers the class it returns in `last`;
+/// [`get_mut`](Classes::get_mut) reaches the class of the same size
+/// through it. It stays valid as long as no class moves or is removed and
+/// no reference to a class made otherwise is used in between, which the
+/// methods guarantee: each one that moves, removes or hands out a class
+/// other than through `last` ([`get`](Classes::get),
+/// [`iter`](Classes::iter), [`insert`](Classes::insert),
+/// [`retain`](Classes::retain), [`shrink_to`](Classes::shrink_to)) forgets
+/// it first; [`len`](Classes::len) and [`capacity`](Classes::capacity) read
+/// only the table's counts and leave it. It is an `AtomicPtr` only so that
+/// the `&self` methods can forget it while `Classes` stays `Send` and
+/// `Sync` like the table.
+pub(super) struct Classes<C> {
+    table: HashTable<C>,
+    /// The class the last lookup found, or null.
+    last: AtomicPtr<C>,
+}
+
+impl<C: Keyed> Classes<C> {
+    /// No classes; allocates nothing.
+    pub(super) fn new() -> Self {
+        Classes {
+            table: HashTable::new(),
+            last: AtomicPtr::new(ptr::null_mut()),
+        }
+    }
+
+    /// The number of classes.
+    #[inline]
+    pub(super) fn len(&self) -> usize {
+        self.table.len()
+    }
+
+    /// The number of classes the table holds without growing.
+    #[inline]
+    pub(super) fn capacity(&self) -> usize {
+        self.table.capacity()
+    }
+
+    /// Forgets the last class found, before the table is touched otherwise.
+    #[inline(always)]
+    fn forget_last(&self) {
+        self.last.store(ptr::null_mut(), Relaxed);
+    }
+
+    /// The class of `size`, if any, through the last class found when it
+    /// is that size (a release after a hit), else looked up (and then
+    /// remembered).
+    #[inline(always)]
+    pub(super) fn get_mut(&mut self, size: usize) -> Option<&mut C> {
+        let last = *self.last.get_mut();
+        if !last.is_null() {
+            // SAFETY: `last` is non-null, so `find` set it from the `&mut`
+            // that `find_mut` returned, and since then every method that
+            // moves or removes a class, or makes a reference to one other
+            // than through `last`, has nulled it (see the type's
+            // documentation): the class is where it was, alive, and no other
+            // reference to it exists (`&mut self`, and the one `find`
+            // returned has ended).
+            let class = unsafe { &mut *last };
+            if class.size() == size {
+                return Some(class);
+            }
+        }
+        self.find(size)
+    }
+
+    /// The class of `size`, if any, looked up in the table (a hit, which
+    /// rarely repeats the size before it); remembered for the release.
+    #[inline(always)]
+    pub(super) fn find(&mut self, size: usize) -> Option<&mut C> {
+        let found: *mut C = self.table.find_mut(hash_size(size), |c| c.size() == size)?;
+        *self.last.get_mut() = found;
+        // SAFETY: `found` comes from the `&mut` `find_mut` just returned;
+        // deriving the result from the raw pointer keeps the pointer valid
+        // for `get_mut`.
+        Some(unsafe { &mut *found })
+    }
+
+    /// The class of `size`, if any.
+    pub(super) fn get(&self, size: usize) -> Option<&C> {
+        self.forget_last();
+        self.table.find(hash_size(size), |c| c.size() == size)
+    }
+
+    /// Adds `class`, whose size is not in the table.
+    #[cold]
+    #[inline(never)]
+    pub(super) fn insert(&mut self, class: C) -> &mut C {
+        self.forget_last();
+        let hash = hash_size(class.size());
+        self.table
+            .insert_unique(hash, class, |c| hash_size(c.size()))
+            .into_mut()
+    }
+
+    /// Keeps only the classes `keep` approves.
+    pub(super) fn retain(&mut self, keep: impl FnMut(&mut C) -> bool) {
+        self.forget_last();
+        self.table.retain(keep);
+    }
+
+    /// Shrinks the table to hold at least `min` classes (and those it has).
+    pub(super) fn shrink_to(&mut self, min: usize) {
+        self.forget_last();
+        self.table.shrink_to(min, |c| hash_size(c.size()));
+    }
+
+    /// The classes, in no order.
+    pub(super) fn iter(&self) -> impl Iterator<Item = &C> {
+        self.forget_last();
+        self.table.iter()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Classes, Keyed};
+
+    struct C(usize, u32);
+
+    impl Keyed for C {
+        fn size(&self) -> usize {
+            self.0
+        }
+    }
+
+    /// The pointer to the last class found survives nothing that moves a
+    /// class: growing, shrinking and sweeping the table between a lookup
+    /// and the next reach the right class (Miri checks the pointer).
+    #[test]
+    fn the_last_class_found_is_forgotten_whenever_classes_move() {
+        let mut classes = Classes::new();
+        classes.insert(C(8, 0));
+        for round in 0..200u32 {
+            classes.find(8).unwrap().1 += 1;
+            match round % 5 {
+                0 => {
+                    classes.insert(C(1000 + round as usize, round));
+                }
+                1 => classes.retain(|c| c.0 == 8 || c.1 % 2 == 0),
+                2 => classes.shrink_to(0),
+                3 => assert_eq!(classes.get(8).map(|c| c.0), Some(8)),
+                _ => assert!(classes.iter().any(|c| c.0 == 8)),
+            }
+            let c = classes.get_mut(8).unwrap();
+            c.1 += 1;
+            assert_eq!(c.1, 2 * (round + 1));
+            assert_eq!(classes.get_mut(7).map(|c| c.0), None);
+        }
+        assert!(classes.len() > 1 && classes.capacity() >= classes.len());
+    }
+}
