@@ -16,6 +16,7 @@
 
 use core::cell::UnsafeCell;
 use core::hint::spin_loop;
+use core::marker::PhantomData;
 use core::ops::{Deref, DerefMut};
 use core::sync::atomic::{AtomicBool, Ordering};
 use core::time::Duration;
@@ -57,7 +58,10 @@ impl<T> CacheLock<T> {
         {
             self.lock_contended();
         }
-        Guard { lock: self }
+        Guard {
+            lock: self,
+            _not_shared: PhantomData,
+        }
     }
 
     #[cold]
@@ -91,7 +95,10 @@ impl<T> CacheLock<T> {
         self.locked
             .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
             .ok()
-            .map(|_| Guard { lock: self })
+            .map(|_| Guard {
+                lock: self,
+                _not_shared: PhantomData,
+            })
     }
 
     /// The value, through exclusive access to the lock.
@@ -101,8 +108,13 @@ impl<T> CacheLock<T> {
 }
 
 /// The lock, held; released when dropped.
+///
+/// Neither `Send` nor `Sync` (the marker), as `std`'s guard: shared
+/// between threads it would hand out `&T` to two at once, which needs
+/// `T: Sync`, a bound the lock does not ask for.
 pub(super) struct Guard<'a, T> {
     lock: &'a CacheLock<T>,
+    _not_shared: PhantomData<*mut T>,
 }
 
 impl<T> Deref for Guard<'_, T> {
