@@ -1,13 +1,19 @@
-//! The benchmark suite of issue 8, groups 2 to 5 and 7 (group 1 is
-//! `benches/hit_path.rs`, group 6 `benches/shared_pool.rs`, group 8
-//! `examples/metadata.rs`):
+//! The pool's costs off the hit path, one criterion group each (the hit
+//! round trip against a map of vectors is `benches/hit_path.rs`, the
+//! `SharedPool` round trip `benches/shared_pool.rs`, the packed round trip
+//! `benches/packing.rs`, the bookkeeping per cached block
+//! `examples/metadata.rs`; `benches/README.md` lists them all):
 //!
 //! - `miss_path`: allocate + release that always misses, against the
 //!   backing allocator called directly;
 //! - `eviction`: `collect()` with nothing due, and the cost per evicted block;
 //! - `scaling`: the hit round trip from 10 to 1 000 000 cached blocks;
 //! - `mmap_64mib`: a real costly allocator, pooled against direct;
-//! - `replay_throughput`: the shipped training trace through each policy.
+//! - `replay_throughput`: a real training trace through each policy, per
+//!   event. It reads `../shared/workloads/pytorch_cs336_medium_ctx128_training.csv`
+//!   (the project's shared workloads folder, beside the repository, not in
+//!   it or in the packaged crate); when that file is absent the group prints
+//!   a notice and measures nothing.
 //!
 //! ```text
 //! cargo bench --bench suite
@@ -93,7 +99,7 @@ fn fill<P: Policy, C: Clock>(pool: &mut DecayingPool<Null, P, C>, sizes: &[usize
     }
 }
 
-/// Group 2: a round trip that always misses, against the direct call.
+/// `miss_path`: a round trip that always misses, against the direct call.
 fn miss_path(c: &mut Criterion) {
     let mut g = group(c, "miss_path");
     let clock = ManualClock::new();
@@ -198,7 +204,7 @@ fn bench_evict_all<P: Policy + Clone>(
     });
 }
 
-/// Group 3: `collect()` when nothing is due, and per evicted block.
+/// `eviction`: `collect()` when nothing is due, and per evicted block.
 fn eviction(c: &mut Criterion) {
     let mut g = group(c, "eviction");
     // 4096 cached blocks: 512 classes x 8.
@@ -250,7 +256,7 @@ fn eviction(c: &mut Criterion) {
     g.finish();
 }
 
-/// Group 4: the hit round trip (`FixedTime`, `ManualClock`) as the cache
+/// `scaling`: the hit round trip (`FixedTime`, `ManualClock`) as the cache
 /// grows from 10 to 1 000 000 blocks.
 fn scaling(c: &mut Criterion) {
     let mut g = group(c, "scaling");
@@ -283,7 +289,8 @@ fn scaling(c: &mut Criterion) {
     g.finish();
 }
 
-/// Group 5: 64 MiB buffers from the mmap allocator, every page touched.
+/// `mmap_64mib`: 64 MiB buffers from the mmap allocator, every page
+/// touched, pooled against direct map-touch-unmap.
 #[cfg(unix)]
 fn mmap_64mib(c: &mut Criterion) {
     use core::ptr::NonNull;
@@ -332,13 +339,14 @@ fn mmap_64mib(c: &mut Criterion) {
     g.finish();
 }
 
-/// Group 5 needs mmap: nothing to measure elsewhere.
+/// `mmap_64mib` needs mmap: nothing to measure elsewhere.
 #[cfg(not(unix))]
 fn mmap_64mib(_c: &mut Criterion) {
     println!("mmap_64mib: skipped (not unix)");
 }
 
-/// The shipped training trace, relative to the crate.
+/// The training trace of the shared workloads folder, relative to the
+/// crate (absent outside the project's checkout: the group is skipped).
 const TRACE: &str = "../shared/workloads/pytorch_cs336_medium_ctx128_training.csv";
 
 /// Replays `events` through a fresh pool with `policy`, the clock set to
@@ -367,7 +375,8 @@ fn replay<P: Policy>(policy: P, events: &[Event]) -> u64 {
     p.stats().hits
 }
 
-/// Group 7: operations per second replaying the shipped training trace.
+/// `replay_throughput`: time per event replaying the training trace
+/// through each policy; skipped with a notice when the trace is absent.
 fn replay_throughput(c: &mut Criterion) {
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(TRACE);
     if !path.exists() {

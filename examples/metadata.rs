@@ -1,4 +1,4 @@
-//! Metadata overhead (issue 8, group 8): bytes of pool bookkeeping per
+//! Metadata overhead: bytes of pool bookkeeping per
 //! cached block at 1 000 000 cached blocks, counted by a counting global
 //! allocator.
 //!

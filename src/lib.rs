@@ -50,7 +50,6 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
-#![warn(missing_docs)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod backend;
@@ -105,3 +104,9 @@ pub use pool::{Builder, DecayingPool};
 pub use raw::{RawAllocator, SendBlock};
 pub use shared::{LockedPool, Pooled, Reaper, SharedPool};
 pub use stats::{ClassStats, HumanBytes, Stats};
+
+// The README's Rust examples run as doc tests (`cargo test --doc`), so the
+// front page cannot drift from the API.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

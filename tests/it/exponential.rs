@@ -2,8 +2,8 @@
 //!
 //! The `Exponential` policy through the public API only: a `ManualClock`
 //! drives time, a `CheckingAllocator` records (and checks) every backing
-//! call, and the expectations come from the formulas of DESIGN.md and the
-//! policy documentation:
+//! call, and the expectations come from the formulas of the `Exponential`
+//! documentation (summarised in docs/ARCHITECTURE.md):
 //!
 //! - an allowance `L` of idle bytes decays as `L(t0) * 2^(-(t - t0) / h)`;
 //! - a release adds the block's size to `L`;
@@ -638,8 +638,9 @@ fn oom_retry_clamps_the_allowance() {
 /// freed is not clamped, so it carries over to unrelated blocks released
 /// afterwards. A 1 GiB block decays (at one half-life `L` is still 0.5
 /// GiB); a 1 MiB block released just after lives on that leftover for
-/// about ten half-lives instead of one. DESIGN.md: "after any freeing `L`
-/// is clamped to `bytes_cached`" and "a lone block lives one half-life".
+/// about ten half-lives instead of one. The `Exponential` docs: "a lone
+/// block therefore lives one half-life", and every collection first clamps
+/// `L` to `bytes_cached + size_of_oldest / 2` (an emptied cache resets it).
 #[test]
 fn allowance_of_a_decayed_block_does_not_outlive_the_cache() {
     let h = ms(100);
@@ -662,7 +663,7 @@ fn allowance_of_a_decayed_block_does_not_outlive_the_cache() {
 // A reference model of the documented rules, on random workloads
 // ---------------------------------------------------------------------------
 
-/// The rules of DESIGN.md / the policy docs, with a record of how close a
+/// The rules of the `Exponential` docs, with a record of how close a
 /// decision came to its threshold (so that runs where float rounding could
 /// decide are recognised).
 struct Model {

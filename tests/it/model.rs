@@ -2,7 +2,8 @@
 //!
 //! The reference model and the step-by-step checks live in
 //! `decaying_pool::fuzzing` (feature `fuzzing`), shared with the cargo-fuzz
-//! targets and the corpus replay: a model of DESIGN.md written with plain
+//! targets and the corpus replay: a model of the pool's rules
+//! (docs/ARCHITECTURE.md, "Rules every pool keeps") written with plain
 //! `Vec`s and linear scans runs next to the real pool over
 //! `FailingAllocator<CheckingAllocator>`, and after every step the block
 //! handed out (or the exact error), the whole `Stats`, the backing call log

@@ -1,5 +1,11 @@
 //! The packing layer: carving, coalescing, segments in and out of the
 //! exact pool, caps, fallback, accounting, bad input.
+//!
+//! `the_packed_row_meets_its_targets_on_the_shared_traces` replays the
+//! training and inference traces of `../shared/workloads` (the project's
+//! shared workloads folder, beside the repository, not in the packaged
+//! crate); a trace that is absent is skipped with a note, so without the
+//! folder the test checks nothing.
 
 use core::time::Duration;
 use std::panic::{catch_unwind, AssertUnwindSafe};

@@ -1,6 +1,12 @@
 //! `trace::Recording`: a program records its own workload, and the trace
 //! replays to the backing calls the live program made; PyTorch snapshot
 //! pickles read as their CSV conversion; stream selection.
+//!
+//! `snapshot_pickle_reads_as_its_csv_conversion` reads a PyTorch snapshot
+//! and its CSV conversion from `../shared/workloads` (the project's shared
+//! workloads folder, beside the repository, not in the packaged crate);
+//! when a file is absent it prints `skipped` and passes without checking
+//! it.
 
 use core::time::Duration;
 

@@ -1,7 +1,7 @@
 //! Tests: semantics.
 //!
-//! The rules of the Semantics section of DESIGN.md, through the public API
-//! only: hit and miss, the statistics, reuse order, fixed-time decay, lazy
+//! The pool's rules (docs/ARCHITECTURE.md, "Rules every pool keeps"; the
+//! README's Pool section), through the public API only: hit and miss, the statistics, reuse order, fixed-time decay, lazy
 //! eviction on every call, `collect`, `trim`, drop, stacked pools and the
 //! zero-size error. The backing calls are checked exactly through
 //! [`CheckingAllocator::calls`].
@@ -25,7 +25,7 @@ fn pool() -> (Pool, CheckingAllocator, ManualClock) {
     pool_with(Reuse::Lifo, SizeClass::Exact, TTL)
 }
 
-/// The identities DESIGN.md states between the counters, and agreement with
+/// The identities between the counters (docs/ARCHITECTURE.md, `Stats`), and agreement with
 /// what the backing allocator saw.
 fn check_consistent(pool: &Pool, alloc: &CheckingAllocator) {
     let s = pool.stats();

@@ -1,4 +1,11 @@
 //! Trace import, replay, Chrome trace and SVG export.
+//!
+//! The `shared_traces_*` tests also replay every `.csv` in
+//! `../shared/workloads` (the project's shared workloads folder, beside the
+//! repository, not in it or in the packaged crate); when that folder is
+//! absent or holds no trace they print a note and pass without checking
+//! anything. The other tests use the built-in workloads and traces
+//! written in the test.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
