@@ -172,7 +172,7 @@ fn hit_round_trip(c: &mut Criterion) {
             "exponential_manual",
             &scale,
             DecayingPool::builder(Null::default())
-                .policy(Exponential::half_life(ttl))
+                .policy(Exponential::new(ttl))
                 .clock(manual.clone())
                 .build(),
             &sizes,
@@ -184,7 +184,7 @@ fn hit_round_trip(c: &mut Criterion) {
             "exponential_monotonic",
             &scale,
             DecayingPool::builder(Null::default())
-                .policy(Exponential::half_life(ttl))
+                .policy(Exponential::new(ttl))
                 .clock(MonotonicClock)
                 .build(),
             &sizes,
@@ -247,7 +247,7 @@ fn batch_round_trip(c: &mut Criterion) {
     batch_pool(
         &mut g,
         "exponential_manual/8x16",
-        Exponential::half_life(ttl),
+        Exponential::new(ttl),
         &sizes,
         per,
         &walk,

@@ -220,7 +220,7 @@ fn eviction(c: &mut Criterion) {
     bench_collect_idle(
         &mut g,
         "exponential",
-        pool(Exponential::half_life(LONG), &clock),
+        pool(Exponential::new(LONG), &clock),
         &classes,
         per,
     );
@@ -237,7 +237,7 @@ fn eviction(c: &mut Criterion) {
         },
         {
             let clock = ManualClock::new();
-            let mut p = pool(Exponential::half_life(LONG), &clock);
+            let mut p = pool(Exponential::new(LONG), &clock);
             fill(&mut p, &classes, per);
             clock.advance(LONG * 1000);
             p.collect()
@@ -246,13 +246,7 @@ fn eviction(c: &mut Criterion) {
         assert_eq!(evicted, classes.len() * per);
     }
     bench_evict_all(&mut g, "fixed_time", FixedTime::new(LONG), &classes, per);
-    bench_evict_all(
-        &mut g,
-        "exponential",
-        Exponential::half_life(LONG),
-        &classes,
-        per,
-    );
+    bench_evict_all(&mut g, "exponential", Exponential::new(LONG), &classes, per);
     g.finish();
 }
 
@@ -419,7 +413,7 @@ fn replay_throughput(c: &mut Criterion) {
         b.iter(|| replay(FixedTime::new(ms(100)), black_box(&events)))
     });
     g.bench_function("exponential_100ms", |b| {
-        b.iter(|| replay(Exponential::half_life(ms(100)), black_box(&events)))
+        b.iter(|| replay(Exponential::new(ms(100)), black_box(&events)))
     });
     g.bench_function("fixed_capacity_256", |b| {
         b.iter(|| replay(FixedCapacity::new(256), black_box(&events)))

@@ -25,7 +25,7 @@ fn host_pools_are_send() {
     let device = Arc::new(HostDevice {
         pool: Mutex::new(DecayingPool::new(
             SystemAllocator::new(),
-            Exponential::half_life(Duration::from_secs(5)),
+            Exponential::new(Duration::from_secs(5)),
         )),
     });
     let workers: Vec<_> = (0..4)
@@ -95,7 +95,7 @@ const KIB: usize = 1 << 10;
 fn policy_from_config(name: &str) -> AnyPolicy {
     match name {
         "fixed_capacity" => AnyPolicy::from(FixedCapacity::new(64)),
-        "exponential" => AnyPolicy::timed(Exponential::half_life(Duration::from_millis(500))),
+        "exponential" => AnyPolicy::timed(Exponential::new(Duration::from_millis(500))),
         _ => AnyPolicy::timed(FixedTime::new(Duration::from_secs(1))),
     }
 }

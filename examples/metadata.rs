@@ -161,7 +161,7 @@ fn main() {
         let reqs = requests(classes);
         for (name, row) in [
             ("fixed_time", measure(FixedTime::new(huge), &reqs)),
-            ("exponential", measure(Exponential::half_life(huge), &reqs)),
+            ("exponential", measure(Exponential::new(huge), &reqs)),
             ("fixed_capacity", measure(FixedCapacity::new(BLOCKS), &reqs)),
         ] {
             println!(

@@ -294,7 +294,7 @@ pub trait EvictionPolicy {
 ///
 /// let from_config = "exponential";
 /// let policy: BoxedPolicy = match from_config {
-///     "exponential" => Box::new(Exponential::half_life(Duration::from_secs(1))),
+///     "exponential" => Box::new(Exponential::new(Duration::from_secs(1))),
 ///     _ => Box::new(FixedTime::new(Duration::from_secs(1))),
 /// };
 /// let mut pool: DecayingPool<CheckingAllocator, BoxedPolicy> =
@@ -546,7 +546,7 @@ impl EvictionPolicy for FixedTime {
 ///
 /// let clock = ManualClock::new();
 /// let mut pool = DecayingPool::builder(CheckingAllocator::new())
-///     .policy(Exponential::half_life(Duration::from_secs(1)))
+///     .policy(Exponential::new(Duration::from_secs(1)))
 ///     .clock(clock.clone())
 ///     .build();
 /// let blocks: Vec<_> = (0..8).map(|_| pool.allocate(1024).unwrap()).collect();
@@ -610,7 +610,8 @@ fn float(x: usize) -> f64 {
 const MARGIN: f64 = 1e-12;
 
 impl Exponential {
-    /// Decays the idle stock by half every `h`.
+    /// Decays the idle stock by half every `half_life` (as
+    /// [`FixedTime::new`] takes its time-to-live).
     ///
     /// A zero half-life keeps no allowance: every block is freed at the
     /// next collection, as with `FixedTime::new(Duration::ZERO)`.
@@ -619,10 +620,11 @@ impl Exponential {
     ///
     /// ```
     /// use core::time::Duration;
-    /// let p = decaying_pool::Exponential::half_life(Duration::from_millis(500));
-    /// assert_eq!(p.get_half_life(), Duration::from_millis(500));
+    /// let p = decaying_pool::Exponential::new(Duration::from_millis(500));
+    /// assert_eq!(p.half_life(), Duration::from_millis(500));
     /// ```
-    pub fn half_life(h: Duration) -> Self {
+    pub fn new(half_life: Duration) -> Self {
+        let h = half_life;
         Exponential {
             half_life: h,
             rate: 1.0 / h.as_secs_f64(),
@@ -644,10 +646,19 @@ impl Exponential {
     ///
     /// ```
     /// use core::time::Duration;
-    /// let p = decaying_pool::Exponential::half_life(Duration::from_secs(3));
-    /// assert_eq!(p.get_half_life(), Duration::from_secs(3));
+    /// let p = decaying_pool::Exponential::new(Duration::from_secs(3));
+    /// assert_eq!(p.half_life(), Duration::from_secs(3));
     /// ```
-    pub fn get_half_life(&self) -> Duration {
+    pub const fn half_life(&self) -> Duration {
+        self.half_life
+    }
+
+    /// The half-life: the old name of [`half_life`](Self::half_life).
+    #[deprecated(
+        since = "0.1.0",
+        note = "renamed to `half_life` (no `get_` prefix on getters)"
+    )]
+    pub const fn get_half_life(&self) -> Duration {
         self.half_life
     }
 

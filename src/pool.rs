@@ -97,7 +97,7 @@ where
 ///
 /// let clock = ManualClock::new();
 /// let pool = DecayingPool::builder(CheckingAllocator::new())
-///     .policy(Exponential::half_life(Duration::from_secs(1)))
+///     .policy(Exponential::new(Duration::from_secs(1)))
 ///     .clock(clock.clone())
 ///     .size_class(SizeClass::PowerOfTwo)
 ///     .reuse(Reuse::Lifo)
@@ -359,7 +359,7 @@ impl<A: RawAllocator, P: Policy> DecayingPool<A, P, MonotonicClock> {
     /// ```
     /// use core::time::Duration;
     /// use decaying_pool::{DecayingPool, Exponential, SystemAllocator};
-    /// let pool = DecayingPool::new(SystemAllocator::new(), Exponential::half_life(Duration::from_secs(1)));
+    /// let pool = DecayingPool::new(SystemAllocator::new(), Exponential::new(Duration::from_secs(1)));
     /// # drop(pool);
     /// ```
     pub fn new(alloc: A, policy: P) -> Self {

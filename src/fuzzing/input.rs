@@ -94,7 +94,7 @@ pub enum Kind {
         /// Time-to-live in ticks.
         ttl: u64,
     },
-    /// `Exponential::half_life(half_life ticks)`.
+    /// `Exponential::new(half_life ticks)`.
     Exponential {
         /// Half-life in ticks.
         half_life: u64,

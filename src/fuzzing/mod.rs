@@ -350,7 +350,7 @@ macro_rules! with_policy {
             $crate::fuzzing::Kind::Exponential { half_life } => {
                 let half_life = $crate::fuzzing::input::ticks(half_life);
                 let p = $crate::testing::PanickingPolicy::new(
-                    $crate::policy::Exponential::half_life(half_life),
+                    $crate::policy::Exponential::new(half_life),
                 );
                 let switches = p.switches();
                 $run(p, switches, $($arg),*)

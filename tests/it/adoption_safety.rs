@@ -165,7 +165,7 @@ fn the_crate_policies_deadlines_agree_with_must_evict() {
         assert_eq!(pool.stats().blocks_cached, 0);
     }
     run(FixedTime::new(Duration::from_secs(1)));
-    run(Exponential::half_life(Duration::from_secs(1)));
+    run(Exponential::new(Duration::from_secs(1)));
 }
 
 // ---------------------------------------------------------------------------

@@ -34,7 +34,7 @@ fn exp_pool(h: Duration) -> (ExpPool, CheckingAllocator, ManualClock) {
     let alloc = CheckingAllocator::new();
     let clock = ManualClock::new();
     let pool = DecayingPool::builder(alloc.clone())
-        .policy(Exponential::half_life(h))
+        .policy(Exponential::new(h))
         .clock(clock.clone())
         .reuse(Reuse::Lifo)
         .build();
@@ -555,7 +555,7 @@ fn limit_clamps_the_allowance() {
     let alloc = CheckingAllocator::new();
     let clock = ManualClock::new();
     let mut pool = DecayingPool::builder(alloc.clone())
-        .policy(Exponential::half_life(h))
+        .policy(Exponential::new(h))
         .clock(clock.clone())
         .limit(400)
         .build();
@@ -600,7 +600,7 @@ fn oom_retry_clamps_the_allowance() {
     let alloc = FailingAllocator::with_capacity(500);
     let clock = ManualClock::new();
     let mut pool = DecayingPool::builder(alloc.clone())
-        .policy(Exponential::half_life(h))
+        .policy(Exponential::new(h))
         .clock(clock.clone())
         .build();
     let ids: Vec<u64> = (0..4).map(|_| pool.allocate(100).unwrap()).collect();
@@ -1221,7 +1221,7 @@ fn differential(seed: u64, reuse: Reuse) -> (u64, u64) {
     let slow_alloc = CheckingAllocator::new();
     let mut fast = DecayingPool::builder(fast_alloc.clone())
         .policy(Counted {
-            inner: Exponential::half_life(h),
+            inner: Exponential::new(h),
             asked: fast_asked.clone(),
         })
         .clock(clock.clone())
@@ -1229,7 +1229,7 @@ fn differential(seed: u64, reuse: Reuse) -> (u64, u64) {
         .build();
     let mut slow = DecayingPool::builder(slow_alloc.clone())
         .policy(Legacy {
-            inner: Exponential::half_life(h),
+            inner: Exponential::new(h),
             asked: slow_asked.clone(),
         })
         .clock(clock.clone())
@@ -1318,7 +1318,7 @@ fn round_trips_skip_the_policy_and_a_large_release_brings_the_deadline_forward()
     let h = Duration::from_secs(1000);
     let mut pool = DecayingPool::builder(alloc.clone())
         .policy(Counted {
-            inner: Exponential::half_life(h),
+            inner: Exponential::new(h),
             asked: asked.clone(),
         })
         .clock(clock.clone())
@@ -1366,7 +1366,7 @@ fn a_terabyte_cache_still_gets_a_deadline_for_its_small_oldest_block() {
     let alloc = CheckingAllocator::new();
     let mut pool = DecayingPool::builder(alloc.clone())
         .policy(Counted {
-            inner: Exponential::half_life(Duration::from_secs(3600)),
+            inner: Exponential::new(Duration::from_secs(3600)),
             asked: asked.clone(),
         })
         .clock(clock.clone())

@@ -422,7 +422,7 @@ impl EvictionPolicy for KeepTwo {
 fn pool_from_config(name: &str) -> DecayingPool<CheckingAllocator, AnyPolicy, ManualClock> {
     let policy = match name {
         "fixed_capacity" => AnyPolicy::from(FixedCapacity::new(2)),
-        "exponential" => AnyPolicy::timed(Exponential::half_life(Duration::from_secs(1))),
+        "exponential" => AnyPolicy::timed(Exponential::new(Duration::from_secs(1))),
         "keep_two" => AnyPolicy::from(Box::new(KeepTwo) as BoxedPolicy),
         _ => AnyPolicy::timed(FixedTime::new(Duration::from_secs(1))),
     };

@@ -243,7 +243,7 @@ fn threads_with_the_checking_allocator_account_exactly() {
     let clock = ManualClock::new();
     let pool = SharedPool::new(
         DecayingPool::builder(alloc.clone())
-            .policy(Exponential::half_life(Duration::from_millis(50)))
+            .policy(Exponential::new(Duration::from_millis(50)))
             .clock(clock.clone())
             .build(),
     );

@@ -284,7 +284,7 @@ impl Replayer {
                 PolicyKind::NoPool => sim(FixedCapacity::new(0), c, &clock, &options),
                 PolicyKind::KeepAll => sim(FixedTime::new(Duration::MAX), c, &clock, &options),
                 PolicyKind::FixedTime(t) => sim(FixedTime::new(t), c, &clock, &options),
-                PolicyKind::Exponential(h) => sim(Exponential::half_life(h), c, &clock, &options),
+                PolicyKind::Exponential(h) => sim(Exponential::new(h), c, &clock, &options),
                 PolicyKind::FixedCapacity(n) => sim(FixedCapacity::new(n), c, &clock, &options),
             })
             .collect();
