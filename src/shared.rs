@@ -146,8 +146,8 @@ pub struct SharedPool<A: RawAllocator, P: Policy = FixedTime, C: Clock = Monoton
     inner: Arc<Inner<A, P, C>>,
 }
 
-// SAFETY: the handle only reaches the pool through its mutexes, which give
-// one thread at a time access to the allocator, the policy, the clock (all
+// SAFETY: the handle only reaches the pool through its locks (the cache
+// lock and the mutexes), which give one thread at a time access to the allocator, the policy, the clock (all
 // `Send`) and the blocks (`SendBlock`: movable and shareable across threads,
 // releasable from any thread).
 unsafe impl<A, P, C> Send for SharedPool<A, P, C>
@@ -160,7 +160,7 @@ where
 }
 
 // SAFETY: as for `Send`: every method takes `&self` and goes through the
-// mutexes.
+// locks.
 unsafe impl<A, P, C> Sync for SharedPool<A, P, C>
 where
     A: RawAllocator + Send,
