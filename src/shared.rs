@@ -632,6 +632,8 @@ impl<A: RawAllocator, P: Policy, C: Clock> SharedPool<A, P, C> {
     /// # Examples
     ///
     /// ```
+    /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+    /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, Packing, SharedPool};
     /// let pool = SharedPool::packed(
     ///     DecayingPool::builder(CheckingAllocator::with_addresses())
@@ -645,7 +647,8 @@ impl<A: RawAllocator, P: Policy, C: Clock> SharedPool<A, P, C> {
     /// drop((a, b)); // the emptied segment goes back to the exact pool
     /// assert_eq!(pool.packing_stats().unwrap().segments, 0);
     /// assert_eq!(pool.stats().blocks_cached, 1);
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # Ok(())
+    /// # }
     /// ```
     pub fn packed(pool: PackedPool<A, P, C>) -> Self
     where
@@ -675,9 +678,13 @@ impl<A: RawAllocator, P: Policy, C: Clock> SharedPool<A, P, C> {
     /// # Examples
     ///
     /// ```
+    /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+    /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, FixedTime, SharedPool};
     /// let pool = SharedPool::new(DecayingPool::new(CheckingAllocator::new(), FixedTime::default()));
     /// assert_eq!(pool.packing_stats(), None);
+    /// # Ok(())
+    /// # }
     /// ```
     pub fn packing_stats(&self) -> Option<PackingStats> {
         self.inner.packed(|p| p.packing_stats())
@@ -699,6 +706,8 @@ impl<A: RawAllocator, P: Policy, C: Clock> SharedPool<A, P, C> {
     /// # Examples
     ///
     /// ```
+    /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+    /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, Packing, SharedPool};
     /// let pool = SharedPool::packed(
     ///     DecayingPool::builder(CheckingAllocator::with_addresses())
@@ -707,6 +716,8 @@ impl<A: RawAllocator, P: Policy, C: Clock> SharedPool<A, P, C> {
     ///         .build(),
     /// );
     /// assert_eq!(pool.with_packed(|p| p.segment_cap()), Some(32 << 20));
+    /// # Ok(())
+    /// # }
     /// ```
     pub fn with_packed<R>(&self, f: impl FnOnce(&mut PackedPool<A, P, C>) -> R) -> Option<R>
     where
@@ -734,12 +745,15 @@ impl<A: RawAllocator, P: Policy, C: Clock> SharedPool<A, P, C> {
     /// # Examples
     ///
     /// ```
+    /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+    /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, FixedTime, SharedPool};
     /// let pool = SharedPool::new(DecayingPool::new(CheckingAllocator::new(), FixedTime::default()));
     /// let b = pool.allocate(8)?;
     /// pool.validate();
     /// # drop(b);
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # Ok(())
+    /// # }
     /// ```
     #[cfg(feature = "testing")]
     pub fn validate(&self) {
