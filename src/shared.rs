@@ -147,9 +147,10 @@ pub struct SharedPool<A: RawAllocator, P: Policy = FixedTime, C: Clock = Monoton
 }
 
 // SAFETY: the handle only reaches the pool through its locks (the cache
-// lock and the mutexes), which give one thread at a time access to the allocator, the policy, the clock (all
-// `Send`) and the blocks (`SendBlock`: movable and shareable across threads,
-// releasable from any thread).
+// lock and the mutexes), which give one thread at a time access to the
+// allocator, the policy, the clock (all `Send`) and the blocks
+// (`SendBlock`: movable and shareable across threads, releasable from any
+// thread).
 unsafe impl<A, P, C> Send for SharedPool<A, P, C>
 where
     A: RawAllocator + Send,
