@@ -146,10 +146,11 @@ pub struct SharedPool<A: RawAllocator, P: Policy = FixedTime, C: Clock = Monoton
     inner: Arc<Inner<A, P, C>>,
 }
 
-// SAFETY: the handle only reaches the pool through its mutexes, which give
-// one thread at a time access to the allocator, the policy, the clock (all
-// `Send`) and the blocks (`SendBlock`: movable and shareable across threads,
-// releasable from any thread).
+// SAFETY: the handle only reaches the pool through its locks (the cache
+// lock and the mutexes), which give one thread at a time access to the
+// allocator, the policy, the clock (all `Send`) and the blocks
+// (`SendBlock`: movable and shareable across threads, releasable from any
+// thread).
 unsafe impl<A, P, C> Send for SharedPool<A, P, C>
 where
     A: RawAllocator + Send,
@@ -160,7 +161,7 @@ where
 }
 
 // SAFETY: as for `Send`: every method takes `&self` and goes through the
-// mutexes.
+// locks.
 unsafe impl<A, P, C> Sync for SharedPool<A, P, C>
 where
     A: RawAllocator + Send,
@@ -632,6 +633,8 @@ impl<A: RawAllocator, P: Policy, C: Clock> SharedPool<A, P, C> {
     /// # Examples
     ///
     /// ```
+    /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+    /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, Packing, SharedPool};
     /// let pool = SharedPool::packed(
     ///     DecayingPool::builder(CheckingAllocator::with_addresses())
@@ -645,7 +648,8 @@ impl<A: RawAllocator, P: Policy, C: Clock> SharedPool<A, P, C> {
     /// drop((a, b)); // the emptied segment goes back to the exact pool
     /// assert_eq!(pool.packing_stats().unwrap().segments, 0);
     /// assert_eq!(pool.stats().blocks_cached, 1);
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # Ok(())
+    /// # }
     /// ```
     pub fn packed(pool: PackedPool<A, P, C>) -> Self
     where
@@ -675,9 +679,13 @@ impl<A: RawAllocator, P: Policy, C: Clock> SharedPool<A, P, C> {
     /// # Examples
     ///
     /// ```
+    /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+    /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, FixedTime, SharedPool};
     /// let pool = SharedPool::new(DecayingPool::new(CheckingAllocator::new(), FixedTime::default()));
     /// assert_eq!(pool.packing_stats(), None);
+    /// # Ok(())
+    /// # }
     /// ```
     pub fn packing_stats(&self) -> Option<PackingStats> {
         self.inner.packed(|p| p.packing_stats())
@@ -699,6 +707,8 @@ impl<A: RawAllocator, P: Policy, C: Clock> SharedPool<A, P, C> {
     /// # Examples
     ///
     /// ```
+    /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+    /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, Packing, SharedPool};
     /// let pool = SharedPool::packed(
     ///     DecayingPool::builder(CheckingAllocator::with_addresses())
@@ -707,6 +717,8 @@ impl<A: RawAllocator, P: Policy, C: Clock> SharedPool<A, P, C> {
     ///         .build(),
     /// );
     /// assert_eq!(pool.with_packed(|p| p.segment_cap()), Some(32 << 20));
+    /// # Ok(())
+    /// # }
     /// ```
     pub fn with_packed<R>(&self, f: impl FnOnce(&mut PackedPool<A, P, C>) -> R) -> Option<R>
     where
@@ -734,12 +746,15 @@ impl<A: RawAllocator, P: Policy, C: Clock> SharedPool<A, P, C> {
     /// # Examples
     ///
     /// ```
+    /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+    /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, FixedTime, SharedPool};
     /// let pool = SharedPool::new(DecayingPool::new(CheckingAllocator::new(), FixedTime::default()));
     /// let b = pool.allocate(8)?;
     /// pool.validate();
     /// # drop(b);
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # Ok(())
+    /// # }
     /// ```
     #[cfg(feature = "testing")]
     pub fn validate(&self) {

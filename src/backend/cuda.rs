@@ -19,8 +19,9 @@
 //! - [`PinnedHostAllocator`]: page-locked host memory (`cuMemHostAlloc`,
 //!   about 2.3 ms up to 1 MB and 61 ms at 512 MB) for fast transfers.
 //!
-//! (Costs: the published figures collected in the project's workloads
-//! notes; they vary with hardware and driver.)
+//! (Costs: published figures, the same the replay's cost model uses
+//! (`trace::CostCurve::cuda_malloc`, `cuda_free`, `cuda_host_alloc`), not
+//! measured by this crate; they vary with hardware and driver.)
 //!
 //! # What the caller guarantees before a block is reused or freed
 //!

@@ -18,7 +18,8 @@
 //! capacity so the out-of-memory retry ladder runs) followed by
 //! operations. Each is run against the real pool over
 //! [`FailingAllocator`]`<`[`CheckingAllocator`]`>` next to a reference model
-//! of the design document (plain `Vec`s, linear scans). After every step
+//! of the documented contract (plain `Vec`s, linear scans; the rules are
+//! listed in `docs/ARCHITECTURE.md` and below). After every step
 //! the harness checks the block handed out (or the exact error), the whole
 //! [`Stats`], the backing call log, the failing allocator's counters, and
 //! runs `validate()`; at the end every block goes back and the pool is

@@ -1,5 +1,7 @@
-//! The reference model of the design document that both harnesses
-//! check the pool against.
+//! The reference model that both harnesses check the pool against: the
+//! documented contract (the rules listed under "Rules every pool keeps" in
+//! `docs/ARCHITECTURE.md`, and the item docs of the pool, the policies and
+//! `SizeClass`), written as plainly as possible.
 
 use crate::error::PoolError;
 use crate::policy::{FixedCapacity, Reuse};
@@ -10,8 +12,8 @@ use crate::SizeClass;
 use super::input::{ticks, Config, Fault, Kind};
 use super::Summary;
 
-/// The size-class rule, written from the design document and the
-/// `SizeClass` docs (not from `SizeClass::round`): the model's rounding.
+/// The size-class rule, written from the `SizeClass` docs (not from
+/// `SizeClass::round`): the model's rounding.
 ///
 /// # Examples
 ///

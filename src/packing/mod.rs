@@ -135,12 +135,16 @@ impl<A, P, C> Builder<A, P, C> {
     /// # Examples
     ///
     /// ```
+    /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+    /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, Packing};
     /// let pool = DecayingPool::builder(CheckingAllocator::with_addresses())
     ///     .limit(1 << 30)
     ///     .packing(Packing::default())
     ///     .build();
     /// assert_eq!(pool.segment_cap(), 32 << 20); // 1/32 of the limit
+    /// # Ok(())
+    /// # }
     /// ```
     pub fn packing(self, packing: Packing) -> PackedBuilder<A, P, C> {
         PackedBuilder {
@@ -156,9 +160,13 @@ impl<A: Packable, P: Policy, C: Clock> PackedBuilder<A, P, C> {
     /// # Examples
     ///
     /// ```
+    /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+    /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, Packing};
     /// let pool = DecayingPool::builder(CheckingAllocator::with_addresses()).packing(Packing::default()).build();
     /// assert_eq!(pool.packing_stats().segments, 0);
+    /// # Ok(())
+    /// # }
     /// ```
     pub fn build(self) -> PackedPool<A, P, C> {
         PackedPool::from_pool(self.inner.build(), self.packing)
@@ -171,10 +179,14 @@ impl<A: Packable, P: Policy, C: Clock> PackedPool<A, P, C> {
     /// # Examples
     ///
     /// ```
+    /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+    /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, FixedTime, PackedPool, Packing};
     /// let pool = DecayingPool::new(CheckingAllocator::with_addresses(), FixedTime::default());
     /// let packed = PackedPool::from_pool(pool, Packing::default());
     /// assert_eq!(packed.packing(), Packing::default());
+    /// # Ok(())
+    /// # }
     /// ```
     pub fn from_pool(pool: DecayingPool<A, P, C>, packing: Packing) -> Self {
         let normal = packing.normalised();
@@ -216,6 +228,8 @@ impl<A: Packable, P: Policy, C: Clock> PackedPool<A, P, C> {
     /// # Examples
     ///
     /// ```
+    /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+    /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, Packing, PoolError};
     /// let mut pool = DecayingPool::builder(CheckingAllocator::with_addresses()).packing(Packing::default()).build();
     /// let a = pool.allocate(100).unwrap();
@@ -223,6 +237,8 @@ impl<A: Packable, P: Policy, C: Clock> PackedPool<A, P, C> {
     /// assert_eq!(b - a, 512); // carved side by side from one segment
     /// assert!(matches!(pool.allocate(0), Err(PoolError::ZeroSize)));
     /// unsafe { pool.release(a, 100); pool.release(b, 100) };
+    /// # Ok(())
+    /// # }
     /// ```
     pub fn allocate(&mut self, size: usize) -> Result<A::Block, PoolError<A::Error>> {
         if size == 0 {
@@ -309,12 +325,16 @@ impl<A: Packable, P: Policy, C: Clock> PackedPool<A, P, C> {
     /// # Examples
     ///
     /// ```
+    /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+    /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, Packing};
     /// let mut pool = DecayingPool::builder(CheckingAllocator::with_addresses()).packing(Packing::default()).build();
     /// let a = pool.allocate(100).unwrap();
     /// // SAFETY: `a` came from `pool.allocate(100)` and is not used again.
     /// unsafe { pool.release(a, 100) };
     /// assert_eq!(pool.packing_stats().packed_blocks, 0);
+    /// # Ok(())
+    /// # }
     /// ```
     pub unsafe fn release(&mut self, block: A::Block, size: usize) {
         let addr = A::address(&block);
@@ -367,9 +387,13 @@ impl<A: Packable, P: Policy, C: Clock> PackedPool<A, P, C> {
     /// # Examples
     ///
     /// ```
+    /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+    /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, Packing};
     /// let mut pool = DecayingPool::builder(CheckingAllocator::with_addresses()).packing(Packing::default()).build();
     /// assert_eq!(pool.collect(), 0);
+    /// # Ok(())
+    /// # }
     /// ```
     pub fn collect(&mut self) -> usize {
         self.pool.collect()
@@ -381,11 +405,15 @@ impl<A: Packable, P: Policy, C: Clock> PackedPool<A, P, C> {
     /// # Examples
     ///
     /// ```
+    /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+    /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, Packing};
     /// let mut pool = DecayingPool::builder(CheckingAllocator::with_addresses()).packing(Packing::default()).build();
     /// let a = pool.allocate(100).unwrap();
     /// unsafe { pool.release(a, 100) };
     /// assert_eq!(pool.trim(), 2 << 20); // the emptied 2 MiB segment
+    /// # Ok(())
+    /// # }
     /// ```
     pub fn trim(&mut self) -> usize {
         self.pool.trim()
@@ -396,11 +424,15 @@ impl<A: Packable, P: Policy, C: Clock> PackedPool<A, P, C> {
     /// # Examples
     ///
     /// ```
+    /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+    /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, Packing};
     /// let mut pool = DecayingPool::builder(CheckingAllocator::with_addresses()).packing(Packing::default()).build();
     /// let (a, b) = (pool.allocate(100).unwrap(), pool.allocate(200).unwrap());
     /// assert_eq!(pool.stats().backing_allocs, 1); // one segment
     /// unsafe { pool.release(a, 100); pool.release(b, 200) };
+    /// # Ok(())
+    /// # }
     /// ```
     pub fn stats(&self) -> Stats {
         self.pool.stats()
@@ -411,9 +443,13 @@ impl<A: Packable, P: Policy, C: Clock> PackedPool<A, P, C> {
     /// # Examples
     ///
     /// ```
+    /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+    /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, Packing};
     /// let pool = DecayingPool::builder(CheckingAllocator::with_addresses()).packing(Packing::default()).build();
     /// assert_eq!(pool.packing_stats(), decaying_pool::PackingStats::default());
+    /// # Ok(())
+    /// # }
     /// ```
     pub fn packing_stats(&self) -> PackingStats {
         self.st
@@ -424,9 +460,13 @@ impl<A: Packable, P: Policy, C: Clock> PackedPool<A, P, C> {
     /// # Examples
     ///
     /// ```
+    /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+    /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, Packing};
     /// let pool = DecayingPool::builder(CheckingAllocator::with_addresses()).limit(1 << 30).packing(Packing::default()).build();
     /// assert_eq!(pool.pool().limit(), Some(1 << 30));
+    /// # Ok(())
+    /// # }
     /// ```
     pub fn pool(&self) -> &DecayingPool<A, P, C> {
         &self.pool
@@ -437,10 +477,14 @@ impl<A: Packable, P: Policy, C: Clock> PackedPool<A, P, C> {
     /// # Examples
     ///
     /// ```
+    /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+    /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, Packing};
     /// let p = Packing::default().medium_threshold(16 << 20);
     /// let pool = DecayingPool::builder(CheckingAllocator::with_addresses()).packing(p).build();
     /// assert_eq!(pool.packing(), p);
+    /// # Ok(())
+    /// # }
     /// ```
     pub fn packing(&self) -> Packing {
         self.packing
@@ -451,11 +495,15 @@ impl<A: Packable, P: Policy, C: Clock> PackedPool<A, P, C> {
     /// # Examples
     ///
     /// ```
+    /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+    /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, Packing};
     /// let pool = DecayingPool::builder(CheckingAllocator::with_addresses())
     ///     .packing(Packing::default().capacity(8 << 30))
     ///     .build();
     /// assert_eq!(pool.segment_cap(), 256 << 20);
+    /// # Ok(())
+    /// # }
     /// ```
     pub fn segment_cap(&self) -> usize {
         self.cap

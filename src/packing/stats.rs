@@ -13,6 +13,8 @@
 /// # Examples
 ///
 /// ```
+/// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+/// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// use decaying_pool::testing::CheckingAllocator;
 /// use decaying_pool::{DecayingPool, Packing};
 ///
@@ -26,7 +28,8 @@
 /// assert_eq!(s.segment_bytes, s.packed_bytes + s.free_segment_bytes);
 /// unsafe { pool.release(a, 1000) };
 /// assert_eq!(pool.packing_stats().segments, 0); // the empty segment went back to the pool
-/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// # Ok(())
+/// # }
 /// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct PackingStats {

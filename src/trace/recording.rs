@@ -72,6 +72,8 @@ impl<T> TraceAddress for *const T {
 /// to the backing calls the program made:
 ///
 /// ```
+/// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+/// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// use core::time::Duration;
 /// use decaying_pool::testing::CheckingAllocator;
 /// use decaying_pool::trace::{Config, PolicyKind, Recording, Replayer, ReplayOptions, TraceReader};
@@ -96,7 +98,8 @@ impl<T> TraceAddress for *const T {
 ///     r.event(&e?);
 /// }
 /// assert_eq!(r.finish("recorded")[0].backing_allocs, pool.stats().misses);
-/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// # Ok(())
+/// # }
 /// ```
 pub struct Recording<A, W: Write, C = PreciseClock> {
     inner: A,
@@ -142,9 +145,13 @@ impl<A: RawAllocator, W: Write, C: Clock> Recording<A, W, C> {
     /// # Examples
     ///
     /// ```
+    /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+    /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use decaying_pool::{testing::CheckingAllocator, trace::Recording, ManualClock};
     /// let rec = Recording::with_clock(CheckingAllocator::new(), Vec::new(), ManualClock::new()).unwrap();
     /// assert!(rec.error().is_none());
+    /// # Ok(())
+    /// # }
     /// ```
     pub fn with_clock(inner: A, out: W, clock: C) -> io::Result<Self> {
         Ok(Recording {
@@ -160,9 +167,13 @@ impl<A: RawAllocator, W: Write, C: Clock> Recording<A, W, C> {
     /// # Examples
     ///
     /// ```
+    /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+    /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use decaying_pool::{testing::CheckingAllocator, trace::Recording};
     /// let rec = Recording::new(CheckingAllocator::new(), Vec::new()).unwrap();
     /// assert_eq!(rec.inner().live(), 0);
+    /// # Ok(())
+    /// # }
     /// ```
     pub fn inner(&self) -> &A {
         &self.inner
@@ -173,9 +184,13 @@ impl<A: RawAllocator, W: Write, C: Clock> Recording<A, W, C> {
     /// # Examples
     ///
     /// ```
+    /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+    /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use decaying_pool::{testing::CheckingAllocator, trace::Recording};
     /// let rec = Recording::new(CheckingAllocator::new(), Vec::new()).unwrap();
     /// assert!(rec.error().is_none());
+    /// # Ok(())
+    /// # }
     /// ```
     pub fn error(&self) -> Option<&io::Error> {
         self.error.as_ref()
@@ -190,12 +205,16 @@ impl<A: RawAllocator, W: Write, C: Clock> Recording<A, W, C> {
     /// # Examples
     ///
     /// ```
+    /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+    /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use decaying_pool::{testing::CheckingAllocator, trace::Recording, RawAllocator};
     /// let mut rec = Recording::new(CheckingAllocator::new(), Vec::new()).unwrap();
     /// let b = rec.allocate(64).unwrap();
     /// unsafe { rec.deallocate(b, 64) };
     /// let (_, text) = rec.finish().unwrap();
     /// assert_eq!(String::from_utf8(text).unwrap().lines().count(), 3);
+    /// # Ok(())
+    /// # }
     /// ```
     pub fn finish(mut self) -> io::Result<(A, W)> {
         if let Some(e) = self.error.take() {

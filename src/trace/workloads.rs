@@ -1,9 +1,14 @@
 //! Small built-in workloads, generated deterministically in code: what the
-//! replay example runs when it is given no trace.
+//! command-line tool's `replay` runs when it is given no trace.
 //!
-//! They stand for the situations the pool was designed for; sizes and
-//! timings are modelled on the facts in the project's design notes, not
-//! measured.
+//! They stand for three situations a caching allocator in front of a
+//! device meets: a training loop that repeats the same sizes every step,
+//! with an evaluation pass of other sizes now and then; an inference
+//! pipeline whose buffer sizes depend on the data; and two pipeline stages
+//! that take turns on a device too small to cache both (a cache that
+//! never gives back starves the next stage). Their sizes and timings are
+//! chosen by hand to show those situations, not measured on a real
+//! program: the real traces the README replays are files.
 
 use core::time::Duration;
 use std::collections::HashMap;

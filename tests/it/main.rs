@@ -5,6 +5,29 @@
 //! dev-dependency on itself turns on in a checkout. A packaged crate has no
 //! such dependency: there the binary is empty unless run with
 //! `cargo test --all-features`.
+//!
+//! Where to look (the rules they check are listed in
+//! `docs/ARCHITECTURE.md`, "Rules every pool keeps"):
+//!
+//! - the pool's rules: `semantics`, `limit_retry`, `size_class`,
+//!   `robustness` (panics in the allocator, clock or policy), `knobs`
+//!   (run-time limit, figures, observer, serde);
+//! - against a reference model: `model` (random sequences), `fuzz_corpus`
+//!   and `packing_corpus` (the fuzz seed corpus on stable);
+//! - the policies and stores: `exponential`, `fixed_capacity`,
+//!   `timed_store`;
+//! - threads and handles: `shared`, `adoption_safety`;
+//! - packing: `packing`, `packing_model`, `packing_robust`,
+//!   `packing_shared`;
+//! - backing allocators: `backends`, `cuda` (feature `cuda`; device tests
+//!   skip without a GPU);
+//! - trace tooling: `trace`, `trace_input`, `recording`;
+//! - `support`: helpers the modules share.
+//!
+//! A few tests in `trace`, `recording` and `packing` also replay the real
+//! traces of `../shared/workloads`, the project's shared folder beside the
+//! repository (not in the packaged crate); without it they print a note
+//! and check nothing more (each module's documentation names them).
 
 #![cfg(all(feature = "testing", feature = "fuzzing", feature = "trace"))]
 
