@@ -137,7 +137,9 @@ impl<A: Packable + ?Sized> Packable for Box<A> {
     }
 }
 
-/// Blocks that are plain addresses (`u64`): `segment + offset`.
+/// Blocks that are plain addresses (`u64`): `segment + offset` (for the
+/// CUDA allocators, the test doubles and the replay's modelled allocator).
+#[cfg(any(feature = "cuda", feature = "testing", feature = "trace"))]
 #[inline]
 pub(crate) fn carve_u64(segment: &u64, offset: usize) -> u64 {
     segment
@@ -148,6 +150,7 @@ pub(crate) fn carve_u64(segment: &u64, offset: usize) -> u64 {
 /// The address of a `u64` block, as a `usize` (truncated on 32-bit hosts,
 /// where device addresses above 4 GiB are folded: still distinct for the
 /// blocks of one device in practice, and only used as a map key).
+#[cfg(any(feature = "cuda", feature = "testing", feature = "trace"))]
 #[inline]
 pub(crate) fn address_u64(block: &u64) -> usize {
     *block as usize

@@ -20,6 +20,7 @@ use hashbrown::HashMap;
 use offset_allocator::{Allocation, Allocator};
 
 pub use carve::Packable;
+#[cfg(any(feature = "testing", feature = "trace"))]
 pub(crate) use carve::{address_u64, carve_u64};
 pub use config::{Packing, ParsePackingError};
 use index::{bin_round_down, bin_round_up, FitIndex};
