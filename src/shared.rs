@@ -10,7 +10,9 @@
 //!   still gives memory back.
 //!
 //! [`SharedPool`]'s documentation describes what runs under which lock and
-//! how it recovers from a panic inside the pool. A `SharedPool` can also
+//! how it recovers from a panic inside the pool;
+//! [`SharedPool::with_thread_caches`] puts a small cache per thread in
+//! front of the shared one. A `SharedPool` can also
 //! hold a [`PackedPool`] ([`SharedPool::packed`]), with the same handle
 //! and the same [`Pooled`] blocks.
 
@@ -87,6 +89,10 @@ use thread_cache::{Found, MagCounts, MagState, Magazine, MAGAZINE};
 /// So [`stats`](Self::stats) counts a block as freed (and a miss's bytes as
 /// not yet reserved) a moment before the backing allocator sees the call.
 /// The limit counts in-flight misses, so `bytes_reserved` never exceeds it.
+///
+/// A pool from [`SharedPool::with_thread_caches`] serves most round trips
+/// of a thread from a small cache of its own, under a lock of that cache
+/// alone: see there.
 ///
 /// # Panics inside the pool
 ///
@@ -627,6 +633,9 @@ impl<A: RawAllocator, P: Policy, C: Clock> Inner<A, P, C> {
     /// the pool but the `handles` atomic, and reaches the pool through
     /// `pool` only while the block is still counted lent.
     ///
+    /// A panic of a `deallocate` of due blocks on the way is kept in
+    /// `panic` (the first one), and the release goes on.
+    ///
     /// # Safety
     ///
     /// `pool` points to a live pool in which `block` is counted lent, and
@@ -639,6 +648,7 @@ impl<A: RawAllocator, P: Policy, C: Clock> Inner<A, P, C> {
         class: usize,
         now: u64,
         block: A::Block,
+        panic: &mut Option<Box<dyn Any + Send>>,
     ) -> Result<(), A::Block> {
         let key: *const () = pool.cast();
         let mut block = Some(block);
@@ -666,8 +676,13 @@ impl<A: RawAllocator, P: Policy, C: Clock> Inner<A, P, C> {
                 })
             };
             match found {
-                // SAFETY: the block is still counted lent: the pool lives.
-                Found::Ran(Some(due)) => unsafe { (*pool).free_due(due) },
+                Found::Ran(Some(due)) => {
+                    // SAFETY: the block is still counted lent: the pool lives.
+                    let freed = catch_unwind(AssertUnwindSafe(|| unsafe { (*pool).free_due(due) }));
+                    if let Err(p) = freed {
+                        panic.get_or_insert(p);
+                    }
+                }
                 Found::Ran(None) => return block.map_or(Ok(()), Err),
                 Found::Missing | Found::Unavailable => {
                     return Err(block.take().expect("the block is still ours"));
@@ -1673,7 +1688,11 @@ where
             return d.finish_non_exhaustive();
         }
         let stats = match self.inner.cache.try_lock() {
-            Some(slot) => slot.cache.as_ref().map(Cache::stats),
+            Some(slot) => slot.cache.as_ref().map(|cache| {
+                let mut s = cache.stats();
+                slot.lending.add_mag_stats(&mut s);
+                s
+            }),
             None => None,
         };
         match stats {
@@ -2235,6 +2254,7 @@ impl<A: RawAllocator, P: Policy, C: Clock> Drop for Pooled<A, P, C> {
             // and nothing reaches the pool afterwards.
             let mut read = None;
             let mut block = block;
+            let mut mag_panic = None;
             if let Some(tc) = &view.inner.tc {
                 let class = tc.round(size);
                 let ttl = tc.ttl;
@@ -2244,10 +2264,21 @@ impl<A: RawAllocator, P: Policy, C: Clock> Drop for Pooled<A, P, C> {
                 if let (Some(class), Some(now)) = (class, now) {
                     let pool = Arc::as_ptr(&view.inner);
                     // SAFETY: the block is counted lent in this live pool.
+                    let handles = &view.inner.handles;
+                    let panic = &mut mag_panic;
+                    // SAFETY: the block is counted lent in this live pool.
                     match unsafe {
-                        Inner::release_cached(pool, &view.inner.handles, ttl, class, now, block)
+                        Inner::release_cached(pool, handles, ttl, class, now, block, panic)
                     } {
-                        Ok(()) => return,
+                        Ok(()) => {
+                            // The pool may be gone: only the panic is left.
+                            if let Some(panic) = mag_panic {
+                                if !panicking {
+                                    resume_unwind(panic);
+                                }
+                            }
+                            return;
+                        }
                         Err(b) => (block, read) = (b, Some(now)),
                     }
                 }
@@ -2281,7 +2312,11 @@ impl<A: RawAllocator, P: Policy, C: Clock> Drop for Pooled<A, P, C> {
             // May drop the pool (`held` was its last reference).
             drop(held);
             // The first panic goes on, unless the thread is unwinding.
-            if let Err(panic) = cached.and(freed) {
+            let first = match mag_panic {
+                Some(panic) => Err(panic),
+                None => cached.and(freed),
+            };
+            if let Err(panic) = first {
                 if !panicking {
                     resume_unwind(panic);
                 }

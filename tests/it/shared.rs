@@ -1228,3 +1228,47 @@ fn the_reaper_frees_an_exited_threads_cached_blocks() {
     drop(pool);
     alloc.assert_all_freed();
 }
+
+#[test]
+fn a_panic_freeing_a_due_block_of_a_thread_cache_loses_no_block() {
+    let alloc = Panicky::default();
+    let clock = ManualClock::new();
+    let pool = SharedPool::with_thread_caches(
+        DecayingPool::builder(alloc.clone())
+            .policy(FixedTime::new(Duration::from_secs(1)))
+            .clock(clock.clone())
+            .build(),
+    );
+    // A release whose magazine first lets a due block go.
+    let old = pool.allocate(30).unwrap();
+    let young = pool.allocate(40).unwrap();
+    drop(old); // into this thread's magazine
+    clock.advance(Duration::from_secs(1));
+    alloc.panic_dealloc.store(true, Ordering::SeqCst);
+    assert!(quiet(move || drop(young)).is_err());
+    let s = pool.stats();
+    assert_eq!(
+        (
+            s.blocks_in_use,
+            s.blocks_cached,
+            s.bytes_cached,
+            s.evictions
+        ),
+        (0, 1, 40, 1)
+    );
+    assert_eq!(alloc.inner.live(), 1);
+    // An allocate that lets a due block go first.
+    clock.advance(Duration::from_secs(1));
+    alloc.panic_dealloc.store(true, Ordering::SeqCst);
+    assert!(quiet(|| pool.allocate(40).map(drop)).is_err());
+    let s = pool.stats();
+    assert_eq!(
+        (s.blocks_in_use, s.blocks_cached, alloc.inner.live()),
+        (0, 0, 0)
+    );
+    // Still usable, and every block accounted for.
+    drop(pool.allocate(40).unwrap());
+    pool.with(|p| p.validate());
+    drop(pool);
+    alloc.inner.assert_all_freed();
+}
