@@ -1601,6 +1601,8 @@ impl<A: RawAllocator, C: Clock + Clone + Sync> SharedPool<A, FixedTime, C> {
     /// # Examples
     ///
     /// ```
+    /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+    /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, FixedTime, SharedPool};
     /// let pool = SharedPool::with_thread_caches(DecayingPool::new(
     ///     CheckingAllocator::new(),
@@ -1610,7 +1612,12 @@ impl<A: RawAllocator, C: Clock + Clone + Sync> SharedPool<A, FixedTime, C> {
     /// drop(pool.allocate(64)?); // a hit served there
     /// let s = pool.stats();
     /// assert_eq!((s.hits, s.misses, s.blocks_cached), (1, 1, 1));
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// // Another thread's request misses: the block is in this thread's cache.
+    /// let other = pool.clone();
+    /// std::thread::spawn(move || drop(other.allocate(64).unwrap())).join().unwrap();
+    /// assert_eq!(pool.stats().misses, 2);
+    /// # Ok(())
+    /// # }
     /// ```
     pub fn with_thread_caches(pool: DecayingPool<A, FixedTime, C>) -> Self {
         let (alloc, cache) = pool.into_parts();
