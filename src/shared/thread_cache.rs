@@ -28,7 +28,9 @@ pub(super) const MAGAZINE: usize = 8;
 /// A magazine and its counters, behind its own lock.
 pub(super) type Magazine<B> = CacheLock<MagState<B>>;
 
-/// What a magazine's lock guards.
+/// What a magazine's lock guards. Aligned to a cache line pair, so that
+/// two threads' magazines (and their locks) never share a line.
+#[repr(align(128))]
 pub(super) struct MagState<B> {
     /// Idle blocks: the block, its class and the time it was released at,
     /// oldest first (each release pushes at the end).
