@@ -560,28 +560,6 @@ impl<B, P: Policy, C: Clock> Cache<B, P, C> {
         self.let_go(block, class, reason, free);
     }
 
-    /// [`Cache::release_now`] at a time the caller has read already: runs
-    /// the policy at `now`, then caches `block`; on unwinding the block is
-    /// cached at `now`.
-    #[inline]
-    pub(crate) fn release_at<F: FnMut(B, usize) + ?Sized>(
-        &mut self,
-        block: B,
-        size: usize,
-        now: u64,
-        free: &mut F,
-    ) {
-        let guard = Releasing {
-            cache: self,
-            free,
-            block: ManuallyDrop::new(block),
-            size,
-            now: Some(now),
-        };
-        guard.cache.run_policy(now, &mut *guard.free);
-        guard.finish(now);
-    }
-
     pub(crate) fn size_class(&self) -> SizeClass {
         self.size_class
     }

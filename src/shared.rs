@@ -328,7 +328,7 @@ impl<A: RawAllocator, P: Policy, C: Clock> Lending<A, P, C> {
             let mut m = mag.lock();
             while !m.blocks.is_empty() {
                 let (block, class, _) = m.blocks.remove(0);
-                cache.release_at(block, class, now, free);
+                cache.release(block, class, now, free);
             }
         }
         self.prune();
@@ -579,18 +579,15 @@ impl<A: RawAllocator, P: Policy, C: Clock> Inner<A, P, C> {
         true
     }
 
-    /// An `allocate` served by this thread's magazine: `Err(now)` (the time
-    /// read) when it cannot be.
+    /// An `allocate` served by this thread's magazine, if it can be.
     #[inline(always)]
     fn allocate_cached(
         &self,
         this: &Arc<Self>,
         tc: &ThreadCaches<C>,
         size: usize,
-    ) -> Result<A::Block, Option<u64>> {
-        let Some(class) = tc.round(size) else {
-            return Err(None);
-        };
+    ) -> Option<A::Block> {
+        let class = tc.round(size)?;
         let now = tc.clock.now_nanos();
         let key = Arc::as_ptr(this).cast::<()>();
         let mut registered = false;
@@ -615,11 +612,11 @@ impl<A: RawAllocator, P: Policy, C: Clock> Inner<A, P, C> {
                 })
             };
             match found {
-                Found::Ran(Ok(block)) => return Ok(block),
+                Found::Ran(Ok(block)) => return Some(block),
                 Found::Ran(Err(Some(due))) => self.free_due(due),
-                Found::Ran(Err(None)) | Found::Unavailable => return Err(Some(now)),
+                Found::Ran(Err(None)) | Found::Unavailable => return None,
                 Found::Missing if !registered && self.register(this) => registered = true,
-                Found::Missing => return Err(Some(now)),
+                Found::Missing => return None,
             }
         }
     }
@@ -721,21 +718,18 @@ impl<A: RawAllocator, P: Policy, C: Clock> Inner<A, P, C> {
         if let Some(r) = self.packed(|p| p.allocate(size)) {
             return r;
         }
-        let mut read = None;
         if let Some(tc) = &self.tc {
-            match self.allocate_cached(this, tc, size) {
-                Ok(block) => return Ok(block),
-                Err(now) => read = now,
+            if let Some(block) = self.allocate_cached(this, tc, size) {
+                return Ok(block);
             }
         }
         let mut frees: Frees<A::Block> = Vec::new();
         let step = catch_unwind(AssertUnwindSafe(|| {
             self.slot(|cache, lending| {
                 let free = &mut |block, class| frees.push((block, class));
-                let now = match read {
-                    Some(now) => now,
-                    None => cache.now(),
-                };
+                // Read under the lock (again, after a thread cache's miss),
+                // so that the store sees its times in order.
+                let now = cache.now();
                 cache.run_policy(now, free);
                 let class = cache.class_of(size)?;
                 if let Some(block) = cache.take(size, class, now) {
@@ -1571,8 +1565,10 @@ impl<A: RawAllocator, C: Clock + Clone + Sync> SharedPool<A, FixedTime, C> {
     ///
     /// Decay stays exact: a [`FixedTime`] block expires at its release
     /// time plus the time to live whoever holds it, so each operation
-    /// checks its magazine's oldest block against the time it reads anyway
-    /// (one clock read), and [`collect`](Self::collect) (so the
+    /// checks its magazine's oldest block against the time it reads (one
+    /// clock read; one that goes on to the shared cache reads it again
+    /// there, under the lock, so the shared cache sees its times in order),
+    /// and [`collect`](Self::collect) (so the
     /// [reaper](Self::spawn_reaper)) frees the due blocks of every
     /// magazine, an idle or exited thread's too, counted as evictions. The
     /// blocks in magazines count as cached (and against the limit):
@@ -2259,7 +2255,6 @@ impl<A: RawAllocator, P: Policy, C: Clock> Drop for Pooled<A, P, C> {
             // alive; from then on another thread may drop it as soon as the
             // lock is released, so only the lock is borrowed for that step,
             // and nothing reaches the pool afterwards.
-            let mut read = None;
             let mut block = block;
             let mut mag_panic = None;
             if let Some(tc) = &view.inner.tc {
@@ -2286,7 +2281,7 @@ impl<A: RawAllocator, P: Policy, C: Clock> Drop for Pooled<A, P, C> {
                             }
                             return;
                         }
-                        Err(b) => (block, read) = (b, Some(now)),
+                        Err(b) => block = b,
                     }
                 }
             }
@@ -2296,11 +2291,9 @@ impl<A: RawAllocator, P: Policy, C: Clock> Drop for Pooled<A, P, C> {
             let mut counted = false;
             let cached = catch_unwind(AssertUnwindSafe(|| {
                 with_slot(lock, |cache, lending| {
-                    let free = &mut |block, class| frees.push((block, class));
-                    match read {
-                        Some(now) => cache.release_at(block, size, now, free),
-                        None => cache.release_now(block, size, free),
-                    }
+                    // The clock is read again under the lock, so that the
+                    // store sees its times in order.
+                    cache.release_now(block, size, &mut |block, class| frees.push((block, class)));
                     if frees.is_empty() {
                         // The usual case: nothing to deallocate, so the
                         // block is counted back in this same step.
