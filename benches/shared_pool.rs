@@ -1,5 +1,6 @@
 //! Hit round trip through `SharedPool` against the plain pool, uncontended
-//! and with two threads hammering one pool.
+//! and with two threads hammering one pool, without and with thread caches
+//! (`SharedPool::with_thread_caches`).
 //!
 //! ```text
 //! cargo bench --bench shared_pool
@@ -44,33 +45,46 @@ fn shared_pool(c: &mut Criterion) {
     // Two threads, each its own size class, on one pool: time per
     // operation = wall time / total operations.
     g.bench_function("shared_pool_2_threads", |b| {
-        b.iter_custom(|iters| {
-            let start = Barrier::new(2);
-            let per_thread = iters.div_ceil(2);
-            let t = std::thread::scope(|s| {
-                let workers: Vec<_> = (0..2)
-                    .map(|i| {
-                        let (shared, start) = (&shared, &start);
-                        s.spawn(move || {
-                            start.wait();
-                            let t = Instant::now();
-                            for _ in 0..per_thread {
-                                drop(black_box(shared.allocate(4096 + i).unwrap()));
-                            }
-                            t.elapsed()
-                        })
-                    })
-                    .collect();
-                workers
-                    .into_iter()
-                    .map(|w| w.join().unwrap())
-                    .max()
-                    .unwrap()
-            });
-            t.mul_f64(iters as f64 / (2 * per_thread) as f64)
-        })
+        b.iter_custom(|iters| two_threads(&shared, iters))
+    });
+
+    // The same with a cache per thread in front of the shared one.
+    let cached = SharedPool::with_thread_caches(pool());
+    g.bench_function("thread_caches_1_thread", |b| {
+        b.iter(|| drop(black_box(cached.allocate(black_box(4096)).unwrap())))
+    });
+    g.bench_function("thread_caches_2_threads", |b| {
+        b.iter_custom(|iters| two_threads(&cached, iters))
     });
     g.finish();
+}
+
+/// Two threads doing `iters` round trips in all, each its own size class:
+/// the wall time per operation, scaled to `iters`.
+fn two_threads(shared: &SharedPool<Null, FixedTime, ManualClock>, iters: u64) -> Duration {
+    let start = Barrier::new(2);
+    let per_thread = iters.div_ceil(2);
+    let t = std::thread::scope(|s| {
+        let workers: Vec<_> = (0..2)
+            .map(|i| {
+                let start = &start;
+                s.spawn(move || {
+                    start.wait();
+                    let t = Instant::now();
+                    for _ in 0..per_thread {
+                        drop(black_box(shared.allocate(4096 + i).unwrap()));
+                    }
+                    t.elapsed()
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .map(|w| w.join().unwrap())
+            .max()
+            .unwrap()
+    });
+    t.mul_f64(iters as f64 / (2 * per_thread) as f64)
 }
 
 criterion_group!(benches, shared_pool);

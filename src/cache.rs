@@ -536,6 +536,30 @@ impl<B, P: Policy, C: Clock> Cache<B, P, C> {
         }
     }
 
+    /// The store, read-only (a [`SharedPool`](crate::SharedPool) reads its
+    /// policy's settings to set up its thread caches).
+    pub(crate) fn store(&self) -> &P::Store<B> {
+        &self.store
+    }
+
+    /// Whether an observer or the statistics by class are on.
+    pub(crate) fn has_extras(&self) -> bool {
+        self.extras.is_some()
+    }
+
+    /// Frees a block the cache counts in use but that is idle elsewhere (in
+    /// a [`SharedPool`](crate::SharedPool)'s thread cache): counted as
+    /// freed for `reason` and handed to `free`.
+    pub(crate) fn free_lent(
+        &mut self,
+        block: B,
+        class: usize,
+        reason: Reason,
+        free: &mut (impl FnMut(B, usize) + ?Sized),
+    ) {
+        self.let_go(block, class, reason, free);
+    }
+
     pub(crate) fn size_class(&self) -> SizeClass {
         self.size_class
     }

@@ -10,7 +10,9 @@
 //!   still gives memory back.
 //!
 //! [`SharedPool`]'s documentation describes what runs under which lock and
-//! how it recovers from a panic inside the pool. A `SharedPool` can also
+//! how it recovers from a panic inside the pool;
+//! [`SharedPool::with_thread_caches`] puts a small cache per thread in
+//! front of the shared one. A `SharedPool` can also
 //! hold a [`PackedPool`] ([`SharedPool::packed`]), with the same handle
 //! and the same [`Pooled`] blocks.
 
@@ -25,17 +27,20 @@ use std::sync::{Arc, Condvar, Mutex, PoisonError, Weak};
 use std::thread::{self, JoinHandle};
 
 mod lock;
+mod thread_cache;
 
 use crate::cache::{Cache, Retry};
+use crate::class::SizeClass;
 use crate::clock::{Clock, MonotonicClock};
 use crate::error::PoolError;
 use crate::observe::Reason;
 use crate::packing::{Packable, PackedPool, PackingStats};
-use crate::policy::{FixedTime, Policy};
+use crate::policy::{FixedTime, Policy, Reuse};
 use crate::pool::DecayingPool;
 use crate::raw::{RawAllocator, SendBlock};
 use crate::stats::{ClassStats, Stats};
 use lock::CacheLock;
+use thread_cache::{Found, MagCounts, MagState, Magazine, MAGAZINE};
 
 /// A thread-safe, cheaply cloneable handle to a [`DecayingPool`].
 ///
@@ -84,6 +89,10 @@ use lock::CacheLock;
 /// So [`stats`](Self::stats) counts a block as freed (and a miss's bytes as
 /// not yet reserved) a moment before the backing allocator sees the call.
 /// The limit counts in-flight misses, so `bytes_reserved` never exceeds it.
+///
+/// A pool from [`SharedPool::with_thread_caches`] serves most round trips
+/// of a thread from a small cache of its own, under a lock of that cache
+/// alone: see there.
 ///
 /// # Panics inside the pool
 ///
@@ -182,6 +191,31 @@ struct Inner<A: RawAllocator, P: Policy, C: Clock> {
     /// Live [`SharedPool`] handles (not counting the [`Pooled`] blocks'
     /// own views of the pool, nor the reaper's passing references).
     handles: AtomicUsize,
+    /// The thread caches' settings, for a pool from
+    /// [`SharedPool::with_thread_caches`] that uses them.
+    tc: Option<ThreadCaches<C>>,
+}
+
+/// The settings the thread caches of a pool work with, read without the
+/// cache lock.
+struct ThreadCaches<C> {
+    /// A clone of the pool's clock (it tells the same time), read by every
+    /// thread at once: only set for a clock that is `Sync`.
+    clock: C,
+    /// The [`FixedTime`] time to live, in nanoseconds.
+    ttl: u64,
+    size_class: SizeClass,
+}
+
+impl<C: Clock> ThreadCaches<C> {
+    /// The class of `size`, `None` for a request the cache must refuse.
+    #[inline(always)]
+    fn round(&self, size: usize) -> Option<usize> {
+        match self.size_class {
+            SizeClass::Exact => (size != 0).then_some(size),
+            sc => sc.round(size),
+        }
+    }
 }
 
 /// What the cache lock guards: the cache and the count of [`Pooled`]
@@ -205,10 +239,17 @@ struct Slot<A: RawAllocator, P: Policy, C: Clock> {
 
 /// The lent blocks of a plain pool and the reference they share.
 struct Lending<A: RawAllocator, P: Policy, C: Clock> {
-    /// Live `Pooled` blocks of a plain pool.
-    lent: usize,
+    /// Live `Pooled` blocks of a plain pool, less those the magazines count
+    /// (`lent` plus the magazines' `lent` is the number of live blocks;
+    /// each part alone may be negative).
+    lent: isize,
     /// The reference the lent blocks keep the pool alive through.
     held: Option<Arc<Inner<A, P, C>>>,
+    /// Every thread's magazine for this pool (lock order: the cache lock,
+    /// then a magazine's).
+    mags: Vec<Arc<Magazine<A::Block>>>,
+    /// The hit counters of magazines dropped from `mags`.
+    retired: MagCounts,
 }
 
 /// A strong reference to a pool that a call let go of, to drop once no
@@ -229,11 +270,114 @@ impl<A: RawAllocator, P: Policy, C: Clock> Lending<A, P, C> {
     #[inline(always)]
     fn give_back(&mut self, handles: &AtomicUsize) -> Held<A, P, C> {
         self.lent -= 1;
-        if self.lent == 0 && handles.load(Ordering::Acquire) == 0 {
+        if handles.load(Ordering::Acquire) == 0 {
+            self.let_go_if_idle()
+        } else {
+            None
+        }
+    }
+
+    /// Hands out `held` when no block is lent (the caller has seen no
+    /// handle left).
+    fn let_go_if_idle(&mut self) -> Held<A, P, C> {
+        let in_mags: isize = self.mags.iter().map(|m| m.lock().lent).sum();
+        if self.lent + in_mags == 0 {
             self.held.take()
         } else {
             None
         }
+    }
+
+    /// Frees the blocks of every magazine that `pick` (given a block's
+    /// release time) chooses, counted for `reason`; then drops from the
+    /// list the magazines of exited threads that are empty. Returns the
+    /// class bytes freed.
+    fn drain_mags(
+        &mut self,
+        cache: &mut Cache<A::Block, P, C>,
+        mut pick: impl FnMut(u64) -> bool,
+        reason: Reason,
+        free: &mut (impl FnMut(A::Block, usize) + ?Sized),
+    ) -> (usize, usize) {
+        let (mut blocks, mut bytes) = (0, 0);
+        for mag in &self.mags {
+            let mut m = mag.lock();
+            let mut i = 0;
+            while i < m.blocks.len() {
+                if pick(m.blocks[i].2) {
+                    let (block, class, _) = m.blocks.remove(i);
+                    blocks += 1;
+                    bytes += class;
+                    cache.free_lent(block, class, reason, free);
+                } else {
+                    i += 1;
+                }
+            }
+        }
+        self.prune();
+        (blocks, bytes)
+    }
+
+    /// Caches again every block of every magazine, as released at `now`.
+    fn flush_mags(
+        &mut self,
+        cache: &mut Cache<A::Block, P, C>,
+        now: u64,
+        free: &mut (impl FnMut(A::Block, usize) + ?Sized),
+    ) {
+        for mag in &self.mags {
+            let mut m = mag.lock();
+            while !m.blocks.is_empty() {
+                let (block, class, _) = m.blocks.remove(0);
+                cache.release(block, class, now, free);
+            }
+        }
+        self.prune();
+    }
+
+    /// Drops from the list the magazines no thread holds any more (their
+    /// thread exited) once they are empty, keeping their counts.
+    fn prune(&mut self) {
+        let Lending {
+            lent,
+            mags,
+            retired,
+            ..
+        } = self;
+        mags.retain(|mag| {
+            if Arc::strong_count(mag) > 1 {
+                return true;
+            }
+            let m = mag.lock();
+            if !m.blocks.is_empty() {
+                return true;
+            }
+            *lent += m.lent;
+            retired.add(m.counts);
+            false
+        });
+    }
+
+    /// Moves the magazines' blocks from the counts in use to the cached
+    /// ones, and adds their hits.
+    fn add_mag_stats(&self, s: &mut Stats) {
+        let mut counts = self.retired;
+        for mag in &self.mags {
+            let m = mag.lock();
+            let (blocks, bytes) = m.held();
+            s.blocks_in_use -= blocks;
+            s.blocks_cached += blocks;
+            s.bytes_in_use -= bytes;
+            s.bytes_cached += bytes;
+            counts.add(m.counts);
+        }
+        let from_pool = usize::try_from(counts.from_pool).unwrap_or(usize::MAX);
+        let waste = usize::try_from(counts.waste).unwrap_or(usize::MAX);
+        s.hits += counts.hits;
+        s.bytes_from_pool = s.bytes_from_pool.saturating_add(from_pool);
+        s.bytes_requested = s
+            .bytes_requested
+            .saturating_add(from_pool.saturating_sub(waste));
     }
 }
 
@@ -387,6 +531,164 @@ impl<A: RawAllocator, P: Policy, C: Clock> Inner<A, P, C> {
         }
     }
 
+    /// [`cache_then_free`](Self::cache_then_free) with the lent blocks'
+    /// count (and the magazines) too.
+    fn slot_then_free<R>(
+        &self,
+        f: impl FnOnce(
+            &mut Cache<A::Block, P, C>,
+            &mut Lending<A, P, C>,
+            &mut dyn FnMut(A::Block, usize),
+        ) -> R,
+    ) -> R {
+        let mut frees: Frees<A::Block> = Vec::new();
+        let result = catch_unwind(AssertUnwindSafe(|| {
+            self.slot(|cache, lending| {
+                f(cache, lending, &mut |block, class| {
+                    frees.push((block, class))
+                })
+            })
+        }));
+        self.deallocate(frees);
+        match result {
+            Ok(r) => r,
+            Err(panic) => resume_unwind(panic),
+        }
+    }
+
+    /// Frees blocks taken out of a magazine as due (counted as expired).
+    #[cold]
+    #[inline(never)]
+    fn free_due(&self, due: Vec<(A::Block, usize)>) {
+        self.cache_then_free(|cache, free| {
+            for (block, class) in due {
+                cache.free_lent(block, class, Reason::Expired, free);
+            }
+        });
+    }
+
+    /// Gives this thread a magazine for the pool; `false` when it cannot
+    /// have one now.
+    #[cold]
+    #[inline(never)]
+    fn register(&self, this: &Arc<Self>) -> bool {
+        let mag = Arc::new(CacheLock::new(MagState::new()));
+        if !thread_cache::register(this, &mag) {
+            return false;
+        }
+        self.slot(|_, lending| lending.mags.push(mag));
+        true
+    }
+
+    /// An `allocate` served by this thread's magazine, if it can be.
+    #[inline(always)]
+    fn allocate_cached(
+        &self,
+        this: &Arc<Self>,
+        tc: &ThreadCaches<C>,
+        size: usize,
+    ) -> Option<A::Block> {
+        let class = tc.round(size)?;
+        let now = tc.clock.now_nanos();
+        let key = Arc::as_ptr(this).cast::<()>();
+        let mut registered = false;
+        loop {
+            // SAFETY: `key` is this live pool, whose magazines hold its blocks.
+            let found = unsafe {
+                thread_cache::with_magazine::<A::Block, _>(key, |mag| {
+                    let mut m = mag.lock();
+                    if m.oldest_due(now, tc.ttl) {
+                        return Err(Some(m.take_due(now, tc.ttl)));
+                    }
+                    match m.take(class) {
+                        Some(block) => {
+                            m.lent += 1;
+                            m.counts.hits += 1;
+                            m.counts.from_pool += class as u64;
+                            m.counts.waste += (class - size) as u64;
+                            Ok(block)
+                        }
+                        None => Err(None),
+                    }
+                })
+            };
+            match found {
+                Found::Ran(Ok(block)) => return Some(block),
+                Found::Ran(Err(Some(due))) => self.free_due(due),
+                Found::Ran(Err(None)) | Found::Unavailable => return None,
+                Found::Missing if !registered && self.register(this) => registered = true,
+                Found::Missing => return None,
+            }
+        }
+    }
+
+    /// A release of a lent `block` of `class` at `now` to this thread's
+    /// magazine for the pool at `pool`; gives the block back when the
+    /// magazine cannot take it (none, full, or no handle left: the caller
+    /// then counts the block back under the cache lock).
+    ///
+    /// Once it returns `Ok`, the pool may be gone: so it borrows nothing of
+    /// the pool but the `handles` atomic, and reaches the pool through
+    /// `pool` only while the block is still counted lent.
+    ///
+    /// A panic of a `deallocate` of due blocks on the way is kept in
+    /// `panic` (the first one), and the release goes on.
+    ///
+    /// # Safety
+    ///
+    /// `pool` points to a live pool in which `block` is counted lent, and
+    /// `handles` is its count of handles.
+    #[inline(always)]
+    unsafe fn release_cached(
+        pool: *const Self,
+        handles: &AtomicUsize,
+        ttl: u64,
+        class: usize,
+        now: u64,
+        block: A::Block,
+        panic: &mut Option<Box<dyn Any + Send>>,
+    ) -> Result<(), A::Block> {
+        let key: *const () = pool.cast();
+        let mut block = Some(block);
+        loop {
+            // SAFETY: `key` is this pool, alive while the block is counted
+            // lent, whose magazines hold its blocks.
+            let found = unsafe {
+                thread_cache::with_magazine::<A::Block, _>(key, |mag| {
+                    let mut m = mag.lock();
+                    if m.oldest_due(now, ttl) {
+                        return Some(m.take_due(now, ttl));
+                    }
+                    // With no handle left, the last block counted back must
+                    // see the whole count (under the cache lock): the
+                    // caller's path. A handle dropped after this check
+                    // counts the magazines under their locks, so sees this
+                    // release.
+                    if m.blocks.len() < MAGAZINE && handles.load(Ordering::Acquire) > 0 {
+                        if let Some(b) = block.take() {
+                            m.blocks.push((b, class, now));
+                            m.lent -= 1;
+                        }
+                    }
+                    None
+                })
+            };
+            match found {
+                Found::Ran(Some(due)) => {
+                    // SAFETY: the block is still counted lent: the pool lives.
+                    let freed = catch_unwind(AssertUnwindSafe(|| unsafe { (*pool).free_due(due) }));
+                    if let Err(p) = freed {
+                        panic.get_or_insert(p);
+                    }
+                }
+                Found::Ran(None) => return block.map_or(Ok(()), Err),
+                Found::Missing | Found::Unavailable => {
+                    return Err(block.take().expect("the block is still ours"));
+                }
+            }
+        }
+    }
+
     /// Gives blocks back to the backing allocator. Every block is offered
     /// even if a `deallocate` panics; the first panic is passed on after.
     fn deallocate(&self, frees: Frees<A::Block>) {
@@ -417,10 +719,17 @@ impl<A: RawAllocator, P: Policy, C: Clock> Inner<A, P, C> {
         if let Some(r) = self.packed(|p| p.allocate(size)) {
             return r;
         }
+        if let Some(tc) = &self.tc {
+            if let Some(block) = self.allocate_cached(this, tc, size) {
+                return Ok(block);
+            }
+        }
         let mut frees: Frees<A::Block> = Vec::new();
         let step = catch_unwind(AssertUnwindSafe(|| {
             self.slot(|cache, lending| {
                 let free = &mut |block, class| frees.push((block, class));
+                // Read under the lock (again, after a thread cache's miss),
+                // so that the store sees its times in order.
                 let now = cache.now();
                 cache.run_policy(now, free);
                 let class = cache.class_of(size)?;
@@ -498,8 +807,12 @@ impl<A: RawAllocator, P: Policy, C: Clock> Inner<A, P, C> {
                 Err(e) => e,
             };
             attempt += 1;
-            let retry =
-                self.cache_then_free(|cache, free| cache.after_failure(attempt, class, now, free));
+            let retry = self.slot_then_free(|cache, lending, free| {
+                // Blocks idle in thread caches go back to the cache first,
+                // where the ladder frees them oldest first.
+                lending.flush_mags(cache, now, free);
+                cache.after_failure(attempt, class, now, free)
+            });
             if retry == Retry::GiveUp {
                 core::mem::forget(booking);
                 return Err(PoolError::Backing(err));
@@ -547,15 +860,26 @@ impl<A: RawAllocator, P: Policy, C: Clock> Inner<A, P, C> {
         if let Some(n) = self.packed(|p| p.collect()) {
             return n;
         }
-        self.cache_then_free(|cache, free| {
+        let ttl = self.tc.as_ref().map(|tc| tc.ttl);
+        self.slot_then_free(|cache, lending, free| {
             let now = cache.now();
-            cache.collect(now, free)
+            let mut n = 0;
+            if let Some(ttl) = ttl {
+                let due = |at: u64| now.saturating_sub(at) >= ttl;
+                n = lending.drain_mags(cache, due, Reason::Expired, free).0;
+            }
+            n + cache.collect(now, free)
         })
     }
 
     fn set_limit(&self, limit: Option<usize>) -> usize {
-        self.cache_then_free(|cache, free| {
+        self.slot_then_free(|cache, lending, free| {
             let now = cache.now();
+            if limit.is_some() {
+                // Blocks idle in thread caches count against the limit:
+                // back to the cache, where it frees them oldest first.
+                lending.flush_mags(cache, now, free);
+            }
             cache.set_limit(limit, now, free)
         })
     }
@@ -564,20 +888,47 @@ impl<A: RawAllocator, P: Policy, C: Clock> Inner<A, P, C> {
         if let Some(n) = self.packed(|p| p.trim()) {
             return n;
         }
-        self.cache_then_free(|cache, free| {
+        self.slot_then_free(|cache, lending, free| {
             let now = cache.now();
-            cache.trim_all(now, Reason::Trimmed, free)
+            lending.drain_mags(cache, |_| true, Reason::Trimmed, free).1
+                + cache.trim_all(now, Reason::Trimmed, free)
         })
     }
 }
 
 impl<A: RawAllocator, P: Policy, C: Clock> Drop for Inner<A, P, C> {
     fn drop(&mut self) {
-        let cache = self.cache.get_mut().cache.take();
+        let slot = self.cache.get_mut();
+        let cache = slot.cache.take();
         let alloc = recover(self.alloc.get_mut()).take();
-        if let (Some(cache), Some(alloc)) = (cache, alloc) {
+        if let (Some(mut cache), Some(mut alloc)) = (cache, alloc) {
+            // The blocks idle in thread caches first (exited threads' too;
+            // a live thread's table holds only an empty magazine then).
+            let mut frees: Frees<A::Block> = Vec::new();
+            slot.lending.drain_mags(
+                &mut cache,
+                |_| true,
+                Reason::Dropped,
+                &mut |block, class| frees.push((block, class)),
+            );
+            let mut first_panic = None;
+            for (block, class) in frees {
+                // SAFETY: every block of a magazine came from this
+                // allocator's `allocate(class)` and left the magazine once.
+                let r = catch_unwind(AssertUnwindSafe(|| unsafe {
+                    alloc.deallocate(block, class)
+                }));
+                if let Err(panic) = r {
+                    first_panic.get_or_insert(panic);
+                }
+            }
             // Dropping the pool frees every cached block.
             drop(DecayingPool::from_parts(alloc, cache));
+            if let Some(panic) = first_panic {
+                if !thread::panicking() {
+                    resume_unwind(panic);
+                }
+            }
         }
     }
 }
@@ -605,11 +956,14 @@ impl<A: RawAllocator, P: Policy, C: Clock> SharedPool<A, P, C> {
                     lending: Lending {
                         lent: 0,
                         held: None,
+                        mags: Vec::new(),
+                        retired: MagCounts::default(),
                     },
                 }),
                 alloc: Mutex::new(Some(alloc)),
                 packed: None,
                 handles: AtomicUsize::new(1),
+                tc: None,
             }),
         }
     }
@@ -664,11 +1018,14 @@ impl<A: RawAllocator, P: Policy, C: Clock> SharedPool<A, P, C> {
                     lending: Lending {
                         lent: 0,
                         held: None,
+                        mags: Vec::new(),
+                        retired: MagCounts::default(),
                     },
                 }),
                 alloc: Mutex::new(None),
                 packed: Some(Mutex::new(Box::new(pool))),
                 handles: AtomicUsize::new(1),
+                tc: None,
             }),
         }
     }
@@ -820,7 +1177,11 @@ impl<A: RawAllocator, P: Policy, C: Clock> SharedPool<A, P, C> {
         if let Some(stats) = self.inner.packed(|p| p.stats()) {
             return stats;
         }
-        self.inner.cache(|cache| cache.stats())
+        self.inner.slot(|cache, lending| {
+            let mut s = cache.stats();
+            lending.add_mag_stats(&mut s);
+            s
+        })
     }
 
     /// Runs the policy now ([`DecayingPool::collect`]); returns the number
@@ -997,9 +1358,34 @@ impl<A: RawAllocator, P: Policy, C: Clock> SharedPool<A, P, C> {
         );
         let mut cache_slot = self.inner.cache.lock();
         let mut alloc_slot = recover(self.inner.alloc.lock());
-        let (Some(cache), Some(alloc)) = (cache_slot.cache.take(), alloc_slot.take()) else {
+        let (Some(mut cache), Some(mut alloc)) = (cache_slot.cache.take(), alloc_slot.take())
+        else {
             panic!("SharedPool::with: the pool is taken apart (re-entered from `with`?)");
         };
+        if !cache_slot.lending.mags.is_empty() {
+            // The blocks idle in thread caches go back to the cache first,
+            // as released now.
+            let mut frees: Frees<A::Block> = Vec::new();
+            let flushed = catch_unwind(AssertUnwindSafe(|| {
+                let now = cache.now();
+                cache_slot
+                    .lending
+                    .flush_mags(&mut cache, now, &mut |b, c| frees.push((b, c)));
+            }));
+            for (block, class) in frees {
+                // SAFETY: the cache let these go, each once; they came from
+                // this allocator's `allocate(class)`.
+                let _ = catch_unwind(AssertUnwindSafe(|| unsafe {
+                    alloc.deallocate(block, class)
+                }));
+            }
+            if let Err(panic) = flushed {
+                cache_slot.cache = Some(cache);
+                *alloc_slot = Some(alloc);
+                drop((cache_slot, alloc_slot));
+                resume_unwind(panic);
+            }
+        }
         let mut pool = DecayingPool::from_parts(alloc, cache);
         let result = catch_unwind(AssertUnwindSafe(|| f(&mut LockedPool { pool: &mut pool })));
         let (alloc, cache) = pool.into_parts();
@@ -1177,6 +1563,102 @@ impl<A: RawAllocator, P: Policy, C: Clock> SharedPool<A, P, C> {
     }
 }
 
+impl<A: RawAllocator, C: Clock + Clone + Sync> SharedPool<A, FixedTime, C> {
+    /// Wraps `pool` for sharing between threads, with a small cache per
+    /// thread in front of the shared one, so that threads that each
+    /// release and reuse their own blocks do not take turns at the cache
+    /// lock.
+    ///
+    /// Each thread that allocates from the pool gets a *magazine*: up to 8
+    /// idle blocks it released (exact classes, the last released reused
+    /// first), behind a lock that only this thread takes on its
+    /// operations. An `allocate` whose class is in the thread's magazine,
+    /// and the release of a block to a magazine with room, take no shared
+    /// lock; otherwise the call goes to the shared cache as with
+    /// [`SharedPool::new`]. A block is released to the magazine of the
+    /// thread that drops it (if that thread has one for this pool).
+    ///
+    /// Decay stays exact: a [`FixedTime`] block expires at its release
+    /// time plus the time to live whoever holds it, so each operation
+    /// checks its magazine's oldest block against the time it reads (one
+    /// clock read; one that goes on to the shared cache reads it again
+    /// there, under the lock, so the shared cache sees its times in order),
+    /// and [`collect`](Self::collect) (so the
+    /// [reaper](Self::spawn_reaper)) frees the due blocks of every
+    /// magazine, an idle or exited thread's too, counted as evictions. The
+    /// blocks in magazines count as cached (and against the limit):
+    /// [`trim`](Self::trim) and the pool's drop free them,
+    /// [`set_limit`](Self::set_limit) (with a limit), the out-of-memory
+    /// retry and [`with`](Self::with) first put them back into the shared
+    /// cache (as released at the time of the call), where the limit, the
+    /// retry ladder and the closure see them. A thread's table of
+    /// magazines holds each pool weakly: it never keeps a pool alive.
+    ///
+    /// [`stats`](Self::stats) adds the magazines up under their locks, so
+    /// the counts stay exact, except `peak_bytes_in_use`, which counts
+    /// blocks idle in magazines as in use: it is an upper bound of the true
+    /// peak (and at least the bytes in use at any time).
+    ///
+    /// The thread caches stay off (the pool works as from
+    /// [`SharedPool::new`]) when the pool has an observer or statistics by
+    /// class, or reuses the oldest block first ([`Reuse::Fifo`]). Only for
+    /// [`FixedTime`]: under other policies whether a block must go depends
+    /// on the other blocks, which a thread cache does not see.
+    ///
+    /// The clock must be `Sync` and `Clone`, its clones telling the same
+    /// time (as [`MonotonicClock`] and [`ManualClock`](crate::ManualClock)
+    /// do): every thread reads a clone of it without the cache lock.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+    /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, FixedTime, SharedPool};
+    /// let pool = SharedPool::with_thread_caches(DecayingPool::new(
+    ///     CheckingAllocator::new(),
+    ///     FixedTime::default(),
+    /// ));
+    /// drop(pool.allocate(64)?); // to this thread's magazine
+    /// drop(pool.allocate(64)?); // a hit served there
+    /// let s = pool.stats();
+    /// assert_eq!((s.hits, s.misses, s.blocks_cached), (1, 1, 1));
+    /// // Another thread's request misses: the block is in this thread's cache.
+    /// let other = pool.clone();
+    /// std::thread::spawn(move || drop(other.allocate(64).unwrap())).join().unwrap();
+    /// assert_eq!(pool.stats().misses, 2);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn with_thread_caches(pool: DecayingPool<A, FixedTime, C>) -> Self {
+        let (alloc, cache) = pool.into_parts();
+        let tc = (!cache.has_extras() && cache.reuse() == Reuse::Lifo).then(|| ThreadCaches {
+            clock: cache.clock().clone(),
+            ttl: u64::try_from(cache.store().policy().ttl().as_nanos()).unwrap_or(u64::MAX),
+            size_class: cache.size_class(),
+        });
+        let inner = Arc::new(Inner {
+            cache: CacheLock::new(Slot {
+                cache: Some(cache),
+                lending: Lending {
+                    lent: 0,
+                    held: None,
+                    mags: Vec::new(),
+                    retired: MagCounts::default(),
+                },
+            }),
+            alloc: Mutex::new(Some(alloc)),
+            packed: None,
+            handles: AtomicUsize::new(1),
+            tc,
+        });
+        // Held from the start: a magazine lends without the cache lock.
+        // Let go, as always, once no handle and no lent block is left.
+        inner.lending(|l| l.held = Some(Arc::clone(&inner)));
+        SharedPool { inner }
+    }
+}
+
 impl<A: RawAllocator, P: Policy, C: Clock> Clone for SharedPool<A, P, C> {
     /// Another handle to the same pool.
     fn clone(&self) -> Self {
@@ -1192,9 +1674,7 @@ impl<A: RawAllocator, P: Policy, C: Clock> Drop for SharedPool<A, P, C> {
     /// lent blocks share when none is lent (see `Slot`).
     fn drop(&mut self) {
         if self.inner.handles.fetch_sub(1, Ordering::AcqRel) == 1 {
-            let held = self
-                .inner
-                .lending(|l| if l.lent == 0 { l.held.take() } else { None });
+            let held = self.inner.lending(|l| l.let_go_if_idle());
             // Not the last reference: `self.inner` is one.
             drop(held);
         }
@@ -1226,7 +1706,11 @@ where
             return d.finish_non_exhaustive();
         }
         let stats = match self.inner.cache.try_lock() {
-            Some(slot) => slot.cache.as_ref().map(Cache::stats),
+            Some(slot) => slot.cache.as_ref().map(|cache| {
+                let mut s = cache.stats();
+                slot.lending.add_mag_stats(&mut s);
+                s
+            }),
             None => None,
         };
         match stats {
@@ -1786,12 +2270,44 @@ impl<A: RawAllocator, P: Policy, C: Clock> Drop for Pooled<A, P, C> {
             // alive; from then on another thread may drop it as soon as the
             // lock is released, so only the lock is borrowed for that step,
             // and nothing reaches the pool afterwards.
+            let mut block = block;
+            let mut mag_panic = None;
+            if let Some(tc) = &view.inner.tc {
+                let class = tc.round(size);
+                let ttl = tc.ttl;
+                // A clock that panics: the path below reads it again, and
+                // knows what to do with the block then.
+                let now = catch_unwind(AssertUnwindSafe(|| tc.clock.now_nanos())).ok();
+                if let (Some(class), Some(now)) = (class, now) {
+                    let pool = Arc::as_ptr(&view.inner);
+                    // SAFETY: the block is counted lent in this live pool.
+                    let handles = &view.inner.handles;
+                    let panic = &mut mag_panic;
+                    // SAFETY: the block is counted lent in this live pool.
+                    match unsafe {
+                        Inner::release_cached(pool, handles, ttl, class, now, block, panic)
+                    } {
+                        Ok(()) => {
+                            // The pool may be gone: only the panic is left.
+                            if let Some(panic) = mag_panic {
+                                if !panicking {
+                                    resume_unwind(panic);
+                                }
+                            }
+                            return;
+                        }
+                        Err(b) => block = b,
+                    }
+                }
+            }
             let (lock, handles) = (&view.inner.cache, &view.inner.handles);
             let mut frees: Frees<A::Block> = Vec::new();
             let mut held = None;
             let mut counted = false;
             let cached = catch_unwind(AssertUnwindSafe(|| {
                 with_slot(lock, |cache, lending| {
+                    // The clock is read again under the lock, so that the
+                    // store sees its times in order.
                     cache.release_now(block, size, &mut |block, class| frees.push((block, class)));
                     if frees.is_empty() {
                         // The usual case: nothing to deallocate, so the
@@ -1811,7 +2327,11 @@ impl<A: RawAllocator, P: Policy, C: Clock> Drop for Pooled<A, P, C> {
             // May drop the pool (`held` was its last reference).
             drop(held);
             // The first panic goes on, unless the thread is unwinding.
-            if let Err(panic) = cached.and(freed) {
+            let first = match mag_panic {
+                Some(panic) => Err(panic),
+                None => cached.and(freed),
+            };
+            if let Err(panic) = first {
                 if !panicking {
                     resume_unwind(panic);
                 }

@@ -245,6 +245,11 @@ pub struct TimedStore<B, P> {
 }
 
 impl<B, P: EvictionPolicy> TimedStore<B, P> {
+    /// The policy, read-only.
+    pub(crate) fn policy(&self) -> &P {
+        &self.policy
+    }
+
     pub(crate) fn new(policy: P, reuse: Reuse) -> Self {
         TimedStore {
             policy,

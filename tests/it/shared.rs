@@ -922,3 +922,353 @@ fn calls_wait_for_with_and_go_on_after_it() {
     drop(pool);
     alloc.assert_all_freed();
 }
+
+// ---------------------------------------------------------------------------
+// Thread caches (`SharedPool::with_thread_caches`)
+
+type Tc<A = CheckingAllocator> = SharedPool<A, FixedTime, ManualClock>;
+
+fn tc_pool(ttl: Duration) -> (Tc, CheckingAllocator, ManualClock) {
+    let alloc = CheckingAllocator::new();
+    let clock = ManualClock::new();
+    let pool = SharedPool::with_thread_caches(
+        DecayingPool::builder(alloc.clone())
+            .policy(FixedTime::new(ttl))
+            .clock(clock.clone())
+            .build(),
+    );
+    (pool, alloc, clock)
+}
+
+/// On a thread of its own, allocates blocks of `sizes` all at once, then
+/// drops them (into that thread's magazine), and exits.
+fn cache_on_a_thread<A>(pool: &SharedPool<A, FixedTime, ManualClock>, sizes: &[usize])
+where
+    A: RawAllocator + Send + 'static,
+    A::Block: decaying_pool::SendBlock,
+    A::Error: core::fmt::Debug,
+{
+    let pool = pool.clone();
+    let sizes = sizes.to_vec();
+    thread::spawn(move || {
+        let blocks: Vec<_> = sizes.iter().map(|&s| pool.allocate(s).unwrap()).collect();
+        drop(blocks);
+    })
+    .join()
+    .unwrap();
+}
+
+#[test]
+fn a_threads_released_blocks_stay_in_its_own_cache() {
+    let (pool, alloc, _clock) = tc_pool(Duration::from_secs(1));
+    cache_on_a_thread(&pool, &[64, 128]);
+    let s = pool.stats();
+    assert_eq!((s.misses, s.blocks_cached, s.bytes_cached), (2, 2, 192));
+    assert_eq!(
+        (s.blocks_in_use, s.bytes_in_use, s.bytes_reserved),
+        (0, 0, 192)
+    );
+    // Another thread does not see them: its own request misses.
+    drop(pool.allocate(64).unwrap());
+    // Its own release goes to its own magazine, and its next request hits.
+    drop(pool.allocate(64).unwrap());
+    let s = pool.stats();
+    assert_eq!((s.hits, s.misses, s.blocks_cached), (1, 3, 3));
+    assert_eq!(s.backing_allocs, alloc.allocs());
+    assert_eq!(s.bytes_cached, alloc.live_bytes());
+    drop(pool);
+    alloc.assert_all_freed();
+}
+
+#[test]
+fn an_exited_threads_blocks_expire_on_time_through_collect() {
+    let (pool, alloc, clock) = tc_pool(Duration::from_secs(1));
+    cache_on_a_thread(&pool, &[64, 100, 3000]);
+    clock.advance(Duration::from_millis(999));
+    assert_eq!(pool.collect(), 0);
+    assert_eq!(alloc.live(), 3);
+    clock.advance(Duration::from_millis(1));
+    assert_eq!(pool.collect(), 3);
+    assert_eq!(alloc.live(), 0);
+    let s = pool.stats();
+    assert_eq!(
+        (s.evictions, s.backing_deallocs, s.blocks_cached),
+        (3, 3, 0)
+    );
+    assert_eq!((s.bytes_reserved, s.blocks_in_use), (0, 0));
+    drop(pool);
+    alloc.assert_all_freed();
+}
+
+#[test]
+fn an_idle_threads_blocks_expire_on_time() {
+    let (pool, alloc, clock) = tc_pool(Duration::from_secs(1));
+    let (cached, go) = (Arc::new(Barrier::new(2)), Arc::new(Barrier::new(2)));
+    let worker = {
+        let (pool, cached, go) = (pool.clone(), Arc::clone(&cached), Arc::clone(&go));
+        thread::spawn(move || {
+            drop(pool.allocate(64).unwrap());
+            cached.wait();
+            go.wait(); // idle, alive, its magazine full of a due block
+            drop(pool);
+        })
+    };
+    cached.wait();
+    clock.advance(Duration::from_secs(1));
+    assert_eq!(pool.collect(), 1);
+    assert_eq!(alloc.live(), 0);
+    assert_eq!(pool.stats().evictions, 1);
+    go.wait();
+    worker.join().unwrap();
+    drop(pool);
+    alloc.assert_all_freed();
+}
+
+#[test]
+fn a_due_block_of_the_threads_own_cache_is_not_reused() {
+    let (pool, alloc, clock) = tc_pool(Duration::from_secs(1));
+    drop(pool.allocate(64).unwrap());
+    clock.advance(Duration::from_secs(1));
+    drop(pool.allocate(64).unwrap());
+    let s = pool.stats();
+    assert_eq!((s.hits, s.misses, s.evictions), (0, 2, 1));
+    assert_eq!((s.blocks_cached, alloc.live()), (1, 1));
+    drop(pool);
+    alloc.assert_all_freed();
+}
+
+#[test]
+fn trim_frees_an_exited_threads_blocks_once() {
+    let (pool, alloc, _clock) = tc_pool(Duration::from_secs(1));
+    cache_on_a_thread(&pool, &[64, 100]);
+    drop(pool.allocate(300).unwrap());
+    assert_eq!(pool.trim(), 464);
+    assert_eq!(alloc.live(), 0);
+    let s = pool.stats();
+    assert_eq!((s.trimmed, s.blocks_cached, s.bytes_reserved), (3, 0, 0));
+    drop(pool);
+    alloc.assert_all_freed();
+}
+
+#[test]
+fn dropping_the_pool_frees_an_exited_threads_blocks_once() {
+    let (pool, alloc, _clock) = tc_pool(Duration::from_secs(1));
+    cache_on_a_thread(&pool, &[64, 100]);
+    assert_eq!(alloc.live(), 2);
+    drop(pool);
+    alloc.assert_all_freed();
+}
+
+#[test]
+fn the_pool_dropped_while_a_thread_still_holds_its_cache() {
+    let (pool, alloc, _clock) = tc_pool(Duration::from_secs(1));
+    let (cached, dropped) = (Arc::new(Barrier::new(2)), Arc::new(Barrier::new(2)));
+    let worker = {
+        let (pool, cached, dropped) = (pool.clone(), Arc::clone(&cached), Arc::clone(&dropped));
+        thread::spawn(move || {
+            drop(pool.allocate(64).unwrap());
+            drop(pool);
+            cached.wait();
+            dropped.wait();
+            // A new pool on this thread, at any address: its own magazine.
+            let (other, other_alloc, _) = tc_pool(Duration::from_secs(1));
+            drop(other.allocate(64).unwrap());
+            drop(other.allocate(64).unwrap());
+            assert_eq!(other.stats().hits, 1);
+            drop(other);
+            other_alloc.assert_all_freed();
+        })
+    };
+    cached.wait();
+    drop(pool); // the last handle: frees the worker's cached block
+    alloc.assert_all_freed();
+    dropped.wait();
+    worker.join().unwrap();
+}
+
+#[test]
+fn a_block_dropped_after_the_last_handle_lets_the_pool_go() {
+    let (pool, alloc, _clock) = tc_pool(Duration::from_secs(1));
+    drop(pool.allocate(64).unwrap()); // this thread has a magazine
+    let block = pool.allocate(64).unwrap(); // a hit from it
+    drop(pool);
+    assert_eq!(alloc.live(), 1);
+    drop(block); // the last lent block: the pool goes
+    alloc.assert_all_freed();
+}
+
+#[test]
+fn set_limit_reaches_the_thread_caches() {
+    let (pool, alloc, _clock) = tc_pool(Duration::from_secs(1));
+    cache_on_a_thread(&pool, &[64, 100]);
+    assert_eq!(pool.set_limit(Some(50)), 164);
+    assert_eq!(alloc.live(), 0);
+    let s = pool.stats();
+    assert_eq!((s.trimmed, s.bytes_reserved), (2, 0));
+    drop(pool);
+    alloc.assert_all_freed();
+}
+
+#[test]
+fn the_out_of_memory_retry_reaches_the_thread_caches() {
+    use decaying_pool::testing::FailingAllocator;
+    let alloc = FailingAllocator::with_capacity(4096);
+    let pool = SharedPool::with_thread_caches(
+        DecayingPool::builder(alloc.clone())
+            .policy(FixedTime::new(Duration::from_secs(1)))
+            .clock(ManualClock::new())
+            .build(),
+    );
+    cache_on_a_thread(&pool, &[1000, 2000]);
+    // 3000 bytes idle in the exited thread's magazine; 2000 more fit only
+    // once the retry frees some.
+    let b = pool.allocate(2000).unwrap();
+    let s = pool.stats();
+    assert_eq!(s.backing_failures, 1);
+    assert!(s.trimmed >= 1);
+    assert_eq!(s.bytes_reserved, alloc.used());
+    drop(b);
+    drop(pool);
+    alloc.inner().assert_all_freed();
+}
+
+#[test]
+fn with_sees_the_thread_caches_drained() {
+    let (pool, alloc, _clock) = tc_pool(Duration::from_secs(1));
+    cache_on_a_thread(&pool, &[64]);
+    drop(pool.allocate(100).unwrap());
+    assert_eq!(pool.with(|p| p.stats().blocks_cached), 2);
+    // Back in the shared cache: another thread's request hits.
+    drop(pool.allocate(64).unwrap());
+    let s = pool.stats();
+    assert_eq!((s.hits, s.misses), (1, 2));
+    pool.with(|p| p.validate());
+    drop(pool);
+    alloc.assert_all_freed();
+}
+
+#[test]
+fn stats_are_exact_across_threads_with_thread_caches() {
+    let (pool, alloc, clock) = tc_pool(Duration::from_millis(20));
+    let rounds = if cfg!(miri) { 20 } else { 2_000 };
+    let workers: Vec<_> = (0..2u64)
+        .map(|t| {
+            let (pool, clock) = (pool.clone(), clock.clone());
+            thread::spawn(move || {
+                let mut rng = Rng(t * 7919 + 1);
+                let mut held = Vec::new();
+                for _ in 0..rounds {
+                    if held.len() < 10 && rng.below(2) == 0 {
+                        held.push(pool.allocate(1 + rng.below(4) as usize * 512).unwrap());
+                    } else if !held.is_empty() {
+                        let k = rng.below(held.len() as u64) as usize;
+                        held.swap_remove(k);
+                    }
+                    if rng.below(16) == 0 {
+                        clock.advance(Duration::from_millis(1));
+                    }
+                }
+            })
+        })
+        .collect();
+    for w in workers {
+        w.join().unwrap();
+    }
+    let s = pool.stats();
+    assert_eq!(s.hits + s.misses, alloc.allocs() + s.hits);
+    assert_eq!(s.blocks_in_use, 0);
+    assert_eq!(s.backing_allocs, alloc.allocs());
+    assert_eq!(s.backing_deallocs, alloc.deallocs());
+    assert_eq!(s.bytes_cached, alloc.live_bytes());
+    assert_eq!(s.blocks_cached, alloc.live() as u64);
+    assert!(s.peak_bytes_in_use <= s.peak_bytes_reserved);
+    pool.with(|p| p.validate());
+    drop(pool);
+    alloc.assert_all_freed();
+}
+
+#[test]
+fn thread_caches_stay_off_with_class_statistics() {
+    let alloc = CheckingAllocator::new();
+    let pool = SharedPool::with_thread_caches(
+        DecayingPool::builder(alloc.clone())
+            .policy(FixedTime::new(Duration::from_secs(1)))
+            .clock(ManualClock::new())
+            .class_stats(true)
+            .build(),
+    );
+    cache_on_a_thread(&pool, &[64]);
+    drop(pool.allocate(64).unwrap()); // the shared cache serves it
+    assert_eq!(pool.stats().hits, 1);
+    drop(pool);
+    alloc.assert_all_freed();
+}
+
+#[test]
+#[cfg_attr(miri, ignore)] // a reaper thread, sleeps and a real clock
+fn the_reaper_frees_an_exited_threads_cached_blocks() {
+    let alloc = CheckingAllocator::new();
+    let pool: SharedPool<_, FixedTime, MonotonicClock> = SharedPool::with_thread_caches(
+        DecayingPool::new(alloc.clone(), FixedTime::new(Duration::from_millis(20))),
+    );
+    let reaper = pool.spawn_reaper(Duration::from_millis(5));
+    {
+        let pool = pool.clone();
+        thread::spawn(move || drop(pool.allocate(64).unwrap()))
+            .join()
+            .unwrap();
+    }
+    assert!(
+        wait_until(Duration::from_secs(2), || alloc.live() == 0),
+        "the reaper did not free the cached block: {:?}",
+        pool.stats()
+    );
+    assert_eq!(pool.stats().evictions, 1);
+    drop(reaper);
+    drop(pool);
+    alloc.assert_all_freed();
+}
+
+#[test]
+fn a_panic_freeing_a_due_block_of_a_thread_cache_loses_no_block() {
+    let alloc = Panicky::default();
+    let clock = ManualClock::new();
+    let pool = SharedPool::with_thread_caches(
+        DecayingPool::builder(alloc.clone())
+            .policy(FixedTime::new(Duration::from_secs(1)))
+            .clock(clock.clone())
+            .build(),
+    );
+    // A release whose magazine first lets a due block go.
+    let old = pool.allocate(30).unwrap();
+    let young = pool.allocate(40).unwrap();
+    drop(old); // into this thread's magazine
+    clock.advance(Duration::from_secs(1));
+    alloc.panic_dealloc.store(true, Ordering::SeqCst);
+    assert!(quiet(move || drop(young)).is_err());
+    let s = pool.stats();
+    assert_eq!(
+        (
+            s.blocks_in_use,
+            s.blocks_cached,
+            s.bytes_cached,
+            s.evictions
+        ),
+        (0, 1, 40, 1)
+    );
+    assert_eq!(alloc.inner.live(), 1);
+    // An allocate that lets a due block go first.
+    clock.advance(Duration::from_secs(1));
+    alloc.panic_dealloc.store(true, Ordering::SeqCst);
+    assert!(quiet(|| pool.allocate(40).map(drop)).is_err());
+    let s = pool.stats();
+    assert_eq!(
+        (s.blocks_in_use, s.blocks_cached, alloc.inner.live()),
+        (0, 0, 0)
+    );
+    // Still usable, and every block accounted for.
+    drop(pool.allocate(40).unwrap());
+    pool.with(|p| p.validate());
+    drop(pool);
+    alloc.inner.assert_all_freed();
+}
