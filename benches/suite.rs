@@ -319,7 +319,9 @@ fn mmap_64mib(c: &mut Criterion) {
             unsafe { pooled.release(p, SIZE) };
         })
     });
-    assert_eq!(pooled.stats().backing_allocs, 1);
+    // One mapping served every round trip (none when a filter skipped the
+    // bench).
+    assert!(pooled.stats().backing_allocs <= 1);
 
     let mut direct = MmapAllocator::new();
     g.bench_function("direct_map_unmap", |b| {
