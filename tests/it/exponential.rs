@@ -1286,6 +1286,7 @@ fn differential(seed: u64, reuse: Reuse) -> (u64, u64) {
 }
 
 #[test]
+#[cfg_attr(miri, ignore)] // thousands of steps: too slow under Miri
 fn the_provisional_deadline_changes_no_decision() {
     let (mut fast, mut slow) = (0, 0);
     for seed in 0..40 {
@@ -1309,6 +1310,7 @@ fn the_provisional_deadline_changes_no_decision() {
 /// far larger than the cache brings the deadline forward, which the policy
 /// reports, and the pool then evicts on time.
 #[test]
+#[cfg_attr(miri, ignore)] // thousands of steps: too slow under Miri
 fn round_trips_skip_the_policy_and_a_large_release_brings_the_deadline_forward() {
     let asked = Rc::new(RefCell::new(0));
     let clock = ManualClock::new();
@@ -1360,6 +1362,7 @@ fn round_trips_skip_the_policy_and_a_large_release_brings_the_deadline_forward()
 /// to fall below the threshold after about 4e-11 half-lives, and the
 /// deadline still holds that close (round trips skip the policy).
 #[test]
+#[cfg_attr(miri, ignore)] // thousands of steps: too slow under Miri
 fn a_terabyte_cache_still_gets_a_deadline_for_its_small_oldest_block() {
     let asked = Rc::new(RefCell::new(0));
     let clock = ManualClock::new();
