@@ -6,13 +6,12 @@ use arbitrary::{Arbitrary, Unstructured};
 
 use crate::policy::{FixedCapacity, Policy};
 use crate::shared::{Pooled, SharedPool};
-use crate::testing::PolicySwitches;
 
-use super::input::{pick, ticks, Config, Fault, Kind, SharedInput, SharedOp, Size, HUGE, MAX_OPS};
+use super::input::{pick, Config, Fault, Kind, SharedInput, SharedOp, Size, HUGE, MAX_OPS};
 use super::model::{Frees, Injected, Model};
 use super::{
-    build, catching, check_common, new_parts, quiet_injected_panics, with_policy, Clock, Injecting,
-    Parts, Summary,
+    apply_common, build, catching, check_common, new_parts, quiet_injected_panics, with_policy,
+    Clock, Injecting, Parts, Probe, Summary,
 };
 
 /// Whether `shared_ops` lets a backing `deallocate` panic on a block that
@@ -294,19 +293,8 @@ impl<P: Policy> SharedHarness<P> {
                 self.check(&op);
             }
             SharedOp::IntoRaw(_) | SharedOp::FromRaw(_) => {}
-            SharedOp::Advance { quarters, jitter } => {
-                let dt = self.model.advance(quarters, jitter);
-                self.parts.clock.inner().advance(ticks(dt));
-                self.check(&op);
-            }
-            SharedOp::FailNext(n) => {
-                self.parts.failing.fail_next(n);
-                self.model.fail_next = n;
-                self.check(&op);
-            }
-            SharedOp::Inject { fault, nth } => {
-                self.parts.switches.inject(fault, nth);
-                self.model.inject(fault, nth);
+            SharedOp::Common(step) => {
+                apply_common(step, &self.parts, &mut self.model);
                 self.check(&op);
             }
             SharedOp::Collect => {
@@ -344,20 +332,15 @@ impl<P: Policy> SharedHarness<P> {
     }
 }
 
-fn run_shared_with<P: Policy>(
-    policy: P,
-    policy_switches: PolicySwitches,
-    cfg: Config,
-    ops: &[SharedOp],
-) -> Summary {
-    let parts = new_parts(&cfg, policy_switches);
+fn run_shared_with<P: Policy>(policy: P, probe: Probe, cfg: Config, ops: &[SharedOp]) -> Summary {
+    let parts = new_parts(&cfg, probe.switches);
     let pool = SharedPool::new(build(policy, &cfg, &parts));
     let (trim_before_drop, mut seed) = (cfg.trim_before_drop, u64::from(cfg.drop_seed));
     let mut h = SharedHarness {
         handles: vec![pool],
         slots: Vec::new(),
         parts,
-        model: Model::new(cfg),
+        model: Model::new(cfg, probe.answers),
         step: 0,
     };
     h.check(&"a new pool");

@@ -1007,6 +1007,14 @@ fn assert_reaches_everything(summaries: &[Summary]) {
     any("FixedCapacity (window < table) evictions", &|s| {
         big(s) && s.stats.evictions > 0
     });
+    // The planned-deadline path: checks skipped before the policy's
+    // deadline, each held against the model.
+    any("FixedTime deadline skips", &|s| {
+        fixed_time(s) && s.deadline_skips > 0
+    });
+    any("Exponential deadline skips", &|s| {
+        exponential(s) && s.deadline_skips > 0 && s.stats.evictions > 0
+    });
     any("FixedCapacity::new(0)", &|s| {
         s.kind == Kind::FixedCapacity { slots: 0 } && s.stats.evictions > 0
     });
@@ -1048,6 +1056,12 @@ fn shared_ops_corpus_replays() {
     let summaries = corpus_or_seeds("shared_ops", &seeds, fuzzing::shared_ops);
     assert!(summaries.len() >= seeds.len());
     assert!(summaries.iter().any(|s| s.second_rung > 0));
+    assert!(
+        summaries
+            .iter()
+            .any(|s| matches!(s.kind, Kind::Exponential { .. }) && s.deadline_skips > 0),
+        "no shared_ops corpus input skips a check before Exponential's deadline"
+    );
     assert_injects_every_fault(&summaries);
 }
 
