@@ -116,7 +116,8 @@ pub enum Kind {
 /// into [`LIMITS`]); capacity (`< 128`: none, else an index into
 /// [`CAPACITIES`]); palette length (`1 + b % 5`); that many palette
 /// entries (indices into [`SIZES`]); flags (`& 1`: trim before the drop;
-/// `& 2`: panic injection, see [`Common::Inject`]); drop-order seed.
+/// `& 2`: panic injection, see [`Common::Inject`]; `& 4`: thread caches,
+/// for a `shared_ops` run with `FixedTime`); drop-order seed.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Config {
     /// The policy.
@@ -139,6 +140,10 @@ pub struct Config {
     /// Chooses the order handles and blocks are dropped in at the end of a
     /// `shared_ops` run.
     pub drop_seed: u8,
+    /// A `shared_ops` run with a `FixedTime` policy drives a pool from
+    /// [`SharedPool::with_thread_caches`](crate::SharedPool::with_thread_caches)
+    /// (flag `& 4`; ignored elsewhere).
+    pub thread_caches: bool,
 }
 
 fn byte(u: &mut Unstructured<'_>) -> arbitrary::Result<u8> {
@@ -189,6 +194,7 @@ impl<'a> Arbitrary<'a> for Config {
         let flags = byte(u)?;
         let trim_before_drop = flags & 1 == 1;
         let faults = flags & 2 == 2;
+        let thread_caches = flags & 4 == 4;
         let drop_seed = byte(u)?;
         Ok(Config {
             kind,
@@ -200,6 +206,7 @@ impl<'a> Arbitrary<'a> for Config {
             trim_before_drop,
             faults,
             drop_seed,
+            thread_caches,
         })
     }
 }

@@ -94,6 +94,7 @@
 //! assert_eq!(summary.stats.evictions, 1);
 //! ```
 
+mod cached;
 mod input;
 mod model;
 pub mod packed;

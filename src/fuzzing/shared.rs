@@ -43,7 +43,11 @@ pub fn shared_ops(data: &[u8]) -> Option<Summary> {
 /// checking every step (injected panics as in [`run_pool`](super::run_pool)); then drops
 /// the handles and blocks in an order the input chooses and checks that
 /// the pool is dropped (every block freed) exactly when the last of them
-/// goes.
+/// goes. With thread caches chosen (flag `& 4`) and a `FixedTime` policy,
+/// the pool comes from [`SharedPool::with_thread_caches`] and short-lived
+/// threads take part; the checks are then those the magazines leave exact
+/// (the counts in use, the backing blocks, the counters, decay, nothing
+/// lost), not the step-by-step model.
 ///
 /// # Panics
 ///
@@ -51,6 +55,9 @@ pub fn shared_ops(data: &[u8]) -> Option<Summary> {
 pub fn run_shared(input: &SharedInput) -> Summary {
     quiet_injected_panics();
     let cfg = input.config.clone();
+    if cfg.thread_caches && matches!(cfg.kind, Kind::FixedTime { .. }) {
+        return super::cached::run_thread_cached(cfg, &input.ops);
+    }
     with_policy!(cfg.kind, run_shared_with(cfg, &input.ops))
 }
 

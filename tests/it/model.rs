@@ -76,6 +76,7 @@ fn config(kind: impl Strategy<Value = Kind>) -> impl Strategy<Value = Config> {
                 trim_before_drop,
                 faults: true,
                 drop_seed: 0,
+                thread_caches: false,
             },
         )
 }
@@ -144,6 +145,7 @@ fn the_model_checks_the_deadline_path() {
             trim_before_drop: false,
             faults: false,
             drop_seed: 0,
+            thread_caches: false,
         };
         let mut ops = vec![
             Op::Allocate(Size::Palette(0)),
