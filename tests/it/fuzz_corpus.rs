@@ -1252,7 +1252,10 @@ fn thread_cached_runs_use_magazines() {
         (1, 3),
         "the thread hits its magazine; the main thread misses the block left there"
     );
-    assert_eq!(cached.stats.blocks_cached, 3, "a block in each magazine, one more");
+    assert_eq!(
+        cached.stats.blocks_cached, 3,
+        "a block in each magazine, one more"
+    );
 }
 
 /// Writes the seeds into `fuzz/corpus/` (when `DECAYING_POOL_WRITE_CORPUS`
