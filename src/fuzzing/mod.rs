@@ -4,9 +4,14 @@
 //! The harness checks [`DecayingPool`] and
 //! [`SharedPool`](crate::SharedPool) here, the packing layer in [`packed`].
 //! The code is split as follows: `input` parses the bytes ([`Config`],
-//! [`Op`], [`SharedOp`]), `model` is the reference model, `pool` and
-//! `shared` run the two harnesses, and this module holds what they share
-//! (the panic switches, the backing allocator, the common checks).
+//! [`Op`], [`SharedOp`], the [`Common`] steps of both), `model` is the
+//! reference model, `pool` and `shared` run the two harnesses, `cached`
+//! runs `shared_ops` on a pool from
+//! [`SharedPool::with_thread_caches`](crate::SharedPool::with_thread_caches)
+//! (with short-lived threads, against the invariants the magazines leave
+//! exact rather than the model: see [`run_shared`]), and this module holds
+//! what they share (the panic switches, the backing allocator, the policy
+//! wrappers, the common checks).
 //!
 //! The `fuzz/` targets `pool_ops` and `shared_ops` and the stable-Rust
 //! corpus replay (`tests/it/fuzz_corpus.rs`) all call [`pool_ops`] and
@@ -72,10 +77,18 @@
 //! - the limit rule, then the out-of-memory retry ladder, on a miss;
 //! - the calls the pool makes, for the fault countdowns: one clock read
 //!   per operation (timed policies only); `must_evict` for each eviction
-//!   check not skipped by the cached deadline (`FixedTime`: the oldest
-//!   block's release plus the ttl, reset by every free), `deadline` when it
-//!   says no, `on_free` before every free, `on_hit` before a hit takes its
-//!   block, `on_release` after a release caches it.
+//!   check not skipped by the cached deadline, `provisional_deadline`
+//!   when it says no, `on_free` before every free, `on_hit` before a hit
+//!   takes its block, `on_release` after a release caches it;
+//! - the cached deadline: the policy's `provisional_deadline` after a
+//!   `must_evict` that said no, dropped by every free and when
+//!   `deadline_stale` says so after a release or a hit. The model learns
+//!   these answers from a log the policy's wrapper keeps (it cannot plan
+//!   `Exponential`'s deadline itself), checks `FixedTime`'s (the oldest
+//!   block's release plus the ttl, never stale), and checks every check
+//!   the pool skips: nothing due, and no clamp of `Exponential`'s
+//!   allowance skipped. (See [`EXPONENTIAL_ON_RELEASE_PANICS`] for the
+//!   one fault held back there.)
 //!
 //! # Input layout
 //!
