@@ -220,8 +220,13 @@ impl CachedHarness {
     /// Allocates `size` on this thread (raw: through `with`).
     fn allocate(&mut self, pool: Shared, size: usize, raw: bool) {
         let got = if raw {
-            pool.with(|p| p.allocate(size))
-                .map(|b| Holder::Raw(b, size))
+            // `with` has put the magazines' blocks back into the shared
+            // cache: the whole pool is there to validate.
+            pool.with(|p| {
+                p.validate();
+                p.allocate(size)
+            })
+            .map(|b| Holder::Raw(b, size))
         } else {
             pool.allocate(size).map(Holder::Pooled)
         };
@@ -246,8 +251,11 @@ impl CachedHarness {
                     // given back once.
                     drop(unsafe { Pooled::from_raw(&pool, block, size) });
                 } else {
-                    // SAFETY: as above.
-                    pool.with(|p| unsafe { p.release(block, size) });
+                    pool.with(|p| {
+                        p.validate();
+                        // SAFETY: as above.
+                        unsafe { p.release(block, size) }
+                    });
                 }
             }
         }
