@@ -903,13 +903,24 @@ pub struct PolicySwitches {
     pub on_free: PanicSwitch,
     /// [`EvictionPolicy::must_evict`].
     pub must_evict: PanicSwitch,
-    /// [`EvictionPolicy::deadline`].
+    /// [`EvictionPolicy::deadline`] and
+    /// [`EvictionPolicy::provisional_deadline`]: a deadline query (the pool
+    /// asks through `provisional_deadline`, which the wrapper forwards to
+    /// the inner policy's own, so each query goes through this switch
+    /// once).
     pub deadline: PanicSwitch,
+    /// [`EvictionPolicy::deadline_stale`].
+    pub deadline_stale: PanicSwitch,
 }
 
 /// Wraps an eviction policy; every call goes through its own
 /// [`PanicSwitch`] (see [`PolicySwitches`]) before reaching the inner
-/// policy. Clones share the switches, not the inner policy's state.
+/// policy. Every method of [`EvictionPolicy`] is forwarded, those with
+/// defaults included, so the pool sees the inner policy's deadlines
+/// ([`provisional_deadline`](EvictionPolicy::provisional_deadline) and
+/// [`deadline_stale`](EvictionPolicy::deadline_stale)) and skips its
+/// checks as it would without the wrapper. Clones share the switches, not
+/// the inner policy's state.
 ///
 /// # Examples
 ///
@@ -989,6 +1000,20 @@ impl<P: EvictionPolicy> EvictionPolicy for PanickingPolicy<P> {
         self.switches.deadline.hit();
         self.inner.deadline(oldest)
     }
+
+    /// Forwarded: a wrapper that left it out would give the pool the inner
+    /// policy's [`deadline`](EvictionPolicy::deadline) instead (none, for
+    /// [`Exponential`](crate::Exponential)), and the planned-deadline path
+    /// would never run under the wrapper.
+    fn provisional_deadline(&self, oldest: Oldest) -> Option<Duration> {
+        self.switches.deadline.hit();
+        self.inner.provisional_deadline(oldest)
+    }
+
+    fn deadline_stale(&self) -> bool {
+        self.switches.deadline_stale.hit();
+        self.inner.deadline_stale()
+    }
 }
 
 impl crate::Packable for CheckingAllocator {
@@ -1020,5 +1045,80 @@ impl<A: crate::Packable> crate::Packable for PanickingAllocator<A> {
 
     fn address(block: &A::Block) -> usize {
         A::address(block)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::{Exponential, FixedTime};
+    use crate::pool::DecayingPool;
+
+    /// The pool gets the inner policy's planned deadline through the
+    /// wrapper: once a collection kept the oldest block, an allocation
+    /// before the deadline skips `must_evict`. (Without the forwarding,
+    /// `Exponential` gives no deadline and every allocation asks.)
+    #[test]
+    fn panicking_policy_forwards_deadlines() {
+        fn run<P: EvictionPolicy>(inner: P) -> (u64, u64, u64) {
+            let policy = PanickingPolicy::new(inner);
+            let switches = policy.switches();
+            let clock = ManualClock::new();
+            let mut pool = DecayingPool::builder(CheckingAllocator::new())
+                .policy(policy)
+                .clock(clock.clone())
+                .build();
+            let a = pool.allocate(64).unwrap();
+            // SAFETY: `a` came from this pool with 64 bytes, released once.
+            unsafe { pool.release(a, 64) };
+            assert_eq!(pool.collect(), 0);
+            assert_eq!(switches.must_evict.calls(), 1, "the collection asks");
+            clock.advance(Duration::from_millis(250));
+            let b = pool.allocate(128).unwrap();
+            let skipped = switches.must_evict.calls() == 1;
+            assert!(
+                skipped,
+                "the allocation before the deadline skips must_evict"
+            );
+            // SAFETY: `b` came from this pool with 128 bytes, released once.
+            unsafe { pool.release(b, 128) };
+            (
+                switches.deadline.calls(),
+                switches.deadline_stale.calls(),
+                switches.must_evict.calls(),
+            )
+        }
+        let (deadlines, stale, _) = run(Exponential::new(Duration::from_secs(1)));
+        assert!(deadlines >= 1, "provisional_deadline reaches the switch");
+        assert_eq!(stale, 2, "deadline_stale after each release");
+        let (deadlines, stale, _) = run(FixedTime::new(Duration::from_secs(1)));
+        assert!(deadlines >= 1);
+        assert_eq!(stale, 2);
+    }
+
+    /// A panic injected into `deadline_stale` or `provisional_deadline`
+    /// fires in the pool's calls to them.
+    #[test]
+    fn deadline_switches_fire() {
+        let policy = PanickingPolicy::new(Exponential::new(Duration::from_secs(1)));
+        let switches = policy.switches();
+        let mut pool = DecayingPool::builder(CheckingAllocator::new())
+            .policy(policy)
+            .clock(ManualClock::new())
+            .build();
+        let a = pool.allocate(64).unwrap();
+        switches.deadline_stale.panic_on(1);
+        let released = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            // SAFETY: `a` came from this pool with 64 bytes, released once
+            // (a release that panics still takes the block).
+            unsafe { pool.release(a, 64) }
+        }));
+        assert!(released.is_err());
+        assert_eq!(switches.deadline_stale.fired(), 1);
+        switches.deadline.panic_on(1);
+        let collected = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| pool.collect()));
+        assert!(collected.is_err());
+        assert_eq!(switches.deadline.fired(), 1);
+        assert_eq!(pool.stats().blocks_cached, 1);
     }
 }

@@ -47,7 +47,7 @@ pub const MULTIPLES: [usize; 8] = [0, 1, 2, 3, 8, 100, 256, 1000];
 /// `SizeClass::PowerOfTwoDivisions` parameters.
 pub const DIVISIONS: [u32; 9] = [0, 1, 2, 3, 4, 5, 7, 8, 16];
 
-/// A call the harness can make panic (see [`Op::Inject`]).
+/// A call the harness can make panic (see [`Common::Inject`]).
 ///
 /// An injected panic is a `String` payload starting with
 /// [`PanicSwitch::MESSAGE`](crate::testing::PanicSwitch::MESSAGE); the
@@ -116,7 +116,8 @@ pub enum Kind {
 /// into [`LIMITS`]); capacity (`< 128`: none, else an index into
 /// [`CAPACITIES`]); palette length (`1 + b % 5`); that many palette
 /// entries (indices into [`SIZES`]); flags (`& 1`: trim before the drop;
-/// `& 2`: panic injection, see [`Op::Inject`]); drop-order seed.
+/// `& 2`: panic injection, see [`Common::Inject`]; `& 4`: thread caches,
+/// for a `shared_ops` run with `FixedTime`); drop-order seed.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Config {
     /// The policy.
@@ -139,6 +140,10 @@ pub struct Config {
     /// Chooses the order handles and blocks are dropped in at the end of a
     /// `shared_ops` run.
     pub drop_seed: u8,
+    /// A `shared_ops` run with a `FixedTime` policy drives a pool from
+    /// [`SharedPool::with_thread_caches`](crate::SharedPool::with_thread_caches)
+    /// (flag `& 4`; ignored elsewhere).
+    pub thread_caches: bool,
 }
 
 fn byte(u: &mut Unstructured<'_>) -> arbitrary::Result<u8> {
@@ -189,6 +194,7 @@ impl<'a> Arbitrary<'a> for Config {
         let flags = byte(u)?;
         let trim_before_drop = flags & 1 == 1;
         let faults = flags & 2 == 2;
+        let thread_caches = flags & 4 == 4;
         let drop_seed = byte(u)?;
         Ok(Config {
             kind,
@@ -200,6 +206,7 @@ impl<'a> Arbitrary<'a> for Config {
             trim_before_drop,
             faults,
             drop_seed,
+            thread_caches,
         })
     }
 }
@@ -234,6 +241,19 @@ pub enum Op {
     Release(u8),
     /// Releases the i-th live block, then allocates its size again.
     ReleaseAllocate(u8),
+    /// A step on the harness rather than on the pool.
+    Common(Common),
+    /// `collect`.
+    Collect,
+    /// `trim`.
+    Trim,
+}
+
+/// The steps both harnesses take on their clock, backing allocator and
+/// panic switches rather than on the pool ([`Op::Common`],
+/// [`SharedOp::Common`]), read the same way by both.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Common {
     /// Advances the clock by `quarters / 4` of the policy's period, plus
     /// `jitter` ticks.
     Advance {
@@ -252,31 +272,32 @@ pub enum Op {
         /// 1 to 4: the next such call, or a later one.
         nth: u8,
     },
-    /// `collect`.
-    Collect,
-    /// `trim`.
-    Trim,
 }
 
-fn advance(u: &mut Unstructured<'_>) -> arbitrary::Result<(u8, i8)> {
-    let quarters = byte(u)? % 17;
-    // 0, 1 or 2, minus one: fits.
-    let jitter = (byte(u)? % 3) as i8 - 1;
-    Ok((quarters, jitter))
-}
+impl Common {
+    /// An advance's arguments: quarters (`% 17`), jitter (`% 3 - 1`).
+    fn advance(u: &mut Unstructured<'_>) -> arbitrary::Result<Self> {
+        let quarters = byte(u)? % 17;
+        // 0, 1 or 2, minus one: fits.
+        let jitter = (byte(u)? % 3) as i8 - 1;
+        Ok(Common::Advance { quarters, jitter })
+    }
 
-/// A fail-next operation's argument: fail the next `n % 4` backing calls,
-/// or (with panic injection on and `n >= 128`) inject a fault.
-fn fail_or_inject(
-    u: &mut Unstructured<'_>,
-    faults: bool,
-) -> arbitrary::Result<Result<u32, (Fault, u8)>> {
-    let n = byte(u)?;
-    if faults && n >= 128 {
-        let fault = FAULTS[usize::from(n - 128) % FAULTS.len()];
-        Ok(Err((fault, 1 + byte(u)? % 4)))
-    } else {
-        Ok(Ok(u32::from(n % 4)))
+    /// A fail-next operation's argument: fail the next `n % 4` backing
+    /// calls, or (with panic injection on and `n >= 128`) inject
+    /// `FAULTS[(n - 128) % 8]` on the `1 + m % 4`-th call from now, `m` the
+    /// next byte.
+    fn fail_or_inject(u: &mut Unstructured<'_>, faults: bool) -> arbitrary::Result<Self> {
+        let n = byte(u)?;
+        Ok(if faults && n >= 128 {
+            let fault = FAULTS[usize::from(n - 128) % FAULTS.len()];
+            Common::Inject {
+                fault,
+                nth: 1 + byte(u)? % 4,
+            }
+        } else {
+            Common::FailNext(u32::from(n % 4))
+        })
     }
 }
 
@@ -295,14 +316,8 @@ impl Op {
             11 => Op::Allocate(Size::Huge(byte(u)?)),
             12..=18 => Op::Release(byte(u)?),
             19..=21 => Op::ReleaseAllocate(byte(u)?),
-            22..=26 => {
-                let (quarters, jitter) = advance(u)?;
-                Op::Advance { quarters, jitter }
-            }
-            27..=28 => match fail_or_inject(u, faults)? {
-                Ok(n) => Op::FailNext(n),
-                Err((fault, nth)) => Op::Inject { fault, nth },
-            },
+            22..=26 => Op::Common(Common::advance(u)?),
+            27..=28 => Op::Common(Common::fail_or_inject(u, faults)?),
             29..=30 => Op::Collect,
             _ => Op::Trim,
         })
@@ -388,22 +403,8 @@ pub enum SharedOp {
     IntoRaw(u8),
     /// `Pooled::from_raw` on the i-th live block, if it is raw.
     FromRaw(u8),
-    /// Advances the clock as [`Op::Advance`].
-    Advance {
-        /// Quarter periods.
-        quarters: u8,
-        /// -1, 0 or 1 tick.
-        jitter: i8,
-    },
-    /// `FailingAllocator::fail_next(n)`.
-    FailNext(u32),
-    /// As [`Op::Inject`].
-    Inject {
-        /// Which call.
-        fault: Fault,
-        /// 1 to 4: the next such call, or a later one.
-        nth: u8,
-    },
+    /// A step on the harness, as [`Op::Common`].
+    Common(Common),
     /// `SharedPool::collect`.
     Collect,
     /// `SharedPool::trim`.
@@ -443,14 +444,8 @@ impl SharedOp {
             17 => SharedOp::FromRaw(byte(u)?),
             18 => SharedOp::WithAllocate(byte(u)?),
             19 => SharedOp::ReleaseAllocate(byte(u)?),
-            20..=22 => {
-                let (quarters, jitter) = advance(u)?;
-                SharedOp::Advance { quarters, jitter }
-            }
-            23 => match fail_or_inject(u, faults)? {
-                Ok(n) => SharedOp::FailNext(n),
-                Err((fault, nth)) => SharedOp::Inject { fault, nth },
-            },
+            20..=22 => SharedOp::Common(Common::advance(u)?),
+            23 => SharedOp::Common(Common::fail_or_inject(u, faults)?),
             24..=25 => SharedOp::Collect,
             26 => SharedOp::Trim,
             27 => SharedOp::CloneHandle,

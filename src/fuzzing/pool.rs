@@ -8,13 +8,12 @@ use arbitrary::{Arbitrary, Unstructured};
 use crate::policy::Policy;
 use crate::pool::DecayingPool;
 use crate::raw::RawAllocator;
-use crate::testing::PolicySwitches;
 
-use super::input::{pick, ticks, Config, Op, PoolInput, Size, HUGE, MAX_OPS};
+use super::input::{pick, Config, Op, PoolInput, Size, HUGE, MAX_OPS};
 use super::model::{Live, Model};
 use super::{
-    build, catching, check_common, new_parts, quiet_injected_panics, with_policy, Clock, Injecting,
-    Parts, Summary,
+    apply_common, build, catching, check_common, new_parts, quiet_injected_panics, with_policy,
+    Clock, Injecting, Parts, Probe, Summary,
 };
 
 /// Parses `data` as a [`PoolInput`] and runs it with [`run_pool`].
@@ -144,19 +143,8 @@ impl<P: Policy> PoolHarness<P> {
                 }
             }
             Op::Release(_) | Op::ReleaseAllocate(_) => {}
-            Op::Advance { quarters, jitter } => {
-                let dt = self.model.advance(quarters, jitter);
-                self.parts.clock.inner().advance(ticks(dt));
-                self.check(&op);
-            }
-            Op::FailNext(n) => {
-                self.parts.failing.fail_next(n);
-                self.model.fail_next = n;
-                self.check(&op);
-            }
-            Op::Inject { fault, nth } => {
-                self.parts.switches.inject(fault, nth);
-                self.model.inject(fault, nth);
+            Op::Common(step) => {
+                apply_common(step, &self.parts, &mut self.model);
                 self.check(&op);
             }
             Op::Collect => {
@@ -177,19 +165,14 @@ impl<P: Policy> PoolHarness<P> {
     }
 }
 
-fn run_pool_with<P: Policy>(
-    policy: P,
-    policy_switches: PolicySwitches,
-    cfg: Config,
-    ops: &[Op],
-) -> Summary {
-    let parts = new_parts(&cfg, policy_switches);
+fn run_pool_with<P: Policy>(policy: P, probe: Probe, cfg: Config, ops: &[Op]) -> Summary {
+    let parts = new_parts(&cfg, probe.switches);
     let pool = build(policy, &cfg, &parts);
     let trim_before_drop = cfg.trim_before_drop;
     let mut h = PoolHarness {
         pool: ManuallyDrop::new(pool),
         parts,
-        model: Model::new(cfg),
+        model: Model::new(cfg, probe.answers),
         step: 0,
     };
     h.check(&"a new pool");

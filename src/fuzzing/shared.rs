@@ -6,13 +6,12 @@ use arbitrary::{Arbitrary, Unstructured};
 
 use crate::policy::{FixedCapacity, Policy};
 use crate::shared::{Pooled, SharedPool};
-use crate::testing::PolicySwitches;
 
-use super::input::{pick, ticks, Config, Fault, Kind, SharedInput, SharedOp, Size, HUGE, MAX_OPS};
+use super::input::{pick, Config, Fault, Kind, SharedInput, SharedOp, Size, HUGE, MAX_OPS};
 use super::model::{Frees, Injected, Model};
 use super::{
-    build, catching, check_common, new_parts, quiet_injected_panics, with_policy, Clock, Injecting,
-    Parts, Summary,
+    apply_common, build, catching, check_common, new_parts, quiet_injected_panics, with_policy,
+    Clock, Injecting, Parts, Probe, Summary,
 };
 
 /// Whether `shared_ops` lets a backing `deallocate` panic on a block that
@@ -44,7 +43,11 @@ pub fn shared_ops(data: &[u8]) -> Option<Summary> {
 /// checking every step (injected panics as in [`run_pool`](super::run_pool)); then drops
 /// the handles and blocks in an order the input chooses and checks that
 /// the pool is dropped (every block freed) exactly when the last of them
-/// goes.
+/// goes. With thread caches chosen (flag `& 4`) and a `FixedTime` policy,
+/// the pool comes from [`SharedPool::with_thread_caches`] and short-lived
+/// threads take part; the checks are then those the magazines leave exact
+/// (the counts in use, the backing blocks, the counters, decay, nothing
+/// lost), not the step-by-step model.
 ///
 /// # Panics
 ///
@@ -52,6 +55,9 @@ pub fn shared_ops(data: &[u8]) -> Option<Summary> {
 pub fn run_shared(input: &SharedInput) -> Summary {
     quiet_injected_panics();
     let cfg = input.config.clone();
+    if cfg.thread_caches && matches!(cfg.kind, Kind::FixedTime { .. }) {
+        return super::cached::run_thread_cached(cfg, &input.ops);
+    }
     with_policy!(cfg.kind, run_shared_with(cfg, &input.ops))
 }
 
@@ -294,19 +300,8 @@ impl<P: Policy> SharedHarness<P> {
                 self.check(&op);
             }
             SharedOp::IntoRaw(_) | SharedOp::FromRaw(_) => {}
-            SharedOp::Advance { quarters, jitter } => {
-                let dt = self.model.advance(quarters, jitter);
-                self.parts.clock.inner().advance(ticks(dt));
-                self.check(&op);
-            }
-            SharedOp::FailNext(n) => {
-                self.parts.failing.fail_next(n);
-                self.model.fail_next = n;
-                self.check(&op);
-            }
-            SharedOp::Inject { fault, nth } => {
-                self.parts.switches.inject(fault, nth);
-                self.model.inject(fault, nth);
+            SharedOp::Common(step) => {
+                apply_common(step, &self.parts, &mut self.model);
                 self.check(&op);
             }
             SharedOp::Collect => {
@@ -344,20 +339,15 @@ impl<P: Policy> SharedHarness<P> {
     }
 }
 
-fn run_shared_with<P: Policy>(
-    policy: P,
-    policy_switches: PolicySwitches,
-    cfg: Config,
-    ops: &[SharedOp],
-) -> Summary {
-    let parts = new_parts(&cfg, policy_switches);
+fn run_shared_with<P: Policy>(policy: P, probe: Probe, cfg: Config, ops: &[SharedOp]) -> Summary {
+    let parts = new_parts(&cfg, probe.switches);
     let pool = SharedPool::new(build(policy, &cfg, &parts));
     let (trim_before_drop, mut seed) = (cfg.trim_before_drop, u64::from(cfg.drop_seed));
     let mut h = SharedHarness {
         handles: vec![pool],
         slots: Vec::new(),
         parts,
-        model: Model::new(cfg),
+        model: Model::new(cfg, probe.answers),
         step: 0,
     };
     h.check(&"a new pool");

@@ -41,6 +41,8 @@ struct Cfg {
     /// Panic injection on.
     faults: bool,
     drop_seed: u8,
+    /// `shared_ops` with `FixedTime`: a thread-cached pool.
+    thread_caches: bool,
 }
 
 /// Indices into `SIZES`.
@@ -75,6 +77,7 @@ fn cfg(kind: u8, param: u8) -> Cfg {
         trim_before_drop: false,
         faults: false,
         drop_seed: 0,
+        thread_caches: false,
     }
 }
 
@@ -91,7 +94,11 @@ impl Cfg {
             (self.palette.len() - 1) as u8,
         ];
         b.extend(&self.palette);
-        b.push(u8::from(self.trim_before_drop) | u8::from(self.faults) << 1);
+        b.push(
+            u8::from(self.trim_before_drop)
+                | u8::from(self.faults) << 1
+                | u8::from(self.thread_caches) << 2,
+        );
         b.push(self.drop_seed);
         b
     }
@@ -125,6 +132,10 @@ impl Cfg {
     }
     fn drop_seed(mut self, s: u8) -> Self {
         self.drop_seed = s;
+        self
+    }
+    fn thread_caches(mut self) -> Self {
+        self.thread_caches = true;
         self
     }
 }
@@ -742,8 +753,14 @@ fn shared_seeds() -> Vec<(String, Vec<u8>)> {
         );
         add(
             &format!("noise-panics-{i}"),
-            seed(&c.faults(), [noise(u64::from(i) + 150, 300)]),
+            seed(&c.clone().faults(), [noise(u64::from(i) + 150, 300)]),
         );
+        if i % 3 == 0 {
+            add(
+                &format!("noise-thread-caches-{i}"),
+                seed(&c.thread_caches(), [noise(u64::from(i) + 200, 300)]),
+            );
+        }
     }
     let ft = || cfg(0, P4).faults();
     let limit_1000 = || ft().limit(4).palette(&[S1000]);
@@ -914,7 +931,117 @@ fn shared_seeds() -> Vec<(String, Vec<u8>)> {
     for (name, c, ops) in panics {
         add(name, seed(&c, ops));
     }
+    for (name, c, ops) in thread_cache_seeds() {
+        add(name, seed(&c, ops));
+    }
     seeds
+}
+
+/// A thread's block left in its magazine: a short-lived thread (`via_block`
+/// in a thread-cached run) allocates two sizes, hands the first back,
+/// releases the second, allocates it again (a hit in its magazine),
+/// releases it and exits; then the main thread asks for that size.
+fn thread_leaves_a_block() -> Vec<Vec<u8>> {
+    vec![
+        sop::via_block(2),
+        sop::alloc(0, 0),
+        sop::release(0, 0),
+        sop::release(0, 0),
+    ]
+}
+
+/// `shared_ops` seeds on thread-cached pools (`FixedTime`): short-lived
+/// threads whose magazines outlive them, decay, trim, the limit, the
+/// out-of-memory retry and `with` flushing the magazines, drop orders.
+fn thread_cache_seeds() -> Vec<(&'static str, Cfg, Vec<Vec<u8>>)> {
+    let threads = || {
+        vec![
+            sop::alloc(0, 0),
+            sop::alloc(0, 1),
+            sop::release(0, 0),
+            sop::via_block(1),
+            sop::via_block(2),
+            sop::via_block(5),
+            sop::release_alloc(0),
+            sop::clone_handle(),
+            sop::via_block(7),
+            sop::alloc(1, 2),
+            sop::advance(2, 0),
+            sop::collect(),
+            sop::via_block(6),
+            sop::into_raw(0),
+            sop::via_block(3),
+            sop::advance(4, 1),
+            sop::collect(),
+            sop::alloc(0, 0),
+            sop::with_alloc(1),
+            sop::from_raw(0),
+            sop::release(1, 1),
+            sop::via_block(4),
+            sop::drop_handle(0),
+            sop::release_alloc(1),
+            sop::zero(),
+            sop::huge(1),
+        ]
+    };
+    let mut ops_for_limit = threads();
+    ops_for_limit.extend([
+        sop::trim(),
+        sop::fail(2),
+        sop::via_block(5),
+        sop::alloc(0, 1),
+    ]);
+    let mut many = Vec::new();
+    for i in 0..12u8 {
+        many.extend([
+            sop::via_block(2 * i + 1),
+            sop::alloc(0, i),
+            sop::release(i, 0),
+        ]);
+    }
+    many.extend([
+        sop::advance(3, 0),
+        sop::collect(),
+        sop::advance(2, 0),
+        sop::collect(),
+    ]);
+    vec![
+        ("thread-caches-ttl-4", cfg(0, P4).thread_caches(), threads()),
+        (
+            "thread-caches-ttl-0",
+            cfg(0, P0).thread_caches().drop_seed(3),
+            threads(),
+        ),
+        (
+            "thread-caches-ttl-64-trim",
+            cfg(0, P64).thread_caches().trim().drop_seed(7),
+            threads(),
+        ),
+        (
+            "thread-caches-limit",
+            cfg(0, P16).thread_caches().limit(4).class(1, 0),
+            ops_for_limit,
+        ),
+        (
+            "thread-caches-oom",
+            cfg(0, P16)
+                .thread_caches()
+                .capacity(3)
+                .palette(&[S1000, S500, S1025, S64])
+                .drop_seed(11),
+            many.clone(),
+        ),
+        (
+            "thread-caches-many-threads",
+            cfg(0, P4).thread_caches(),
+            many,
+        ),
+        (
+            "thread-caches-magazine-outlives-thread",
+            cfg(0, P64).thread_caches(),
+            thread_leaves_a_block(),
+        ),
+    ]
 }
 
 // --- replay -----------------------------------------------------------------
@@ -1007,6 +1134,14 @@ fn assert_reaches_everything(summaries: &[Summary]) {
     any("FixedCapacity (window < table) evictions", &|s| {
         big(s) && s.stats.evictions > 0
     });
+    // The planned-deadline path: checks skipped before the policy's
+    // deadline, each held against the model.
+    any("FixedTime deadline skips", &|s| {
+        fixed_time(s) && s.deadline_skips > 0
+    });
+    any("Exponential deadline skips", &|s| {
+        exponential(s) && s.deadline_skips > 0 && s.stats.evictions > 0
+    });
     any("FixedCapacity::new(0)", &|s| {
         s.kind == Kind::FixedCapacity { slots: 0 } && s.stats.evictions > 0
     });
@@ -1048,6 +1183,24 @@ fn shared_ops_corpus_replays() {
     let summaries = corpus_or_seeds("shared_ops", &seeds, fuzzing::shared_ops);
     assert!(summaries.len() >= seeds.len());
     assert!(summaries.iter().any(|s| s.second_rung > 0));
+    assert!(
+        summaries
+            .iter()
+            .any(|s| matches!(s.kind, Kind::Exponential { .. }) && s.deadline_skips > 0),
+        "no shared_ops corpus input skips a check before Exponential's deadline"
+    );
+    assert!(
+        summaries
+            .iter()
+            .any(|s| s.thread_cached && s.stats.hits > 0 && s.stats.evictions > 0),
+        "no shared_ops corpus input drives a thread-cached pool that hits and decays"
+    );
+    assert!(
+        summaries
+            .iter()
+            .any(|s| s.thread_cached && s.stats.backing_failures > 0 && s.stats.trimmed > 0),
+        "no shared_ops corpus input runs a thread-cached pool out of memory"
+    );
     assert_injects_every_fault(&summaries);
 }
 
@@ -1082,6 +1235,27 @@ fn seeds_pass_the_harness() {
     for (_, bytes) in shared_seeds().iter().filter(|(name, _)| chosen(name)) {
         fuzzing::shared_ops(bytes).expect("a seed parses");
     }
+}
+
+/// The thread-cached runs reach the magazines: a short-lived thread's
+/// round trip hits its own magazine, and the block it left there is not
+/// the main thread's to hit (a pool without magazines would hand it out:
+/// two misses, not three), yet it still goes back at the end.
+#[test]
+fn thread_cached_runs_use_magazines() {
+    let ops = thread_leaves_a_block();
+    let plain = fuzzing::shared_ops(&seed(&cfg(0, P64), ops.clone())).expect("parses");
+    let cached = fuzzing::shared_ops(&seed(&cfg(0, P64).thread_caches(), ops)).expect("parses");
+    assert!(!plain.thread_cached && cached.thread_cached);
+    assert_eq!(
+        (cached.stats.hits, cached.stats.misses),
+        (1, 3),
+        "the thread hits its magazine; the main thread misses the block left there"
+    );
+    assert_eq!(
+        cached.stats.blocks_cached, 3,
+        "a block in each magazine, one more"
+    );
 }
 
 /// Writes the seeds into `fuzz/corpus/` (when `DECAYING_POOL_WRITE_CORPUS`

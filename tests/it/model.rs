@@ -18,7 +18,7 @@
 //! per case) and shrinks a failure to a minimal sequence.
 
 use decaying_pool::fuzzing::{
-    model_round, run_pool, Config, Kind, Op, PoolInput, Size, FAULTS, HUGE, SIZES,
+    model_round, run_pool, Common, Config, Kind, Op, PoolInput, Size, FAULTS, HUGE, SIZES,
 };
 use decaying_pool::{Reuse, SizeClass};
 use proptest::prelude::*;
@@ -76,6 +76,7 @@ fn config(kind: impl Strategy<Value = Kind>) -> impl Strategy<Value = Config> {
                 trim_before_drop,
                 faults: true,
                 drop_seed: 0,
+                thread_caches: false,
             },
         )
 }
@@ -87,9 +88,9 @@ fn op() -> impl Strategy<Value = Op> {
         2 => (0..HUGE.len() as u8).prop_map(|k| Op::Allocate(Size::Huge(k))),
         24 => any::<u8>().prop_map(Op::Release),
         8 => any::<u8>().prop_map(Op::ReleaseAllocate),
-        16 => (0u8..=12, -1i8..=1).prop_map(|(quarters, jitter)| Op::Advance { quarters, jitter }),
-        4 => (0u32..=3).prop_map(Op::FailNext),
-        3 => (0..FAULTS.len(), 1u8..=4).prop_map(|(f, nth)| Op::Inject { fault: FAULTS[f], nth }),
+        16 => (0u8..=12, -1i8..=1).prop_map(|(quarters, jitter)| Op::Common(Common::Advance { quarters, jitter })),
+        4 => (0u32..=3).prop_map(|n| Op::Common(Common::FailNext(n))),
+        3 => (0..FAULTS.len(), 1u8..=4).prop_map(|(f, nth)| Op::Common(Common::Inject { fault: FAULTS[f], nth })),
         6 => Just(Op::Collect),
         2 => Just(Op::Trim),
     ]
@@ -102,9 +103,9 @@ fn steady_op() -> impl Strategy<Value = Op> {
         20 => any::<u8>().prop_map(|i| Op::Allocate(Size::Palette(i))),
         12 => any::<u8>().prop_map(Op::Release),
         40 => any::<u8>().prop_map(Op::ReleaseAllocate),
-        6 => (0u8..=2, -1i8..=1).prop_map(|(quarters, jitter)| Op::Advance { quarters, jitter }),
-        1 => (0u32..=3).prop_map(Op::FailNext),
-        1 => (0..FAULTS.len(), 1u8..=4).prop_map(|(f, nth)| Op::Inject { fault: FAULTS[f], nth }),
+        6 => (0u8..=2, -1i8..=1).prop_map(|(quarters, jitter)| Op::Common(Common::Advance { quarters, jitter })),
+        1 => (0u32..=3).prop_map(|n| Op::Common(Common::FailNext(n))),
+        1 => (0..FAULTS.len(), 1u8..=4).prop_map(|(f, nth)| Op::Common(Common::Inject { fault: FAULTS[f], nth })),
         2 => Just(Op::Collect),
     ]
 }
@@ -120,6 +121,63 @@ fn run(config: Config, ops: Vec<Op>) {
     let n = ops.len();
     let summary = run_pool(&PoolInput { config, ops });
     assert_eq!(summary.ops, n, "every operation ran");
+}
+
+/// The model runs the policies' planned-deadline path: releases, then
+/// allocations (a miss of another size) a quarter period apart, so each
+/// allocation before the oldest block's deadline skips `must_evict`, and
+/// the model checks that nothing was due; then the deadline passes and the
+/// blocks go. Fails when the wrapper around the policy stops forwarding
+/// `provisional_deadline` (`Exponential` then has no deadline: no skips).
+#[test]
+fn the_model_checks_the_deadline_path() {
+    for kind in [
+        Kind::FixedTime { ttl: 16 },
+        Kind::Exponential { half_life: 16 },
+    ] {
+        let config = Config {
+            kind,
+            reuse: Reuse::Lifo,
+            size_class: SizeClass::Exact,
+            limit: None,
+            capacity: None,
+            palette: vec![64, 128, 100],
+            trim_before_drop: false,
+            faults: false,
+            drop_seed: 0,
+            thread_caches: false,
+        };
+        let mut ops = vec![
+            Op::Allocate(Size::Palette(0)),
+            Op::Allocate(Size::Palette(0)),
+            Op::Release(0),
+            Op::Release(0),
+            Op::Collect,
+        ];
+        for _ in 0..3 {
+            ops.push(Op::Common(Common::Advance {
+                quarters: 1,
+                jitter: 0,
+            }));
+            ops.push(Op::Allocate(Size::Palette(1)));
+            ops.push(Op::Release(0));
+            ops.push(Op::Allocate(Size::Palette(2)));
+        }
+        ops.extend([
+            Op::Common(Common::Advance {
+                quarters: 16,
+                jitter: 1,
+            }),
+            Op::Collect,
+        ]);
+        let summary = run_pool(&PoolInput { config, ops });
+        assert!(
+            summary.deadline_skips >= 2,
+            "{kind:?}: {} checks skipped before the deadline",
+            summary.deadline_skips
+        );
+        assert!(summary.stats.evictions >= 2, "{kind:?}: the blocks decay");
+    }
 }
 
 proptest! {
