@@ -483,6 +483,32 @@ fn recover<T>(r: Result<T, PoisonError<T>>) -> T {
 }
 
 impl<A: RawAllocator, P: Policy, C: Clock> Inner<A, P, C> {
+    /// The state of a new pool with one handle and no block lent: a plain
+    /// pool has `cache` and `alloc` (and `tc` for thread caches), a packed
+    /// one only `packed`.
+    fn new(
+        cache: Option<Cache<A::Block, P, C>>,
+        alloc: Option<A>,
+        packed: Option<Layer<A, P, C>>,
+        tc: Option<ThreadCaches<C>>,
+    ) -> Self {
+        Inner {
+            cache: CacheLock::new(Slot {
+                cache,
+                lending: Lending {
+                    lent: 0,
+                    held: None,
+                    mags: Vec::new(),
+                    retired: MagCounts::default(),
+                },
+            }),
+            alloc: Mutex::new(alloc),
+            packed,
+            handles: AtomicUsize::new(1),
+            tc,
+        }
+    }
+
     /// Runs `f` on the packing layer under its lock, if the pool is packed.
     #[inline]
     fn packed<R>(&self, f: impl FnOnce(&mut dyn PackedLayer<A, P, C>) -> R) -> Option<R> {
@@ -1063,21 +1089,7 @@ impl<A: RawAllocator, P: Policy, C: Clock> SharedPool<A, P, C> {
     pub fn new(pool: DecayingPool<A, P, C>) -> Self {
         let (alloc, cache) = pool.into_parts();
         SharedPool {
-            inner: Arc::new(Inner {
-                cache: CacheLock::new(Slot {
-                    cache: Some(cache),
-                    lending: Lending {
-                        lent: 0,
-                        held: None,
-                        mags: Vec::new(),
-                        retired: MagCounts::default(),
-                    },
-                }),
-                alloc: Mutex::new(Some(alloc)),
-                packed: None,
-                handles: AtomicUsize::new(1),
-                tc: None,
-            }),
+            inner: Arc::new(Inner::new(Some(cache), Some(alloc), None, None)),
         }
     }
 
@@ -1124,22 +1136,9 @@ impl<A: RawAllocator, P: Policy, C: Clock> SharedPool<A, P, C> {
         P: 'static,
         C: 'static,
     {
+        let layer: Box<dyn PackedLayer<A, P, C>> = Box::new(pool);
         SharedPool {
-            inner: Arc::new(Inner {
-                cache: CacheLock::new(Slot {
-                    cache: None,
-                    lending: Lending {
-                        lent: 0,
-                        held: None,
-                        mags: Vec::new(),
-                        retired: MagCounts::default(),
-                    },
-                }),
-                alloc: Mutex::new(None),
-                packed: Some(Mutex::new(Box::new(pool))),
-                handles: AtomicUsize::new(1),
-                tc: None,
-            }),
+            inner: Arc::new(Inner::new(None, None, Some(Mutex::new(layer)), None)),
         }
     }
 
@@ -1750,21 +1749,7 @@ impl<A: RawAllocator, C: Clock + Clone + Sync> SharedPool<A, FixedTime, C> {
             ttl: u64::try_from(cache.store().policy().ttl().as_nanos()).unwrap_or(u64::MAX),
             size_class: cache.size_class(),
         });
-        let inner = Arc::new(Inner {
-            cache: CacheLock::new(Slot {
-                cache: Some(cache),
-                lending: Lending {
-                    lent: 0,
-                    held: None,
-                    mags: Vec::new(),
-                    retired: MagCounts::default(),
-                },
-            }),
-            alloc: Mutex::new(Some(alloc)),
-            packed: None,
-            handles: AtomicUsize::new(1),
-            tc,
-        });
+        let inner = Arc::new(Inner::new(Some(cache), Some(alloc), None, tc));
         // Held from the start: a magazine lends without the cache lock.
         // Let go, as always, once no handle and no lent block is left.
         inner.lending(|l| l.held = Some(Arc::clone(&inner)));

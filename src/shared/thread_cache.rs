@@ -476,3 +476,79 @@ pub(super) fn register<T, B>(pool: &Arc<T>, mag: &Arc<Magazine<B>>) -> bool {
     };
     TABLE.try_with(f).unwrap_or(false)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicUsize;
+    use std::sync::Barrier;
+
+    #[test]
+    fn an_owner_gives_up_while_a_visitor_holds_the_magazine() {
+        let mag = Arc::new(Magazine::<u64>::new());
+        let mut list = vec![Arc::clone(&mag)];
+        let (inside, done) = (Arc::new(Barrier::new(2)), Arc::new(Barrier::new(2)));
+        let owner = {
+            let (mag, inside, done) = (Arc::clone(&mag), Arc::clone(&inside), Arc::clone(&done));
+            thread::spawn(move || {
+                inside.wait();
+                // The visitor is inside its visit: the owner must not get in.
+                let during = mag.owned(|m| m.blocks.push((1, 8, 0)));
+                done.wait();
+                (during, mag.owned(|m| m.blocks.len()))
+            })
+        };
+        let mut visits = 0;
+        visit(&mut list, |m| {
+            inside.wait();
+            // Give the owner the time to try (it must not wait for us).
+            thread::sleep(core::time::Duration::from_millis(if cfg!(miri) {
+                1
+            } else {
+                20
+            }));
+            m.blocks.push((2, 8, 0));
+            visits += 1;
+        });
+        done.wait();
+        let (during, after) = owner.join().unwrap();
+        assert_eq!(visits, 1);
+        // With the lock (no barrier here), the owner waited instead.
+        if mag.fast {
+            assert_eq!((during, after), (None, Some(1)));
+        } else {
+            assert_eq!((during, after), (Some(()), Some(2)));
+        }
+    }
+
+    #[test]
+    fn a_visitor_waits_for_an_owner_at_work_and_sees_its_writes() {
+        let mag = Arc::new(Magazine::<u64>::new());
+        let mut list = vec![Arc::clone(&mag)];
+        let inside = Arc::new(Barrier::new(2));
+        let step = Arc::new(AtomicUsize::new(0));
+        let owner = {
+            let (mag, inside, step) = (Arc::clone(&mag), Arc::clone(&inside), Arc::clone(&step));
+            thread::spawn(move || {
+                mag.owned(|m| {
+                    inside.wait();
+                    thread::sleep(core::time::Duration::from_millis(if cfg!(miri) {
+                        1
+                    } else {
+                        20
+                    }));
+                    m.blocks.push((7, 8, 0));
+                    m.lent -= 1;
+                    step.store(1, Ordering::SeqCst);
+                })
+            })
+        };
+        inside.wait();
+        let mut seen = None;
+        visit(&mut list, |m| {
+            seen = Some((step.load(Ordering::SeqCst), m.blocks.len(), m.lent));
+        });
+        assert_eq!(owner.join().unwrap(), Some(()));
+        assert_eq!(seen, Some((1, 1, -1)));
+    }
+}
