@@ -621,32 +621,35 @@ impl<A: RawAllocator, P: Policy, C: Clock> Inner<A, P, C> {
         let now = tc.clock.now_nanos();
         let key = Arc::as_ptr(this).cast::<()>();
         // SAFETY: `key` is this live pool, whose magazines hold its blocks.
-        let found = unsafe {
-            thread_cache::with_magazine::<A::Block, _>(key, |mag| {
-                mag.owned(|m| {
-                    if m.oldest_due(now, tc.ttl) {
-                        return Err(true);
-                    }
-                    match m.take(class) {
-                        Some(block) => {
-                            m.count_hit(class, size);
-                            Ok(block)
-                        }
-                        None => Err(false),
-                    }
-                })
-            })
-        };
-        match found {
-            Found::Ran(Some(Ok(block))) => Some(block),
-            // A due block, or no magazine yet.
-            Found::Ran(Some(Err(true))) | Found::Missing => {
-                self.allocate_cached_slow(this, tc, size, class, now)
+        let mag = unsafe { thread_cache::last::<A::Block>(key) };
+        if mag.is_null() {
+            // Another pool used last, or no magazine yet.
+            return self.allocate_cached_slow(this, tc, size, class, now);
+        }
+        // SAFETY: this thread's table keeps the magazine alive, and this
+        // call neither registers a magazine nor exits the thread before
+        // it is done with it (`last`).
+        let mag = unsafe { &*mag };
+        let found = mag.owned(|m| {
+            if m.oldest_due(now, tc.ttl) {
+                return Err(true);
             }
+            match m.take(class) {
+                Some(block) => {
+                    m.count_hit(class, size);
+                    Ok(block)
+                }
+                None => Err(false),
+            }
+        });
+        match found {
+            Some(Ok(block)) => Some(block),
+            // A due block first.
+            Some(Err(true)) => self.allocate_cached_slow(this, tc, size, class, now),
             // No block of the class; or a visitor holds the magazine
             // (`collect`, `stats` on another thread): the shared cache
             // serves this call.
-            Found::Ran(Some(Err(false)) | None) | Found::Unavailable => None,
+            Some(Err(false)) | None => None,
         }
     }
 
@@ -723,26 +726,29 @@ impl<A: RawAllocator, P: Policy, C: Clock> Inner<A, P, C> {
             return Err(block);
         };
         let ttl = tc.ttl;
-        let mut block = Some(block);
         // SAFETY: `pool` is alive while the block is counted lent (the
         // caller's promise), and its magazines hold its blocks.
-        unsafe {
-            thread_cache::with_magazine::<A::Block, _>(pool.cast(), |mag| {
-                mag.owned(|m| {
-                    // As in `release_cached`.
-                    if !m.oldest_due(now, ttl)
-                        && m.blocks.len() < MAGAZINE
-                        && handles.load(Ordering::Acquire) > 0
-                    {
-                        if let Some(b) = block.take() {
-                            m.blocks.push((b, class, now));
-                            m.lent -= 1;
-                        }
-                    }
-                })
-            })
-        };
-        block.map_or(Ok(()), Err)
+        let mag = unsafe { thread_cache::last::<A::Block>(pool.cast()) };
+        if mag.is_null() {
+            return Err(block);
+        }
+        // SAFETY: this thread's table keeps the magazine alive, and this
+        // call neither registers a magazine nor exits the thread (`last`).
+        let mag = unsafe { &*mag };
+        let put = mag.owned_with(block, |m, block| {
+            // As in `release_cached`.
+            if !m.oldest_due(now, ttl)
+                && m.blocks.len() < MAGAZINE
+                && handles.load(Ordering::Acquire) > 0
+            {
+                m.blocks.push((block, class, now));
+                m.lent -= 1;
+                Ok(())
+            } else {
+                Err(block)
+            }
+        });
+        put.unwrap_or_else(Err)
     }
 
     /// A release of a lent `block` of `class` at `now` to this thread's
@@ -1260,6 +1266,7 @@ impl<A: RawAllocator, P: Policy, C: Clock> SharedPool<A, P, C> {
     /// # Ok(())
     /// # }
     /// ```
+    #[inline(always)]
     pub fn allocate(&self, size: usize) -> Result<Pooled<A, P, C>, PoolError<A::Error>> {
         let block = self.inner.allocate(&self.inner, size)?;
         Ok(Pooled {

@@ -95,13 +95,20 @@ pub(super) struct Magazine<B> {
 }
 
 /// A magazine's blocks and counters.
+///
+/// In this order (`repr(C)`): `lent`, which a release writes, is not next
+/// to the hit counters, which an `allocate` updates; adjacent, the two
+/// updates are merged into one 16-byte load and store, and that load waits
+/// for the release's 8-byte store to leave the store buffer (a failed
+/// store-to-load forwarding: about a third of a hit's time).
+#[repr(C)]
 pub(super) struct MagState<B> {
-    /// Idle blocks: the block, its class and the time it was released at,
-    /// oldest first (each release pushes at the end).
-    pub(super) blocks: Vec<(B, usize, u64)>,
     /// Blocks lent through this magazine less those given back through it
     /// (negative when its thread gives back blocks lent elsewhere).
     pub(super) lent: isize,
+    /// Idle blocks: the block, its class and the time it was released at,
+    /// oldest first (each release pushes at the end).
+    pub(super) blocks: Vec<(B, usize, u64)>,
     /// The counters of the hits served here.
     pub(super) counts: MagCounts,
 }
@@ -155,11 +162,23 @@ impl<B> Magazine<B> {
     /// Only the owner calls it: the thread whose table holds the
     /// magazine, never from inside `f` nor from inside [`visit`]. (The
     /// lock-free protocol has one owner per magazine; [`with_magazine`]
-    /// reaches a magazine only through this thread's table.)
+    /// and [`last`] reach a magazine only through this thread's table.)
     #[inline(always)]
     pub(super) fn owned<R>(&self, f: impl FnOnce(&mut MagState<B>) -> R) -> Option<R> {
+        self.owned_with((), |m, ()| f(m)).ok()
+    }
+
+    /// [`owned`](Self::owned) with an argument that `f` consumes, handed
+    /// back in `Err` when a visitor holds the magazine (a block to
+    /// release, which must not be lost with the closure).
+    #[inline(always)]
+    pub(super) fn owned_with<T, R>(
+        &self,
+        arg: T,
+        f: impl FnOnce(&mut MagState<B>, T) -> R,
+    ) -> Result<R, T> {
         if !self.fast {
-            return Some(f(&mut self.state.lock()));
+            return Ok(f(&mut self.state.lock(), arg));
         }
         self.busy.store(true, Ordering::Relaxed);
         let busy = Busy(&self.busy);
@@ -167,7 +186,7 @@ impl<B> Magazine<B> {
         // store of `busy`; the visitor's barrier does the processor's part.
         compiler_fence(Ordering::SeqCst);
         if self.claimed.load(Ordering::Acquire) {
-            return None;
+            return Err(arg);
         }
         // SAFETY: no visitor works on the state until `busy` is cleared
         // (`busy` drops after `f`): one that claimed the magazine before
@@ -178,9 +197,9 @@ impl<B> Magazine<B> {
         // writes are visible. Other owners there are none: only this
         // thread reaches the magazine through its table, and `f` does not
         // re-enter.
-        let r = f(unsafe { &mut *self.state.as_ptr() });
+        let r = f(unsafe { &mut *self.state.as_ptr() }, arg);
         drop(busy);
-        Some(r)
+        Ok(r)
     }
 
     /// The state, for a magazine that no thread's table holds any more
@@ -388,6 +407,31 @@ pub(super) enum Found<R> {
     /// The table cannot be used now (its thread is exiting, or it is in use
     /// further up this thread's stack).
     Unavailable,
+}
+
+/// This thread's magazine for the pool at `pool` when it is the pool
+/// this thread used last (one comparison, no borrow of the table); else
+/// null, and [`with_magazine`] finds it (or not).
+///
+/// The magazine, if any, stays alive until this thread registers a
+/// magazine or exits (the table holds it), so for the rest of a call that
+/// does neither.
+///
+/// # Safety
+///
+/// `pool` is the address of a live pool whose magazines are
+/// `Magazine<B>`.
+#[inline(always)]
+pub(super) unsafe fn last<B>(pool: *const ()) -> *const Magazine<B> {
+    let (last_pool, last_mag) = LAST.get();
+    if last_pool == pool {
+        // The caller's pool is the entry's (a pool's address is not reused
+        // while the entry holds a weak reference to it): its magazine is a
+        // `Magazine<B>`.
+        last_mag.cast()
+    } else {
+        core::ptr::null()
+    }
 }
 
 /// Runs `f` on this thread's magazine for the pool at `pool`.
