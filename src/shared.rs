@@ -92,8 +92,8 @@ use thread_cache::{Found, MagCounts, Magazine, MAGAZINE};
 /// The limit counts in-flight misses, so `bytes_reserved` never exceeds it.
 ///
 /// A pool from [`SharedPool::with_thread_caches`] serves most round trips
-/// of a thread from a small cache of its own, under a lock of that cache
-/// alone: see there.
+/// of a thread from a small cache of its own, without a lock on Linux:
+/// see there.
 ///
 /// # Panics inside the pool
 ///
@@ -246,8 +246,9 @@ struct Lending<A: RawAllocator, P: Policy, C: Clock> {
     lent: isize,
     /// The reference the lent blocks keep the pool alive through.
     held: Option<Arc<Inner<A, P, C>>>,
-    /// Every thread's magazine for this pool (lock order: the cache lock,
-    /// then a magazine's).
+    /// Every thread's magazine for this pool, visited under the cache lock
+    /// (`thread_cache::visit`; where magazines are locked, the lock order
+    /// is the cache lock, then a magazine's).
     mags: Vec<Arc<Magazine<A::Block>>>,
     /// The hit counters of magazines dropped from `mags`.
     retired: MagCounts,
@@ -1690,9 +1691,8 @@ impl<A: RawAllocator, C: Clock + Clone + Sync> SharedPool<A, FixedTime, C> {
     ///
     /// Each thread that allocates from the pool gets a *magazine*: up to 8
     /// idle blocks it released (exact classes, the last released reused
-    /// first), behind a lock that only this thread takes on its
-    /// operations. An `allocate` whose class is in the thread's magazine,
-    /// and the release of a block to a magazine with room, take no shared
+    /// first). An `allocate` whose class is in the thread's magazine, and
+    /// the release of a block to a magazine with room, take no shared
     /// lock; otherwise the call goes to the shared cache as with
     /// [`SharedPool::new`]. A block is released to the magazine of the
     /// thread that drops it (if that thread has one for this pool).
@@ -1713,7 +1713,21 @@ impl<A: RawAllocator, C: Clock + Clone + Sync> SharedPool<A, FixedTime, C> {
     /// retry ladder and the closure see them. A thread's table of
     /// magazines holds each pool weakly: it never keeps a pool alive.
     ///
-    /// [`stats`](Self::stats) adds the magazines up under their locks, so
+    /// On Linux, a thread reaches its own magazine with plain loads and
+    /// stores, no lock and no atomic read-modify-write: the calls that
+    /// reach every magazine (`collect`, the reaper, `trim`, the limit, the
+    /// retry, `with`, `stats`, the last handle's drop) pay instead, with
+    /// one `membarrier` system call each (`MEMBARRIER_CMD_PRIVATE_EXPEDITED`,
+    /// which interrupts the processors running this process's threads; the
+    /// process registers for it once), then wait for any thread inside an
+    /// operation on its magazine to finish it. A thread that finds its
+    /// magazine held by such a call goes to the shared cache meanwhile.
+    /// Where the system call is not available (another system, a kernel
+    /// before 4.14 or a filter that refuses it, Miri, or a build with
+    /// `--cfg decaying_pool_locked_magazines`, which ThreadSanitizer needs),
+    /// each magazine has a lock that its thread takes on its operations.
+    ///
+    /// [`stats`](Self::stats) adds the magazines up, so
     /// the counts stay exact, except `peak_bytes_in_use`, which counts
     /// blocks idle in magazines as in use: it is an upper bound of the true
     /// peak (and at least the bytes in use at any time).
