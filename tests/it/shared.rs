@@ -1346,3 +1346,31 @@ fn visitors_meet_owners_at_work_and_every_block_is_accounted_once() {
     drop(pool);
     alloc.assert_all_freed();
 }
+
+#[test]
+fn one_thread_alternating_between_pools_hits_in_each_magazine() {
+    // The hot path finds the magazine of the pool used last with one
+    // comparison; switching pools must find each pool's own magazine.
+    let (a, alloc_a, _clock_a) = tc_pool(Duration::from_secs(1));
+    let (b, alloc_b, _clock_b) = tc_pool(Duration::from_secs(1));
+    for _ in 0..10 {
+        drop(a.allocate(64).unwrap());
+        drop(b.allocate(64).unwrap());
+        drop(b.allocate(128).unwrap());
+    }
+    let (sa, sb) = (a.stats(), b.stats());
+    assert_eq!((sa.hits, sa.misses, sa.blocks_cached), (9, 1, 1));
+    assert_eq!((sb.hits, sb.misses, sb.blocks_cached), (18, 2, 2));
+    // A pool dropped and another made (perhaps at the same address): the
+    // new one starts with an empty magazine of its own.
+    drop(a);
+    alloc_a.assert_all_freed();
+    let (c, alloc_c, _clock_c) = tc_pool(Duration::from_secs(1));
+    drop(c.allocate(64).unwrap());
+    drop(c.allocate(64).unwrap());
+    let sc = c.stats();
+    assert_eq!((sc.hits, sc.misses, sc.blocks_cached), (1, 1, 1));
+    drop((b, c));
+    alloc_b.assert_all_freed();
+    alloc_c.assert_all_freed();
+}
