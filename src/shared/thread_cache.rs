@@ -471,12 +471,10 @@ unsafe fn with_magazine_slow<B, R>(pool: *const (), f: impl FnOnce(&Magazine<B>)
         let Some(i) = entries.iter().position(|e| e.pool == pool) else {
             return Found::Missing;
         };
-        if i != 0 {
-            // The last pool used comes first (and in `LAST`): its lookup is
-            // one comparison.
-            entries.swap(0, i);
-            LAST.set((entries[0].pool, entries[0].mag));
-        }
+        // The last pool used comes first (and in `LAST`): its lookup is
+        // one comparison.
+        entries.swap(0, i);
+        LAST.set((entries[0].pool, entries[0].mag));
         // SAFETY: the entry's magazine is a `Magazine<B>` (the caller's
         // pool is the entry's: a pool's address is not reused while the
         // entry holds a weak reference to it), kept alive by the entry.
