@@ -825,10 +825,17 @@ impl<A: RawAllocator, P: Policy, C: Clock> Inner<A, P, C> {
 
     /// Gives blocks back to the backing allocator. Every block is offered
     /// even if a `deallocate` panics; the first panic is passed on after.
+    #[inline]
     fn deallocate(&self, frees: Frees<A::Block>) {
-        if frees.is_empty() {
-            return;
+        // The hit path's case, without a call.
+        if !frees.is_empty() {
+            self.deallocate_some(frees);
         }
+    }
+
+    /// [`deallocate`](Self::deallocate) of at least one block.
+    #[inline(never)]
+    fn deallocate_some(&self, frees: Frees<A::Block>) {
         let mut first_panic = None;
         self.alloc(|alloc| {
             for (block, class) in frees {
