@@ -1,6 +1,7 @@
 //! Hit round trip through `SharedPool` against the plain pool, uncontended
 //! and with two threads hammering one pool, without and with thread caches
-//! (`SharedPool::with_thread_caches`).
+//! (`SharedPool::with_thread_caches`); and a `stats` call on a pool with
+//! thread caches, which visits every thread's cache.
 //!
 //! ```text
 //! cargo bench --bench shared_pool
@@ -55,6 +56,13 @@ fn shared_pool(c: &mut Criterion) {
     });
     g.bench_function("thread_caches_2_threads", |b| {
         b.iter_custom(|iters| two_threads(&cached, iters))
+    });
+    // What the owners' lock-free path costs the calls that visit every
+    // magazine (on Linux, one `membarrier` system call each). This thread
+    // has a magazine (with one block) whichever benches ran before.
+    drop(cached.allocate(4096).unwrap());
+    g.bench_function("thread_caches_stats", |b| {
+        b.iter(|| black_box(cached.stats()))
     });
     g.finish();
 }

@@ -26,6 +26,7 @@ use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
 use std::sync::{Arc, Condvar, Mutex, PoisonError, Weak};
 use std::thread::{self, JoinHandle};
 
+mod barrier;
 mod lock;
 mod thread_cache;
 
@@ -40,7 +41,7 @@ use crate::pool::DecayingPool;
 use crate::raw::{RawAllocator, SendBlock};
 use crate::stats::{ClassStats, Stats};
 use lock::CacheLock;
-use thread_cache::{Found, MagCounts, MagState, Magazine, MAGAZINE};
+use thread_cache::{Found, MagCounts, Magazine, MAGAZINE};
 
 /// A thread-safe, cheaply cloneable handle to a [`DecayingPool`].
 ///
@@ -91,8 +92,8 @@ use thread_cache::{Found, MagCounts, MagState, Magazine, MAGAZINE};
 /// The limit counts in-flight misses, so `bytes_reserved` never exceeds it.
 ///
 /// A pool from [`SharedPool::with_thread_caches`] serves most round trips
-/// of a thread from a small cache of its own, under a lock of that cache
-/// alone: see there.
+/// of a thread from a small cache of its own, without a lock on Linux:
+/// see there.
 ///
 /// # Panics inside the pool
 ///
@@ -245,8 +246,9 @@ struct Lending<A: RawAllocator, P: Policy, C: Clock> {
     lent: isize,
     /// The reference the lent blocks keep the pool alive through.
     held: Option<Arc<Inner<A, P, C>>>,
-    /// Every thread's magazine for this pool (lock order: the cache lock,
-    /// then a magazine's).
+    /// Every thread's magazine for this pool, visited under the cache lock
+    /// (`thread_cache::visit`; where magazines are locked, the lock order
+    /// is the cache lock, then a magazine's).
     mags: Vec<Arc<Magazine<A::Block>>>,
     /// The hit counters of magazines dropped from `mags`.
     retired: MagCounts,
@@ -280,7 +282,8 @@ impl<A: RawAllocator, P: Policy, C: Clock> Lending<A, P, C> {
     /// Hands out `held` when no block is lent (the caller has seen no
     /// handle left).
     fn let_go_if_idle(&mut self) -> Held<A, P, C> {
-        let in_mags: isize = self.mags.iter().map(|m| m.lock().lent).sum();
+        let mut in_mags = 0isize;
+        thread_cache::visit(&mut self.mags, |m| in_mags += m.lent);
         if self.lent + in_mags == 0 {
             self.held.take()
         } else {
@@ -300,8 +303,7 @@ impl<A: RawAllocator, P: Policy, C: Clock> Lending<A, P, C> {
         free: &mut (impl FnMut(A::Block, usize) + ?Sized),
     ) -> (usize, usize) {
         let (mut blocks, mut bytes) = (0, 0);
-        for mag in &self.mags {
-            let mut m = mag.lock();
+        thread_cache::visit(&mut self.mags, |m| {
             let mut i = 0;
             while i < m.blocks.len() {
                 if pick(m.blocks[i].2) {
@@ -313,7 +315,7 @@ impl<A: RawAllocator, P: Policy, C: Clock> Lending<A, P, C> {
                     i += 1;
                 }
             }
-        }
+        });
         self.prune();
         (blocks, bytes)
     }
@@ -325,13 +327,11 @@ impl<A: RawAllocator, P: Policy, C: Clock> Lending<A, P, C> {
         now: u64,
         free: &mut (impl FnMut(A::Block, usize) + ?Sized),
     ) {
-        for mag in &self.mags {
-            let mut m = mag.lock();
-            while !m.blocks.is_empty() {
-                let (block, class, _) = m.blocks.remove(0);
+        thread_cache::visit(&mut self.mags, |m| {
+            for (block, class, _) in m.blocks.drain(..) {
                 cache.release(block, class, now, free);
             }
-        }
+        });
         self.prune();
     }
 
@@ -344,11 +344,12 @@ impl<A: RawAllocator, P: Policy, C: Clock> Lending<A, P, C> {
             retired,
             ..
         } = self;
-        mags.retain(|mag| {
-            if Arc::strong_count(mag) > 1 {
+        mags.retain_mut(|mag| {
+            // Only this list holds it: its thread's table dropped it.
+            let Some(mag) = Arc::get_mut(mag) else {
                 return true;
-            }
-            let m = mag.lock();
+            };
+            let m = mag.get_mut();
             if !m.blocks.is_empty() {
                 return true;
             }
@@ -360,17 +361,16 @@ impl<A: RawAllocator, P: Policy, C: Clock> Lending<A, P, C> {
 
     /// Moves the magazines' blocks from the counts in use to the cached
     /// ones, and adds their hits.
-    fn add_mag_stats(&self, s: &mut Stats) {
+    fn add_mag_stats(&mut self, s: &mut Stats) {
         let mut counts = self.retired;
-        for mag in &self.mags {
-            let m = mag.lock();
+        thread_cache::visit(&mut self.mags, |m| {
             let (blocks, bytes) = m.held();
             s.blocks_in_use -= blocks;
             s.blocks_cached += blocks;
             s.bytes_in_use -= bytes;
             s.bytes_cached += bytes;
             counts.add(m.counts);
-        }
+        });
         let from_pool = usize::try_from(counts.from_pool).unwrap_or(usize::MAX);
         let waste = usize::try_from(counts.waste).unwrap_or(usize::MAX);
         s.hits += counts.hits;
@@ -484,6 +484,32 @@ fn recover<T>(r: Result<T, PoisonError<T>>) -> T {
 }
 
 impl<A: RawAllocator, P: Policy, C: Clock> Inner<A, P, C> {
+    /// The state of a new pool with one handle and no block lent: a plain
+    /// pool has `cache` and `alloc` (and `tc` for thread caches), a packed
+    /// one only `packed`.
+    fn new(
+        cache: Option<Cache<A::Block, P, C>>,
+        alloc: Option<A>,
+        packed: Option<Layer<A, P, C>>,
+        tc: Option<ThreadCaches<C>>,
+    ) -> Self {
+        Inner {
+            cache: CacheLock::new(Slot {
+                cache,
+                lending: Lending {
+                    lent: 0,
+                    held: None,
+                    mags: Vec::new(),
+                    retired: MagCounts::default(),
+                },
+            }),
+            alloc: Mutex::new(alloc),
+            packed,
+            handles: AtomicUsize::new(1),
+            tc,
+        }
+    }
+
     /// Runs `f` on the packing layer under its lock, if the pool is packed.
     #[inline]
     fn packed<R>(&self, f: impl FnOnce(&mut dyn PackedLayer<A, P, C>) -> R) -> Option<R> {
@@ -572,7 +598,7 @@ impl<A: RawAllocator, P: Policy, C: Clock> Inner<A, P, C> {
     #[cold]
     #[inline(never)]
     fn register(&self, this: &Arc<Self>) -> bool {
-        let mag = Arc::new(CacheLock::new(MagState::new()));
+        let mag = Arc::new(Magazine::new());
         if !thread_cache::register(this, &mag) {
             return false;
         }
@@ -581,6 +607,10 @@ impl<A: RawAllocator, P: Policy, C: Clock> Inner<A, P, C> {
     }
 
     /// An `allocate` served by this thread's magazine, if it can be.
+    ///
+    /// The hot path: one look at the magazine that returns nothing larger
+    /// than a block; anything else (a due block, no magazine yet) goes to
+    /// [`allocate_cached_slow`](Self::allocate_cached_slow).
     #[inline(always)]
     fn allocate_cached(
         &self,
@@ -591,41 +621,142 @@ impl<A: RawAllocator, P: Policy, C: Clock> Inner<A, P, C> {
         let class = tc.round(size)?;
         let now = tc.clock.now_nanos();
         let key = Arc::as_ptr(this).cast::<()>();
+        // SAFETY: `key` is this live pool, whose magazines hold its blocks.
+        let mag = unsafe { thread_cache::last::<A::Block>(key) };
+        if mag.is_null() {
+            // Another pool used last, or no magazine yet.
+            return self.allocate_cached_slow(this, tc, size, class, now);
+        }
+        // SAFETY: this thread's table keeps the magazine alive, and this
+        // call neither registers a magazine nor exits the thread before
+        // it is done with it (`last`).
+        let mag = unsafe { &*mag };
+        let found = mag.owned(|m| {
+            if m.oldest_due(now, tc.ttl) {
+                return Err(true);
+            }
+            match m.take(class) {
+                Some(block) => {
+                    m.count_hit(class, size);
+                    Ok(block)
+                }
+                None => Err(false),
+            }
+        });
+        match found {
+            Some(Ok(block)) => Some(block),
+            // A due block first.
+            Some(Err(true)) => self.allocate_cached_slow(this, tc, size, class, now),
+            // No block of the class; or a visitor holds the magazine
+            // (`collect`, `stats` on another thread): the shared cache
+            // serves this call.
+            Some(Err(false)) | None => None,
+        }
+    }
+
+    /// [`allocate_cached`](Self::allocate_cached) when the magazine has a
+    /// due block or there is none yet: frees the due blocks, registers a
+    /// magazine, and tries again.
+    #[cold]
+    #[inline(never)]
+    fn allocate_cached_slow(
+        &self,
+        this: &Arc<Self>,
+        tc: &ThreadCaches<C>,
+        size: usize,
+        class: usize,
+        now: u64,
+    ) -> Option<A::Block> {
+        let key = Arc::as_ptr(this).cast::<()>();
         let mut registered = false;
         loop {
             // SAFETY: `key` is this live pool, whose magazines hold its blocks.
             let found = unsafe {
                 thread_cache::with_magazine::<A::Block, _>(key, |mag| {
-                    let mut m = mag.lock();
-                    if m.oldest_due(now, tc.ttl) {
-                        return Err(Some(m.take_due(now, tc.ttl)));
-                    }
-                    match m.take(class) {
-                        Some(block) => {
-                            m.lent += 1;
-                            m.counts.hits += 1;
-                            m.counts.from_pool += class as u64;
-                            m.counts.waste += (class - size) as u64;
-                            Ok(block)
+                    mag.owned(|m| {
+                        if m.oldest_due(now, tc.ttl) {
+                            return Err(Some(m.take_due(now, tc.ttl)));
                         }
-                        None => Err(None),
-                    }
+                        match m.take(class) {
+                            Some(block) => {
+                                m.count_hit(class, size);
+                                Ok(block)
+                            }
+                            None => Err(None),
+                        }
+                    })
                 })
             };
             match found {
-                Found::Ran(Ok(block)) => return Some(block),
-                Found::Ran(Err(Some(due))) => self.free_due(due),
-                Found::Ran(Err(None)) | Found::Unavailable => return None,
+                Found::Ran(Some(Ok(block))) => return Some(block),
+                Found::Ran(Some(Err(Some(due)))) => self.free_due(due),
+                // `None`: a visitor holds the magazine (`collect`, `stats`
+                // on another thread): the shared cache serves this call.
+                Found::Ran(None | Some(Err(None))) | Found::Unavailable => return None,
                 Found::Missing if !registered && self.register(this) => registered = true,
                 Found::Missing => return None,
             }
         }
     }
 
+    /// The hot path of a release to this thread's magazine: the block
+    /// goes in if the magazine has room and nothing due, else it comes
+    /// back (and [`Pooled`]'s drop takes the whole path).
+    ///
+    /// As [`release_cached`](Self::release_cached), it reaches the pool
+    /// only through `pool` and `handles`, and only while the block is
+    /// still counted lent: once it returns `Ok`, the pool may be gone.
+    ///
+    /// # Safety
+    ///
+    /// As [`release_cached`](Self::release_cached).
+    #[inline(always)]
+    unsafe fn release_cached_fast(
+        pool: *const Self,
+        handles: &AtomicUsize,
+        tc: &ThreadCaches<C>,
+        size: usize,
+        block: A::Block,
+    ) -> Result<(), A::Block> {
+        let Some(class) = tc.round(size) else {
+            return Err(block);
+        };
+        // A clock that panics: the whole path reads it again, and knows
+        // what to do with the block then.
+        let Ok(now) = catch_unwind(AssertUnwindSafe(|| tc.clock.now_nanos())) else {
+            return Err(block);
+        };
+        let ttl = tc.ttl;
+        // SAFETY: `pool` is alive while the block is counted lent (the
+        // caller's promise), and its magazines hold its blocks.
+        let mag = unsafe { thread_cache::last::<A::Block>(pool.cast()) };
+        if mag.is_null() {
+            return Err(block);
+        }
+        // SAFETY: this thread's table keeps the magazine alive, and this
+        // call neither registers a magazine nor exits the thread (`last`).
+        let mag = unsafe { &*mag };
+        let put = mag.owned_with(block, |m, block| {
+            // As in `release_cached`.
+            if !m.oldest_due(now, ttl)
+                && m.blocks.len() < MAGAZINE
+                && handles.load(Ordering::Acquire) > 0
+            {
+                m.blocks.push((block, class, now));
+                m.lent -= 1;
+                Ok(())
+            } else {
+                Err(block)
+            }
+        });
+        put.unwrap_or_else(Err)
+    }
+
     /// A release of a lent `block` of `class` at `now` to this thread's
-    /// magazine for the pool at `pool`; gives the block back when the
-    /// magazine cannot take it (none, full, or no handle left: the caller
-    /// then counts the block back under the cache lock).
+    /// magazine for the pool at `pool`, freeing the magazine's due blocks
+    /// first; gives the block back when the magazine cannot take it (none,
+    /// full, or no handle left: the caller then counts the block back under
+    /// the cache lock).
     ///
     /// Once it returns `Ok`, the pool may be gone: so it borrows nothing of
     /// the pool but the `handles` atomic, and reaches the pool through
@@ -638,7 +769,7 @@ impl<A: RawAllocator, P: Policy, C: Clock> Inner<A, P, C> {
     ///
     /// `pool` points to a live pool in which `block` is counted lent, and
     /// `handles` is its count of handles.
-    #[inline(always)]
+    #[inline(never)]
     unsafe fn release_cached(
         pool: *const Self,
         handles: &AtomicUsize,
@@ -655,33 +786,36 @@ impl<A: RawAllocator, P: Policy, C: Clock> Inner<A, P, C> {
             // lent, whose magazines hold its blocks.
             let found = unsafe {
                 thread_cache::with_magazine::<A::Block, _>(key, |mag| {
-                    let mut m = mag.lock();
-                    if m.oldest_due(now, ttl) {
-                        return Some(m.take_due(now, ttl));
-                    }
-                    // With no handle left, the last block counted back must
-                    // see the whole count (under the cache lock): the
-                    // caller's path. A handle dropped after this check
-                    // counts the magazines under their locks, so sees this
-                    // release.
-                    if m.blocks.len() < MAGAZINE && handles.load(Ordering::Acquire) > 0 {
-                        if let Some(b) = block.take() {
-                            m.blocks.push((b, class, now));
-                            m.lent -= 1;
+                    mag.owned(|m| {
+                        if m.oldest_due(now, ttl) {
+                            return Some(m.take_due(now, ttl));
                         }
-                    }
-                    None
+                        // With no handle left, the last block counted back
+                        // must see the whole count (under the cache lock):
+                        // the caller's path. A handle dropped after this
+                        // check counts the magazines as their visitor, so
+                        // sees this release.
+                        if m.blocks.len() < MAGAZINE && handles.load(Ordering::Acquire) > 0 {
+                            if let Some(b) = block.take() {
+                                m.blocks.push((b, class, now));
+                                m.lent -= 1;
+                            }
+                        }
+                        None
+                    })
                 })
             };
             match found {
-                Found::Ran(Some(due)) => {
+                Found::Ran(Some(Some(due))) => {
                     // SAFETY: the block is still counted lent: the pool lives.
                     let freed = catch_unwind(AssertUnwindSafe(|| unsafe { (*pool).free_due(due) }));
                     if let Err(p) = freed {
                         panic.get_or_insert(p);
                     }
                 }
-                Found::Ran(None) => return block.map_or(Ok(()), Err),
+                // `None`: a visitor holds the magazine; the block, not
+                // taken, goes to the shared cache.
+                Found::Ran(Some(None) | None) => return block.map_or(Ok(()), Err),
                 Found::Missing | Found::Unavailable => {
                     return Err(block.take().expect("the block is still ours"));
                 }
@@ -691,10 +825,17 @@ impl<A: RawAllocator, P: Policy, C: Clock> Inner<A, P, C> {
 
     /// Gives blocks back to the backing allocator. Every block is offered
     /// even if a `deallocate` panics; the first panic is passed on after.
+    #[inline]
     fn deallocate(&self, frees: Frees<A::Block>) {
-        if frees.is_empty() {
-            return;
+        // The hit path's case, without a call.
+        if !frees.is_empty() {
+            self.deallocate_some(frees);
         }
+    }
+
+    /// [`deallocate`](Self::deallocate) of at least one block.
+    #[inline(never)]
+    fn deallocate_some(&self, frees: Frees<A::Block>) {
         let mut first_panic = None;
         self.alloc(|alloc| {
             for (block, class) in frees {
@@ -715,14 +856,26 @@ impl<A: RawAllocator, P: Policy, C: Clock> Inner<A, P, C> {
 
     /// A block for a [`Pooled`]: a plain pool's block is counted lent
     /// (`this` is the pool itself, for the reference the lent blocks hold).
+    #[inline(always)]
     fn allocate(&self, this: &Arc<Self>, size: usize) -> Result<A::Block, PoolError<A::Error>> {
-        if let Some(r) = self.packed(|p| p.allocate(size)) {
-            return r;
-        }
+        // A packed pool has no thread caches.
         if let Some(tc) = &self.tc {
             if let Some(block) = self.allocate_cached(this, tc, size) {
                 return Ok(block);
             }
+        }
+        self.allocate_shared(this, size)
+    }
+
+    /// [`allocate`](Self::allocate) past the thread caches.
+    #[inline(never)]
+    fn allocate_shared(
+        &self,
+        this: &Arc<Self>,
+        size: usize,
+    ) -> Result<A::Block, PoolError<A::Error>> {
+        if let Some(r) = self.packed(|p| p.allocate(size)) {
+            return r;
         }
         let mut frees: Frees<A::Block> = Vec::new();
         let step = catch_unwind(AssertUnwindSafe(|| {
@@ -950,21 +1103,7 @@ impl<A: RawAllocator, P: Policy, C: Clock> SharedPool<A, P, C> {
     pub fn new(pool: DecayingPool<A, P, C>) -> Self {
         let (alloc, cache) = pool.into_parts();
         SharedPool {
-            inner: Arc::new(Inner {
-                cache: CacheLock::new(Slot {
-                    cache: Some(cache),
-                    lending: Lending {
-                        lent: 0,
-                        held: None,
-                        mags: Vec::new(),
-                        retired: MagCounts::default(),
-                    },
-                }),
-                alloc: Mutex::new(Some(alloc)),
-                packed: None,
-                handles: AtomicUsize::new(1),
-                tc: None,
-            }),
+            inner: Arc::new(Inner::new(Some(cache), Some(alloc), None, None)),
         }
     }
 
@@ -1011,22 +1150,9 @@ impl<A: RawAllocator, P: Policy, C: Clock> SharedPool<A, P, C> {
         P: 'static,
         C: 'static,
     {
+        let layer: Box<dyn PackedLayer<A, P, C>> = Box::new(pool);
         SharedPool {
-            inner: Arc::new(Inner {
-                cache: CacheLock::new(Slot {
-                    cache: None,
-                    lending: Lending {
-                        lent: 0,
-                        held: None,
-                        mags: Vec::new(),
-                        retired: MagCounts::default(),
-                    },
-                }),
-                alloc: Mutex::new(None),
-                packed: Some(Mutex::new(Box::new(pool))),
-                handles: AtomicUsize::new(1),
-                tc: None,
-            }),
+            inner: Arc::new(Inner::new(None, None, Some(Mutex::new(layer)), None)),
         }
     }
 
@@ -1148,6 +1274,7 @@ impl<A: RawAllocator, P: Policy, C: Clock> SharedPool<A, P, C> {
     /// # Ok(())
     /// # }
     /// ```
+    #[inline(always)]
     pub fn allocate(&self, size: usize) -> Result<Pooled<A, P, C>, PoolError<A::Error>> {
         let block = self.inner.allocate(&self.inner, size)?;
         Ok(Pooled {
@@ -1571,9 +1698,8 @@ impl<A: RawAllocator, C: Clock + Clone + Sync> SharedPool<A, FixedTime, C> {
     ///
     /// Each thread that allocates from the pool gets a *magazine*: up to 8
     /// idle blocks it released (exact classes, the last released reused
-    /// first), behind a lock that only this thread takes on its
-    /// operations. An `allocate` whose class is in the thread's magazine,
-    /// and the release of a block to a magazine with room, take no shared
+    /// first). An `allocate` whose class is in the thread's magazine, and
+    /// the release of a block to a magazine with room, take no shared
     /// lock; otherwise the call goes to the shared cache as with
     /// [`SharedPool::new`]. A block is released to the magazine of the
     /// thread that drops it (if that thread has one for this pool).
@@ -1594,7 +1720,21 @@ impl<A: RawAllocator, C: Clock + Clone + Sync> SharedPool<A, FixedTime, C> {
     /// retry ladder and the closure see them. A thread's table of
     /// magazines holds each pool weakly: it never keeps a pool alive.
     ///
-    /// [`stats`](Self::stats) adds the magazines up under their locks, so
+    /// On Linux, a thread reaches its own magazine with plain loads and
+    /// stores, no lock and no atomic read-modify-write: the calls that
+    /// reach every magazine (`collect`, the reaper, `trim`, the limit, the
+    /// retry, `with`, `stats`, the last handle's drop) pay instead, with
+    /// one `membarrier` system call each (`MEMBARRIER_CMD_PRIVATE_EXPEDITED`,
+    /// which interrupts the processors running this process's threads; the
+    /// process registers for it once), then wait for any thread inside an
+    /// operation on its magazine to finish it. A thread that finds its
+    /// magazine held by such a call goes to the shared cache meanwhile.
+    /// Where the system call is not available (another system, a kernel
+    /// before 4.14 or a filter that refuses it, Miri, or a build with
+    /// `--cfg decaying_pool_locked_magazines`, which ThreadSanitizer needs),
+    /// each magazine has a lock that its thread takes on its operations.
+    ///
+    /// [`stats`](Self::stats) adds the magazines up, so
     /// the counts stay exact, except `peak_bytes_in_use`, which counts
     /// blocks idle in magazines as in use: it is an upper bound of the true
     /// peak (and at least the bytes in use at any time).
@@ -1637,21 +1777,7 @@ impl<A: RawAllocator, C: Clock + Clone + Sync> SharedPool<A, FixedTime, C> {
             ttl: u64::try_from(cache.store().policy().ttl().as_nanos()).unwrap_or(u64::MAX),
             size_class: cache.size_class(),
         });
-        let inner = Arc::new(Inner {
-            cache: CacheLock::new(Slot {
-                cache: Some(cache),
-                lending: Lending {
-                    lent: 0,
-                    held: None,
-                    mags: Vec::new(),
-                    retired: MagCounts::default(),
-                },
-            }),
-            alloc: Mutex::new(Some(alloc)),
-            packed: None,
-            handles: AtomicUsize::new(1),
-            tc,
-        });
+        let inner = Arc::new(Inner::new(Some(cache), Some(alloc), None, tc));
         // Held from the start: a magazine lends without the cache lock.
         // Let go, as always, once no handle and no lent block is left.
         inner.lending(|l| l.held = Some(Arc::clone(&inner)));
@@ -1706,11 +1832,14 @@ where
             return d.finish_non_exhaustive();
         }
         let stats = match self.inner.cache.try_lock() {
-            Some(slot) => slot.cache.as_ref().map(|cache| {
-                let mut s = cache.stats();
-                slot.lending.add_mag_stats(&mut s);
-                s
-            }),
+            Some(mut slot) => {
+                let Slot { cache, lending } = &mut *slot;
+                cache.as_ref().map(|cache| {
+                    let mut s = cache.stats();
+                    lending.add_mag_stats(&mut s);
+                    s
+                })
+            }
             None => None,
         };
         match stats {
@@ -2241,6 +2370,7 @@ impl<A: RawAllocator, P: Policy, C: Clock> Drop for Pooled<A, P, C> {
     /// If the thread is already panicking, a panic from the pool during the
     /// release (a panicking backing `deallocate` or policy) is caught and
     /// discarded rather than abort the process.
+    #[inline]
     fn drop(&mut self) {
         // SAFETY: `drop` runs once and `self.block` is not used afterwards.
         let block = unsafe { ManuallyDrop::take(&mut self.block) };
@@ -2251,90 +2381,114 @@ impl<A: RawAllocator, P: Policy, C: Clock> Drop for Pooled<A, P, C> {
         // `block` came from this pool's `allocate(size)` (through
         // `SharedPool::allocate`, or `from_raw`, whose contract says so), and
         // this handle owned it alone, so it is released once.
-        let panicking = thread::panicking();
-        if view.inner.packed.is_some() {
-            // Drops the view's reference last, also when the release unwinds.
-            let view = Unview(view);
-            let inner = &view.0.inner;
-            let Some(layer) = &inner.packed else {
-                unreachable!("a packed pool stays packed")
-            };
-            let release = || inner.release_packed(layer, block, size);
-            if panicking {
-                let _ = catch_unwind(AssertUnwindSafe(release));
-            } else {
-                release();
+        let block = match &view.inner.tc {
+            Some(tc) => {
+                let pool = Arc::as_ptr(&view.inner);
+                // SAFETY: the block is counted lent in this live pool.
+                match unsafe {
+                    Inner::release_cached_fast(pool, &view.inner.handles, tc, size, block)
+                } {
+                    // The pool may be gone: nothing reaches it any more.
+                    Ok(()) => return,
+                    Err(block) => block,
+                }
             }
+            None => block,
+        };
+        release_slow(view, block, size);
+    }
+}
+
+/// The whole release of a [`Pooled`]'s block, when the hot path (a thread
+/// cache with room) did not take it.
+#[inline(never)]
+fn release_slow<A: RawAllocator, P: Policy, C: Clock>(
+    view: ManuallyDrop<SharedPool<A, P, C>>,
+    block: A::Block,
+    size: usize,
+) {
+    let panicking = thread::panicking();
+    if view.inner.packed.is_some() {
+        // Drops the view's reference last, also when the release unwinds.
+        let view = Unview(view);
+        let inner = &view.0.inner;
+        let Some(layer) = &inner.packed else {
+            unreachable!("a packed pool stays packed")
+        };
+        let release = || inner.release_packed(layer, block, size);
+        if panicking {
+            let _ = catch_unwind(AssertUnwindSafe(release));
         } else {
-            // The block is counted back last: until then it keeps the pool
-            // alive; from then on another thread may drop it as soon as the
-            // lock is released, so only the lock is borrowed for that step,
-            // and nothing reaches the pool afterwards.
-            let mut block = block;
-            let mut mag_panic = None;
-            if let Some(tc) = &view.inner.tc {
-                let class = tc.round(size);
-                let ttl = tc.ttl;
-                // A clock that panics: the path below reads it again, and
-                // knows what to do with the block then.
-                let now = catch_unwind(AssertUnwindSafe(|| tc.clock.now_nanos())).ok();
-                if let (Some(class), Some(now)) = (class, now) {
-                    let pool = Arc::as_ptr(&view.inner);
-                    // SAFETY: the block is counted lent in this live pool.
-                    let handles = &view.inner.handles;
-                    let panic = &mut mag_panic;
-                    // SAFETY: the block is counted lent in this live pool.
-                    match unsafe {
-                        Inner::release_cached(pool, handles, ttl, class, now, block, panic)
-                    } {
-                        Ok(()) => {
-                            // The pool may be gone: only the panic is left.
-                            if let Some(panic) = mag_panic {
-                                if !panicking {
-                                    resume_unwind(panic);
-                                }
+            release();
+        }
+    } else {
+        // The block is counted back last: until then it keeps the pool
+        // alive; from then on another thread may drop it as soon as the
+        // lock is released, so only the lock is borrowed for that step,
+        // and nothing reaches the pool afterwards.
+        let mut block = block;
+        let mut mag_panic = None;
+        if let Some(tc) = &view.inner.tc {
+            let class = tc.round(size);
+            let ttl = tc.ttl;
+            // A clock that panics: the path below reads it again, and
+            // knows what to do with the block then.
+            let now = catch_unwind(AssertUnwindSafe(|| tc.clock.now_nanos())).ok();
+            if let (Some(class), Some(now)) = (class, now) {
+                let pool = Arc::as_ptr(&view.inner);
+                // SAFETY: the block is counted lent in this live pool.
+                let handles = &view.inner.handles;
+                let panic = &mut mag_panic;
+                // SAFETY: the block is counted lent in this live pool.
+                match unsafe { Inner::release_cached(pool, handles, ttl, class, now, block, panic) }
+                {
+                    Ok(()) => {
+                        // The pool may be gone: only the panic is left.
+                        if let Some(panic) = mag_panic {
+                            if !panicking {
+                                resume_unwind(panic);
                             }
-                            return;
                         }
-                        Err(b) => block = b,
+                        return;
                     }
+                    Err(b) => block = b,
                 }
             }
-            let (lock, handles) = (&view.inner.cache, &view.inner.handles);
-            let mut frees: Frees<A::Block> = Vec::new();
-            let mut held = None;
-            let mut counted = false;
-            let cached = catch_unwind(AssertUnwindSafe(|| {
-                with_slot(lock, |cache, lending| {
-                    // The clock is read again under the lock, so that the
-                    // store sees its times in order.
-                    cache.release_now(block, size, &mut |block, class| frees.push((block, class)));
-                    if frees.is_empty() {
-                        // The usual case: nothing to deallocate, so the
-                        // block is counted back in this same step.
-                        held = lending.give_back(handles);
-                        counted = true;
-                    }
-                })
-            }));
-            let mut freed = Ok(());
-            if !counted {
-                // The pool is alive: this block is still counted lent.
-                let inner = &view.inner;
-                freed = catch_unwind(AssertUnwindSafe(|| inner.deallocate(frees)));
-                held = with_lending(lock, |l| l.give_back(handles));
-            }
-            // May drop the pool (`held` was its last reference).
-            drop(held);
-            // The first panic goes on, unless the thread is unwinding.
-            let first = match mag_panic {
-                Some(panic) => Err(panic),
-                None => cached.and(freed),
-            };
-            if let Err(panic) = first {
-                if !panicking {
-                    resume_unwind(panic);
+        }
+        let (lock, handles) = (&view.inner.cache, &view.inner.handles);
+        let mut frees: Frees<A::Block> = Vec::new();
+        let mut held = None;
+        let mut counted = false;
+        let cached = catch_unwind(AssertUnwindSafe(|| {
+            with_slot(lock, |cache, lending| {
+                // The clock is read again under the lock, so that the
+                // store sees its times in order.
+                cache.release_now(block, size, &mut |block, class| frees.push((block, class)));
+                if frees.is_empty() {
+                    // The usual case: nothing to deallocate, so the
+                    // block is counted back in this same step.
+                    held = lending.give_back(handles);
+                    counted = true;
                 }
+            })
+        }));
+        let mut freed = Ok(());
+        if !counted {
+            // The pool is alive: this block is still counted lent.
+            let inner = &view.inner;
+            freed = catch_unwind(AssertUnwindSafe(|| inner.deallocate(frees)));
+            held = with_lending(lock, |l| l.give_back(handles));
+        }
+        // May drop the pool (`held` was its last reference).
+        drop(held);
+        // The first panic goes on, unless the thread is unwinding.
+        let first = match mag_panic {
+            Some(panic) => Err(panic),
+            None => cached.and(freed),
+        };
+        if let Err(panic) = first {
+            if !panicking {
+                resume_unwind(panic);
             }
         }
     }

@@ -105,6 +105,14 @@ impl<T> CacheLock<T> {
     pub(super) fn get_mut(&mut self) -> &mut T {
         self.value.get_mut()
     }
+
+    /// A pointer to the value, for a caller that excludes every other
+    /// access by other means than the lock (the thread caches' asymmetric
+    /// protocol): dereferencing it is the caller's responsibility.
+    #[inline(always)]
+    pub(super) fn as_ptr(&self) -> *mut T {
+        self.value.get()
+    }
 }
 
 /// The lock, held; released when dropped.

@@ -3,41 +3,112 @@
 //! [`SharedPool::with_thread_caches`](crate::SharedPool::with_thread_caches).
 //!
 //! Each thread that allocates from such a pool gets a magazine for it: up
-//! to [`MAGAZINE`] idle blocks with their release times, behind a lock of
-//! their own that only this thread takes on its operations (other threads
-//! take it only to drain the magazine or read its counters). The pool
-//! keeps every magazine in a list under its cache lock; the thread keeps a
-//! table from pool to magazine, which holds the pool weakly (it never keeps
-//! a pool alive) and the magazine strongly.
+//! to [`MAGAZINE`] idle blocks with their release times. The pool keeps
+//! every magazine in a list under its cache lock; the thread keeps a table
+//! from pool to magazine, which holds the pool weakly (it never keeps a
+//! pool alive) and the magazine strongly.
 //!
 //! The blocks of a magazine are counted in use by the pool's cache: the
 //! pool's statistics move them to the cached counts when read. A thread
 //! that exits leaves its magazine in the pool's list, where `collect`,
 //! `trim`, the limit, the out-of-memory retry and the pool's drop reach it;
 //! `collect` drops it from the list once it is empty.
+//!
+//! # Who touches a magazine, and how
+//!
+//! Two kinds of access reach a magazine's state ([`MagState`]):
+//!
+//! - the *owner*, the thread whose table holds it, on its `allocate` and
+//!   release ([`Magazine::owned`]): the hot path;
+//! - *visitors*, any thread (the owner too) inside a pool call that holds
+//!   the pool's cache lock, or the pool's drop (`collect`, the reaper,
+//!   `trim`, the limit, the retry, `with`, `stats`, the last handle's
+//!   drop): [`visit`]. They take `&mut` of the pool's list of magazines,
+//!   which the cache lock (or the drop's `&mut`) makes exclusive, so two
+//!   visitors never meet on a magazine: each magazine is in one list.
+//!
+//! Where [`barrier::available`](super::barrier::available) (Linux, not
+//! under Miri or the ThreadSanitizer build), the owner takes no lock and
+//! does no atomic read-modify-write, only plain loads and stores and a
+//! compiler fence, and the visitors pay instead (an asymmetric Dekker
+//! handshake):
+//!
+//! ```text
+//! owner                                   visitor
+//! busy = true        (relaxed store)      claimed = true     (relaxed store)
+//! compiler fence                          membarrier         (barrier::heavy)
+//! if claimed (acquire load): give up      wait until !busy   (acquire load)
+//! ... work on the state ...               ... work on the state ...
+//! busy = false       (release store)      claimed = false    (release store)
+//! ```
+//!
+//! The system call runs a full memory barrier on the owner's processor
+//! (or the owner passes one when it is next scheduled) at some point of
+//! its instruction stream, after the visitor's `claimed = true` is
+//! visible. If that point comes before the owner's `busy = true`, the
+//! owner's later load sees `claimed` set (or the visitor's release of it,
+//! which it then synchronises with) and it gives up: the call goes to the
+//! shared cache, as if the magazine could not serve it. If the point comes
+//! after, `busy = true` is visible to the visitor when the call returns,
+//! and the visitor waits until the owner's releasing `busy = false`, which
+//! its acquiring load synchronises with, so it sees the owner's writes.
+//! Either way the two never work on the state at once, and each sees the
+//! other's writes. The compiler fence keeps the compiler from moving the
+//! owner's load of `claimed` above its store of `busy` (the processor may,
+//! through its store buffer; the barrier is what rules that out). The
+//! owner never waits, so a visitor waits at most for one owner operation;
+//! a visitor waits for nothing but owners. Visiting several magazines at
+//! once claims them all, then makes one system call.
+//!
+//! Where the barrier is not available, owner and visitors alike take the
+//! magazine's lock (one atomic read-modify-write each), and neither
+//! `busy` nor `claimed` is used. The choice is made for each magazine when
+//! it is made ([`Magazine::new`]) and never changes; in a process it is the
+//! same for every magazine.
 
-use core::cell::RefCell;
+use core::cell::{Cell, RefCell};
+use core::hint::spin_loop;
 use core::mem::ManuallyDrop;
+use core::sync::atomic::{compiler_fence, AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
+use std::thread;
 
+use super::barrier;
 use super::lock::CacheLock;
 
 /// The most blocks a magazine holds.
 pub(super) const MAGAZINE: usize = 8;
 
-/// A magazine and its counters, behind its own lock.
-pub(super) type Magazine<B> = CacheLock<MagState<B>>;
-
-/// What a magazine's lock guards. Aligned to a cache line pair, so that
-/// two threads' magazines (and their locks) never share a line.
+/// A magazine: its state, and the flags of the owner's lock-free access
+/// (see the module documentation). Aligned to a cache line pair, so that
+/// two threads' magazines never share a line.
 #[repr(align(128))]
+pub(super) struct Magazine<B> {
+    /// The state; its lock is taken only where `fast` is `false`.
+    state: CacheLock<MagState<B>>,
+    /// Whether the owner uses the lock-free protocol.
+    fast: bool,
+    /// Set by the owner while it works on the state (`fast` only).
+    busy: AtomicBool,
+    /// Set by a visitor while it works on the state (`fast` only).
+    claimed: AtomicBool,
+}
+
+/// A magazine's blocks and counters.
+///
+/// In this order (`repr(C)`): `lent`, which a release writes, is not next
+/// to the hit counters, which an `allocate` updates; adjacent, the two
+/// updates are merged into one 16-byte load and store, and that load waits
+/// for the release's 8-byte store to leave the store buffer (a failed
+/// store-to-load forwarding: about a third of a hit's time).
+#[repr(C)]
 pub(super) struct MagState<B> {
-    /// Idle blocks: the block, its class and the time it was released at,
-    /// oldest first (each release pushes at the end).
-    pub(super) blocks: Vec<(B, usize, u64)>,
     /// Blocks lent through this magazine less those given back through it
     /// (negative when its thread gives back blocks lent elsewhere).
     pub(super) lent: isize,
+    /// Idle blocks: the block, its class and the time it was released at,
+    /// oldest first (each release pushes at the end).
+    pub(super) blocks: Vec<(B, usize, u64)>,
     /// The counters of the hits served here.
     pub(super) counts: MagCounts,
 }
@@ -58,6 +129,147 @@ impl MagCounts {
         self.from_pool = self.from_pool.saturating_add(other.from_pool);
         self.waste = self.waste.saturating_add(other.waste);
     }
+}
+
+/// Clears `busy` when dropped, also on unwinding (a visitor would wait
+/// for ever on a flag left set).
+struct Busy<'a>(&'a AtomicBool);
+
+impl Drop for Busy<'_> {
+    #[inline(always)]
+    fn drop(&mut self) {
+        // Releasing: a visitor that reads `false` sees the owner's writes.
+        self.0.store(false, Ordering::Release);
+    }
+}
+
+impl<B> Magazine<B> {
+    /// An empty magazine, lock-free for its owner where the barrier is
+    /// available.
+    pub(super) fn new() -> Self {
+        Magazine {
+            state: CacheLock::new(MagState::new()),
+            fast: barrier::available(),
+            busy: AtomicBool::new(false),
+            claimed: AtomicBool::new(false),
+        }
+    }
+
+    /// Runs `f` on the state for the owner; `None` (without running it)
+    /// when a visitor holds the magazine: the caller goes to the shared
+    /// cache instead.
+    ///
+    /// Only the owner calls it: the thread whose table holds the
+    /// magazine, never from inside `f` nor from inside [`visit`]. (The
+    /// lock-free protocol has one owner per magazine; [`with_magazine`]
+    /// and [`last`] reach a magazine only through this thread's table.)
+    #[inline(always)]
+    pub(super) fn owned<R>(&self, f: impl FnOnce(&mut MagState<B>) -> R) -> Option<R> {
+        self.owned_with((), |m, ()| f(m)).ok()
+    }
+
+    /// [`owned`](Self::owned) with an argument that `f` consumes, handed
+    /// back in `Err` when a visitor holds the magazine (a block to
+    /// release, which must not be lost with the closure).
+    #[inline(always)]
+    pub(super) fn owned_with<T, R>(
+        &self,
+        arg: T,
+        f: impl FnOnce(&mut MagState<B>, T) -> R,
+    ) -> Result<R, T> {
+        if !self.fast {
+            return Ok(f(&mut self.state.lock(), arg));
+        }
+        self.busy.store(true, Ordering::Relaxed);
+        let busy = Busy(&self.busy);
+        // Keeps the compiler from moving the load of `claimed` above the
+        // store of `busy`; the visitor's barrier does the processor's part.
+        compiler_fence(Ordering::SeqCst);
+        if self.claimed.load(Ordering::Acquire) {
+            return Err(arg);
+        }
+        // SAFETY: no visitor works on the state until `busy` is cleared
+        // (`busy` drops after `f`): one that claimed the magazine before
+        // our store of `busy` was seen to us through its barrier (we read
+        // `claimed` set, above), one that claims it later sees `busy` set
+        // after its barrier and waits (module documentation). A visitor
+        // that was done released `claimed` before we read it clear, so its
+        // writes are visible. Other owners there are none: only this
+        // thread reaches the magazine through its table, and `f` does not
+        // re-enter.
+        let r = f(unsafe { &mut *self.state.as_ptr() }, arg);
+        drop(busy);
+        Ok(r)
+    }
+
+    /// The state, for a magazine that no thread's table holds any more
+    /// (its thread exited): only the pool's list reaches it.
+    pub(super) fn get_mut(&mut self) -> &mut MagState<B> {
+        self.state.get_mut()
+    }
+}
+
+/// Clears the `claimed` flags of the visited magazines when dropped, also
+/// on unwinding (their owners would otherwise give up for ever).
+struct Claims<'a, B>(&'a [Arc<Magazine<B>>]);
+
+impl<B> Drop for Claims<'_, B> {
+    fn drop(&mut self) {
+        for mag in self.0 {
+            if mag.fast {
+                // Releasing: an owner that reads `false` sees our writes.
+                mag.claimed.store(false, Ordering::Release);
+            }
+        }
+    }
+}
+
+/// Runs `f` on the state of every magazine of `mags`, as a visitor.
+///
+/// `&mut` of a pool's list (held under its cache lock, or in its drop) is
+/// what makes the visit exclusive among visitors: every magazine is in
+/// one list.
+pub(super) fn visit<B>(mags: &mut [Arc<Magazine<B>>], mut f: impl FnMut(&mut MagState<B>)) {
+    if mags.is_empty() {
+        return;
+    }
+    let mags: &[Arc<Magazine<B>>] = mags;
+    let mut fast = false;
+    for mag in mags {
+        if mag.fast {
+            mag.claimed.store(true, Ordering::Relaxed);
+            fast = true;
+        }
+    }
+    let claims = Claims(mags);
+    if fast {
+        // Orders every owner's `busy` store against our `claimed` stores
+        // (module documentation).
+        barrier::heavy();
+    }
+    for mag in mags {
+        if mag.fast {
+            let mut round = 0u32;
+            while mag.busy.load(Ordering::Acquire) {
+                // An owner is inside one operation (a few instructions),
+                // unless it was descheduled there.
+                round = round.saturating_add(1);
+                if round < 64 {
+                    spin_loop();
+                } else {
+                    thread::yield_now();
+                }
+            }
+            // SAFETY: the owner is not inside `owned`, and will not enter
+            // it while `claimed` is set (module documentation); no other
+            // visitor reaches this magazine (the `&mut` list); the owner's
+            // writes are visible through the acquiring load of `busy`.
+            f(unsafe { &mut *mag.state.as_ptr() });
+        } else {
+            f(&mut mag.state.lock());
+        }
+    }
+    drop(claims);
 }
 
 impl<B> MagState<B> {
@@ -94,7 +306,20 @@ impl<B> MagState<B> {
     #[inline(always)]
     pub(super) fn take(&mut self, class: usize) -> Option<B> {
         let i = self.blocks.iter().rposition(|&(_, c, _)| c == class)?;
+        if i + 1 == self.blocks.len() {
+            // The usual case: the last block released is reused.
+            return self.blocks.pop().map(|(b, _, _)| b);
+        }
         Some(self.blocks.remove(i).0)
+    }
+
+    /// Counts a hit of `class` for a request of `size` served here.
+    #[inline(always)]
+    pub(super) fn count_hit(&mut self, class: usize, size: usize) {
+        self.lent += 1;
+        self.counts.hits += 1;
+        self.counts.from_pool += class as u64;
+        self.counts.waste += (class - size) as u64;
     }
 
     /// Blocks and class bytes held.
@@ -121,6 +346,10 @@ struct Table(Vec<Entry>);
 
 impl Drop for Table {
     fn drop(&mut self) {
+        // The magazines may go below: `with_magazine` must not find one in
+        // `LAST` any more (other thread-local destructors may still run
+        // pool calls).
+        LAST.set(NO_LAST);
         for e in self.0.drain(..) {
             // SAFETY: the entry's pointers came from `into_raw` of the types
             // `drop_refs` was instantiated with, and are dropped once here.
@@ -131,7 +360,15 @@ impl Drop for Table {
 
 thread_local! {
     static TABLE: RefCell<Table> = const { RefCell::new(Table(Vec::new())) };
+    /// The first entry of `TABLE` (the pool used last) as (pool, magazine),
+    /// or [`NO_LAST`]: a copy that needs no borrow and no check of the
+    /// table's state (it has no destructor), for the hot path's lookup.
+    /// Every change of the table's first entry sets it.
+    static LAST: Cell<(*const (), *const ())> = const { Cell::new(NO_LAST) };
 }
+
+/// `LAST` with no entry.
+const NO_LAST: (*const (), *const ()) = (core::ptr::null(), core::ptr::null());
 
 /// Drops an entry's references.
 ///
@@ -172,6 +409,31 @@ pub(super) enum Found<R> {
     Unavailable,
 }
 
+/// This thread's magazine for the pool at `pool` when it is the pool
+/// this thread used last (one comparison, no borrow of the table); else
+/// null, and [`with_magazine`] finds it (or not).
+///
+/// The magazine, if any, stays alive until this thread registers a
+/// magazine or exits (the table holds it), so for the rest of a call that
+/// does neither.
+///
+/// # Safety
+///
+/// `pool` is the address of a live pool whose magazines are
+/// `Magazine<B>`.
+#[inline(always)]
+pub(super) unsafe fn last<B>(pool: *const ()) -> *const Magazine<B> {
+    let (last_pool, last_mag) = LAST.get();
+    if last_pool == pool {
+        // The caller's pool is the entry's (a pool's address is not reused
+        // while the entry holds a weak reference to it): its magazine is a
+        // `Magazine<B>`.
+        last_mag.cast()
+    } else {
+        core::ptr::null()
+    }
+}
+
 /// Runs `f` on this thread's magazine for the pool at `pool`.
 ///
 /// # Safety
@@ -183,6 +445,24 @@ pub(super) unsafe fn with_magazine<B, R>(
     pool: *const (),
     f: impl FnOnce(&Magazine<B>) -> R,
 ) -> Found<R> {
+    let (last_pool, last_mag) = LAST.get();
+    if last_pool == pool {
+        // SAFETY: `LAST` is a copy of the table's first entry, whose
+        // magazine (a `Magazine<B>`, as below) the table keeps alive until
+        // `LAST` is changed or cleared (`Table::drop`); `pool` is not null.
+        return Found::Ran(f(unsafe { &*last_mag.cast::<Magazine<B>>() }));
+    }
+    // SAFETY: as the caller promises.
+    unsafe { with_magazine_slow(pool, f) }
+}
+
+/// [`with_magazine`] when the pool is not the one used last.
+///
+/// # Safety
+///
+/// As [`with_magazine`].
+#[inline(never)]
+unsafe fn with_magazine_slow<B, R>(pool: *const (), f: impl FnOnce(&Magazine<B>) -> R) -> Found<R> {
     let f = |table: &RefCell<Table>| {
         let Ok(mut table) = table.try_borrow_mut() else {
             return Found::Unavailable;
@@ -191,10 +471,10 @@ pub(super) unsafe fn with_magazine<B, R>(
         let Some(i) = entries.iter().position(|e| e.pool == pool) else {
             return Found::Missing;
         };
-        if i != 0 {
-            // The last pool used comes first: its lookup is one comparison.
-            entries.swap(0, i);
-        }
+        // The last pool used comes first (and in `LAST`): its lookup is
+        // one comparison.
+        entries.swap(0, i);
+        LAST.set((entries[0].pool, entries[0].mag));
         // SAFETY: the entry's magazine is a `Magazine<B>` (the caller's
         // pool is the entry's: a pool's address is not reused while the
         // entry holds a weak reference to it), kept alive by the entry.
@@ -212,6 +492,8 @@ pub(super) fn register<T, B>(pool: &Arc<T>, mag: &Arc<Magazine<B>>) -> bool {
             return false;
         };
         let entries = &mut table.0;
+        // Entries (and their magazines) may go below; set again after.
+        LAST.set(NO_LAST);
         entries.retain(|e| {
             // SAFETY: the entry owns its weak reference.
             let keep = unsafe { (e.alive)(e.pool) };
@@ -231,7 +513,84 @@ pub(super) fn register<T, B>(pool: &Arc<T>, mag: &Arc<Magazine<B>>) -> bool {
                 alive: alive::<T>,
             },
         );
+        LAST.set((entries[0].pool, entries[0].mag));
         true
     };
     TABLE.try_with(f).unwrap_or(false)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicUsize;
+    use std::sync::Barrier;
+
+    #[test]
+    fn an_owner_gives_up_while_a_visitor_holds_the_magazine() {
+        let mag = Arc::new(Magazine::<u64>::new());
+        let mut list = vec![Arc::clone(&mag)];
+        let (inside, done) = (Arc::new(Barrier::new(2)), Arc::new(Barrier::new(2)));
+        let owner = {
+            let (mag, inside, done) = (Arc::clone(&mag), Arc::clone(&inside), Arc::clone(&done));
+            thread::spawn(move || {
+                inside.wait();
+                // The visitor is inside its visit: the owner must not get in.
+                let during = mag.owned(|m| m.blocks.push((1, 8, 0)));
+                done.wait();
+                (during, mag.owned(|m| m.blocks.len()))
+            })
+        };
+        let mut visits = 0;
+        visit(&mut list, |m| {
+            inside.wait();
+            // Give the owner the time to try (it must not wait for us).
+            thread::sleep(core::time::Duration::from_millis(if cfg!(miri) {
+                1
+            } else {
+                20
+            }));
+            m.blocks.push((2, 8, 0));
+            visits += 1;
+        });
+        done.wait();
+        let (during, after) = owner.join().unwrap();
+        assert_eq!(visits, 1);
+        // With the lock (no barrier here), the owner waited instead.
+        if mag.fast {
+            assert_eq!((during, after), (None, Some(1)));
+        } else {
+            assert_eq!((during, after), (Some(()), Some(2)));
+        }
+    }
+
+    #[test]
+    fn a_visitor_waits_for_an_owner_at_work_and_sees_its_writes() {
+        let mag = Arc::new(Magazine::<u64>::new());
+        let mut list = vec![Arc::clone(&mag)];
+        let inside = Arc::new(Barrier::new(2));
+        let step = Arc::new(AtomicUsize::new(0));
+        let owner = {
+            let (mag, inside, step) = (Arc::clone(&mag), Arc::clone(&inside), Arc::clone(&step));
+            thread::spawn(move || {
+                mag.owned(|m| {
+                    inside.wait();
+                    thread::sleep(core::time::Duration::from_millis(if cfg!(miri) {
+                        1
+                    } else {
+                        20
+                    }));
+                    m.blocks.push((7, 8, 0));
+                    m.lent -= 1;
+                    step.store(1, Ordering::SeqCst);
+                })
+            })
+        };
+        inside.wait();
+        let mut seen = None;
+        visit(&mut list, |m| {
+            seen = Some((step.load(Ordering::SeqCst), m.blocks.len(), m.lent));
+        });
+        assert_eq!(owner.join().unwrap(), Some(()));
+        assert_eq!(seen, Some((1, 1, -1)));
+    }
 }

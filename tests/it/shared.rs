@@ -1272,3 +1272,105 @@ fn a_panic_freeing_a_due_block_of_a_thread_cache_loses_no_block() {
     drop(pool);
     alloc.inner.assert_all_freed();
 }
+
+#[test]
+fn visitors_meet_owners_at_work_and_every_block_is_accounted_once() {
+    // Three threads do round trips through their magazines while a fourth
+    // visits every magazine over and over (`stats`, `collect`, `trim`,
+    // `set_limit`): each visit claims the magazines while their owners
+    // work on them, so both sides of the handshake run many times.
+    let (pool, alloc, clock) = tc_pool(Duration::from_millis(5));
+    let rounds = if cfg!(miri) { 30 } else { 50_000 };
+    let stop = Arc::new(AtomicBool::new(false));
+    let owners: Vec<_> = (0..3u64)
+        .map(|t| {
+            let (pool, clock) = (pool.clone(), clock.clone());
+            thread::spawn(move || {
+                let mut rng = Rng(t * 104_729 + 3);
+                let mut held = Vec::new();
+                for _ in 0..rounds {
+                    if held.len() < 12 && rng.below(3) != 0 {
+                        let block = pool.allocate(64 << rng.below(3)).unwrap();
+                        held.push(block);
+                    } else if !held.is_empty() {
+                        let k = rng.below(held.len() as u64) as usize;
+                        held.swap_remove(k);
+                    }
+                    if rng.below(64) == 0 {
+                        clock.advance(Duration::from_millis(1));
+                    }
+                }
+            })
+        })
+        .collect();
+    let visitor = {
+        let (pool, stop) = (pool.clone(), Arc::clone(&stop));
+        thread::spawn(move || {
+            let mut visits = 0u64;
+            let mut last_hits = 0;
+            while !stop.load(Ordering::Relaxed) {
+                let s = pool.stats();
+                // Every snapshot adds up: each block the pool holds is in
+                // use or cached, once.
+                assert_eq!(
+                    s.blocks_in_use + s.blocks_cached,
+                    s.backing_allocs - s.backing_deallocs,
+                    "{s:?}"
+                );
+                assert_eq!(s.bytes_in_use + s.bytes_cached, s.bytes_reserved, "{s:?}");
+                assert!(s.hits >= last_hits, "hits went back: {s:?}");
+                last_hits = s.hits;
+                match visits % 8 {
+                    0 => drop(pool.trim()),
+                    1 => drop(pool.set_limit(None)),
+                    _ => drop(pool.collect()),
+                }
+                visits += 1;
+            }
+            visits
+        })
+    };
+    for o in owners {
+        o.join().unwrap();
+    }
+    stop.store(true, Ordering::Relaxed);
+    assert!(visitor.join().unwrap() > 0);
+    let s = pool.stats();
+    assert_eq!(s.blocks_in_use, 0);
+    assert_eq!(s.hits + s.misses, 2 * s.hits + alloc.allocs() - s.hits);
+    assert_eq!(s.backing_allocs, alloc.allocs());
+    assert_eq!(s.backing_deallocs, alloc.deallocs());
+    assert_eq!(s.blocks_cached, alloc.live() as u64);
+    assert_eq!(s.bytes_cached, alloc.live_bytes());
+    pool.with(|p| p.validate());
+    drop(pool);
+    alloc.assert_all_freed();
+}
+
+#[test]
+fn one_thread_alternating_between_pools_hits_in_each_magazine() {
+    // The hot path finds the magazine of the pool used last with one
+    // comparison; switching pools must find each pool's own magazine.
+    let (a, alloc_a, _clock_a) = tc_pool(Duration::from_secs(1));
+    let (b, alloc_b, _clock_b) = tc_pool(Duration::from_secs(1));
+    for _ in 0..10 {
+        drop(a.allocate(64).unwrap());
+        drop(b.allocate(64).unwrap());
+        drop(b.allocate(128).unwrap());
+    }
+    let (sa, sb) = (a.stats(), b.stats());
+    assert_eq!((sa.hits, sa.misses, sa.blocks_cached), (9, 1, 1));
+    assert_eq!((sb.hits, sb.misses, sb.blocks_cached), (18, 2, 2));
+    // A pool dropped and another made (perhaps at the same address): the
+    // new one starts with an empty magazine of its own.
+    drop(a);
+    alloc_a.assert_all_freed();
+    let (c, alloc_c, _clock_c) = tc_pool(Duration::from_secs(1));
+    drop(c.allocate(64).unwrap());
+    drop(c.allocate(64).unwrap());
+    let sc = c.stats();
+    assert_eq!((sc.hits, sc.misses, sc.blocks_cached), (1, 1, 1));
+    drop((b, c));
+    alloc_b.assert_all_freed();
+    alloc_c.assert_all_freed();
+}
