@@ -16,11 +16,6 @@
 //! owner path's accesses as races). Where it is not available, the thread
 //! caches take a lock on every access instead.
 
-// `decaying_pool_locked_magazines` is a cfg of the ThreadSanitizer run, not
-// a Cargo feature: it changes no API, only how the thread caches
-// synchronise.
-#![allow(unexpected_cfgs)]
-
 /// Whether [`heavy`] can be used in this process; registers the process
 /// for it on the first call. The answer never changes afterwards.
 pub(super) fn available() -> bool {
