@@ -87,8 +87,7 @@
 //!   `Exponential`'s deadline itself), checks `FixedTime`'s (the oldest
 //!   block's release plus the ttl, never stale), and checks every check
 //!   the pool skips: nothing due, and no clamp of `Exponential`'s
-//!   allowance skipped. (See [`EXPONENTIAL_ON_RELEASE_PANICS`] for the
-//!   one fault held back there.)
+//!   allowance skipped.
 //!
 //! # Input layout
 //!
@@ -319,22 +318,6 @@ impl Switches {
     }
 }
 
-/// Whether the harnesses let `EvictionPolicy::on_release` panic under
-/// `Exponential`. Off: an inject step that arms [`Fault::OnRelease`] in
-/// an `Exponential` run disarms every fault instead, in the harness and
-/// in the model alike.
-///
-/// Held back for a gap of the timed store: a release whose `on_release`
-/// panics leaves its block cached, the policy never told, and the
-/// deadline the pool holds in force. `Exponential`'s deadline was planned
-/// without that block (which brings it forward), so the next collection
-/// before it skips an eviction that is due; in debug builds the pool's
-/// own deadline check then panics ("EvictionPolicy::deadline disagrees
-/// with must_evict"). `FixedTime`'s deadline holds whatever is released,
-/// so its runs inject the fault. Turn this on once the store drops its
-/// deadline when `on_release` unwinds.
-pub const EXPONENTIAL_ON_RELEASE_PANICS: bool = false;
-
 /// Takes a [`Common`] step on the harness's clock, backing allocator and
 /// switches, and on the model.
 fn apply_common(step: Common, parts: &Parts, model: &mut Model) {
@@ -348,10 +331,6 @@ fn apply_common(step: Common, parts: &Parts, model: &mut Model) {
             model.fail_next = n;
         }
         Common::Inject { fault, nth } => {
-            let held_back = !EXPONENTIAL_ON_RELEASE_PANICS
-                && fault == Fault::OnRelease
-                && matches!(model.cfg.kind, Kind::Exponential { .. });
-            let nth = if held_back { 0 } else { nth };
             parts.switches.inject(fault, nth);
             model.inject(fault, nth);
         }

@@ -142,13 +142,6 @@ pub(super) struct Model {
     answers: Option<Answers>,
     /// Eviction checks skipped before the cached deadline.
     deadline_skips: u64,
-    /// A block was cached while `on_release` panicked, so the policy never
-    /// saw it, and the pool kept the deadline it had: a deadline planned
-    /// without that block (as `Exponential`'s, which a release can bring
-    /// forward) may no longer hold, and the skips until the pool drops it
-    /// are not held against the model (a known gap of the timed store: its
-    /// deadline outlives a panicking `on_release`).
-    untold: bool,
     pub(super) frees: Frees,
     /// Blocks let go in a deferred cache step, to offer after it.
     deferred: Vec<(u64, usize)>,
@@ -189,7 +182,6 @@ impl Model {
             not_before: 0,
             answers: Some(answers),
             deadline_skips: 0,
-            untold: false,
             frees: Frees::Immediate,
             deferred: Vec::new(),
             mute_deallocate: false,
@@ -288,7 +280,6 @@ impl Model {
         }
         if stale {
             self.not_before = 0;
-            self.untold = false;
         }
     }
 
@@ -315,9 +306,6 @@ impl Model {
     /// later).
     fn skipped_check(&mut self, oldest: Idle) {
         self.deadline_skips += 1;
-        if self.untold {
-            return;
-        }
         match self.cfg.kind {
             Kind::FixedTime { ttl } => assert!(
                 self.now.saturating_sub(oldest.released) < ttl,
@@ -569,7 +557,6 @@ impl Model {
             if !due {
                 self.fire(Fault::Deadline)?;
                 self.not_before = self.deadline_answer(oldest);
-                self.untold = false;
                 break;
             }
             // The policy is told first: a panic there leaves the block.
@@ -577,7 +564,6 @@ impl Model {
             self.idle.remove(0);
             self.evictions += 1;
             self.not_before = 0;
-            self.untold = false;
             freed += 1;
             if self.idle.is_empty() && self.rebase().is_some() {
                 self.allowance = 0.0;
@@ -595,7 +581,6 @@ impl Model {
         self.idle.remove(0);
         self.trimmed += 1;
         self.not_before = 0;
-        self.untold = false;
         if self.rebase().is_some() {
             self.allowance = self.allowance.min(self.bytes_cached() as f64);
         }
@@ -666,8 +651,12 @@ impl Model {
             Reuse::Fifo => self.idle.iter().position(same),
         };
         if let Some(i) = found {
-            // Told first: a panic leaves the block cached.
-            self.hook(Fault::OnHit)?;
+            // Told first: a panic leaves the block cached, and the store
+            // forgets its planned deadline.
+            if let Err(e) = self.hook(Fault::OnHit) {
+                self.not_before = 0;
+                return Err(e);
+            }
             self.stale_answer();
             let before = self.bytes_cached();
             let hit = self.idle.remove(i);
@@ -789,7 +778,9 @@ impl Model {
                 // The policy is told last: a panic there leaves it cached.
                 self.idle.push(idle);
                 if self.fire(Fault::OnRelease).is_err() {
-                    self.untold |= self.not_before != 0;
+                    // The store forgets the deadline it planned without
+                    // this block.
+                    self.not_before = 0;
                     return Err(Injected);
                 }
                 if self.rebase().is_some() && self.cfg.kind != (Kind::Exponential { half_life: 0 })

@@ -171,6 +171,22 @@ impl<B> Blocks<B> {
     }
 }
 
+/// Forgets the store's planned deadline (`TimedStore::not_before`) when
+/// dropped. Armed while a policy hook runs and disarmed (`mem::forget`) once
+/// it returns: a hook that unwinds may leave the policy's view of the cache
+/// apart from the store's (a released block stays cached although the
+/// policy never counted it), and a deadline planned on the old view could
+/// then skip an eviction that is due. Forgetting is always safe: the next
+/// check asks the policy.
+struct Replan<'a>(&'a mut u64);
+
+impl Drop for Replan<'_> {
+    #[cold]
+    fn drop(&mut self) {
+        *self.0 = 0;
+    }
+}
+
 /// A class's place in the eviction order: no later than its oldest block.
 #[derive(Clone, Copy, Debug)]
 struct Token {
@@ -416,12 +432,15 @@ impl<B, P: EvictionPolicy> Store<B> for TimedStore<B, P> {
         if cls.items.is_empty() {
             return None;
         }
-        // Told first, so a panic in the policy changes nothing.
+        // Told first, so a panic in the policy changes nothing in the
+        // store but its planned deadline, which it forgets.
+        let replan = Replan(&mut self.not_before);
         self.policy
             .on_hit(Duration::from_nanos(now), class, before, before - class);
         if self.policy.deadline_stale() {
-            self.not_before = 0;
+            *replan.0 = 0;
         }
+        core::mem::forget(replan);
         let item = match self.reuse {
             Reuse::Lifo => cls.items.pop_back(),
             Reuse::Fifo => cls.items.pop_front(),
@@ -462,11 +481,16 @@ impl<B, P: EvictionPolicy> Store<B> for TimedStore<B, P> {
                 size: class,
             });
         }
+        // The block stays cached if the policy panics here, unknown to it:
+        // the deadline planned without it is forgotten.
+        let bytes = self.bytes;
+        let replan = Replan(&mut self.not_before);
         self.policy
-            .on_release(Duration::from_nanos(now), class, self.bytes());
+            .on_release(Duration::from_nanos(now), class, bytes);
         if self.policy.deadline_stale() {
-            self.not_before = 0;
+            *replan.0 = 0;
         }
+        core::mem::forget(replan);
         None
     }
 
