@@ -27,49 +27,56 @@
 
 mod group;
 
-use fixedbitset::FixedBitSet;
+use core::mem::MaybeUninit;
 
 use self::group::{Group, Mask, EMPTY, WIDTH};
 use super::Store;
 use crate::policy::{sealed, FixedCapacity, Policy, Reuse};
 
-const NIL: u32 = u32::MAX;
-
 /// No slot.
 const NONE: usize = usize::MAX;
 
-/// One slot of the table.
+/// One slot of the table, or the age list's sentinel (the entry after the
+/// last slot).
 struct Entry<B> {
-    /// The cached block, `None` in an empty slot.
-    block: Option<B>,
+    /// The cached block: initialised exactly when the slot's tag is not
+    /// [`EMPTY`] (never in the sentinel).
+    block: MaybeUninit<B>,
     class: usize,
     stamp: u64,
+    /// The age list's neighbours (the sentinel at either end); meaningless
+    /// in an empty slot.
     older: u32,
     newer: u32,
 }
 
 impl<B> Entry<B> {
     const VACANT: Self = Entry {
-        block: None,
+        block: MaybeUninit::uninit(),
         class: 0,
         stamp: 0,
-        older: NIL,
-        newer: NIL,
+        older: 0,
+        newer: 0,
     };
 }
 
 /// The fixed-capacity store: see the module documentation.
 pub struct FixedStore<B> {
     /// One tag per slot, then a copy of the first `min(WIDTH, slots)`
-    /// tags (padding past that): `slots + WIDTH` bytes, or none.
+    /// tags (padding past that): `slots + WIDTH` bytes, or none. A slot
+    /// holds a block exactly when its tag is not [`EMPTY`].
     tags: Box<[u8]>,
+    /// `slots` entries, then the age list's sentinel: `slots + 1`, or
+    /// none.
     entries: Box<[Entry<B>]>,
-    /// The slots that hold a block.
-    occupied: FixedBitSet,
+    /// The number of slots (the sentinel's index).
+    slots: usize,
     window: usize,
     /// The window's positions in its first group.
     live: Mask,
-    reuse: Reuse,
+    /// What a hit's stamps are XORed with before taking the largest: 0
+    /// under LIFO (the newest), all ones under FIFO (the oldest).
+    flip: u64,
     /// Where a release of class `hint_class` goes, left by the hit that
     /// just took a block of it (0, a class no block has: nowhere). Any
     /// other change to the table clears it. A hit followed by the release
@@ -80,8 +87,6 @@ pub struct FixedStore<B> {
     hint_slot: u32,
     hint_tag: u8,
     next_stamp: u64,
-    oldest: u32,
-    newest: u32,
     len: usize,
     bytes: usize,
     taken: u64,
@@ -97,10 +102,13 @@ fn try_table<B>(slots: usize) -> Option<(Box<[u8]>, Box<[Entry<B>]>)> {
         return Some((Box::default(), Box::default()));
     }
     let mut entries = Vec::new();
-    entries.try_reserve_exact(slots).ok()?;
+    entries.try_reserve_exact(slots + 1).ok()?;
     let mut tags = Vec::new();
     tags.try_reserve_exact(slots + WIDTH).ok()?;
-    entries.resize_with(slots, || Entry::VACANT);
+    entries.resize_with(slots + 1, || Entry::VACANT);
+    // The sentinel of an empty age list points at itself.
+    entries[slots].older = slots as u32;
+    entries[slots].newer = slots as u32;
     tags.resize(slots + WIDTH, EMPTY);
     Some((tags.into_boxed_slice(), entries.into_boxed_slice()))
 }
@@ -124,7 +132,8 @@ impl<B> FixedStore<B> {
     /// the largest of `slots / 2`, `slots / 4`, … that can be allocated.
     /// Its probe window is `min(slots, window)`.
     pub(crate) fn new(slots: usize, window: usize, reuse: Reuse) -> Self {
-        const { assert!(FixedCapacity::MAX_SLOTS < NIL as usize) };
+        // Slot indices and the sentinel's fit the age list's links.
+        const { assert!(FixedCapacity::MAX_SLOTS < u32::MAX as usize) };
         let mut slots = slots.min(FixedCapacity::MAX_SLOTS);
         let (tags, entries) = loop {
             // Fallible: a table too large for memory is refused here
@@ -134,21 +143,21 @@ impl<B> FixedStore<B> {
             }
             slots /= 2;
         };
+        let window = slots.min(window.max(1));
         FixedStore {
-            window: entries.len().min(window.max(1)),
-            live: Mask::first(entries.len().min(window.max(1)).min(WIDTH)),
-            // One bit a slot: 1/256 of the entries' size at the least,
-            // allocated once the table is.
-            occupied: FixedBitSet::with_capacity(entries.len()),
+            window,
+            live: Mask::first(window.min(WIDTH)),
             tags,
             entries,
-            reuse,
+            slots,
+            flip: match reuse {
+                Reuse::Lifo => 0,
+                Reuse::Fifo => u64::MAX,
+            },
             hint_class: 0,
             hint_slot: 0,
             hint_tag: EMPTY,
             next_stamp: 0,
-            oldest: NIL,
-            newest: NIL,
             len: 0,
             bytes: 0,
             taken: 0,
@@ -156,28 +165,76 @@ impl<B> FixedStore<B> {
         }
     }
 
-    /// The home slot and the tag of a class.
+    /// The home slot and the tag of a class (a table of at least one slot).
     #[inline(always)]
     fn locate(&self, class: usize) -> (usize, u8) {
         let h = hash(class);
-        let home = ((u128::from(h) * self.entries.len() as u128) >> 64) as usize;
+        let home = ((u128::from(h) * self.slots as u128) >> 64) as usize;
         (home, tag_of(h))
     }
 
     /// `i` (below twice the slot count) brought into the table.
     #[inline(always)]
     fn wrap(&self, i: usize) -> usize {
-        let n = self.entries.len();
-        if i >= n {
-            i - n
+        if i >= self.slots {
+            i - self.slots
         } else {
             i
         }
     }
 
+    /// Whether slot `i` holds a block.
+    #[inline(always)]
+    fn is_occupied(&self, i: usize) -> bool {
+        self.tags[i] & EMPTY == 0
+    }
+
+    /// The slots that hold a block (not on the hot path).
+    fn occupied(&self) -> impl Iterator<Item = usize> + '_ {
+        (0..self.slots).filter(|&i| self.is_occupied(i))
+    }
+
     /// The slots of the window starting at `home` (not on the hot path).
     fn window(&self, home: usize) -> impl Iterator<Item = usize> + '_ {
         (0..self.window).map(move |k| self.wrap(home + k))
+    }
+
+    /// The tags of slots `at..at + WIDTH` (the copy past the end for those
+    /// beyond the last slot).
+    ///
+    /// # Safety
+    ///
+    /// `at < slots`.
+    #[inline(always)]
+    unsafe fn group(&self, at: usize) -> Group {
+        debug_assert!(at < self.slots);
+        // SAFETY: `at < slots` (caller), and a table of at least one slot
+        // has `slots + WIDTH` tags.
+        unsafe { Group::load_unchecked(&self.tags, at) }
+    }
+
+    /// Entry `i`, a slot or the sentinel.
+    ///
+    /// # Safety
+    ///
+    /// `i <= slots` in a table of at least one slot.
+    #[inline(always)]
+    unsafe fn entry(&self, i: usize) -> &Entry<B> {
+        debug_assert!(i < self.entries.len());
+        // SAFETY: the caller's promise: the entries are `slots + 1`.
+        unsafe { self.entries.get_unchecked(i) }
+    }
+
+    /// Entry `i`, a slot or the sentinel, mutably.
+    ///
+    /// # Safety
+    ///
+    /// As [`entry`](Self::entry).
+    #[inline(always)]
+    unsafe fn entry_mut(&mut self, i: usize) -> &mut Entry<B> {
+        debug_assert!(i < self.entries.len());
+        // SAFETY: the caller's promise: the entries are `slots + 1`.
+        unsafe { self.entries.get_unchecked_mut(i) }
     }
 
     /// The groups of the window starting at `home`: each as its offset in
@@ -188,85 +245,89 @@ impl<B> FixedStore<B> {
         (0..self.window).step_by(WIDTH).map(move |start| {
             let at = self.wrap(home + start);
             let live = Mask::first((self.window - start).min(WIDTH));
-            (start, at, Group::load(&self.tags, at), live)
+            // SAFETY: `wrap` brings `home + start` (below twice the slot
+            // count: `home` is a slot, `start` below the window) into the
+            // table.
+            (start, at, unsafe { self.group(at) }, live)
         })
     }
 
+    /// Sets the tag of slot `i`, and its copy past the end if it has one.
+    ///
+    /// # Safety
+    ///
+    /// `i < slots`.
     #[inline(always)]
-    fn set_tag(&mut self, i: usize, tag: u8) {
-        self.tags[i] = tag;
-        if i < WIDTH {
-            // The copy that a window wrapping the end reads.
-            let n = self.entries.len();
-            self.tags[n + i] = tag;
-        }
-    }
-
-    #[inline(always)]
-    fn set_newer(&mut self, at: u32, to: u32) {
-        if at == NIL {
-            self.oldest = to;
-        } else {
-            self.entries[at as usize].newer = to;
-        }
-    }
-
-    #[inline(always)]
-    fn set_older(&mut self, at: u32, to: u32) {
-        if at == NIL {
-            self.newest = to;
-        } else {
-            self.entries[at as usize].older = to;
+    unsafe fn set_tag(&mut self, i: usize, tag: u8) {
+        debug_assert!(i < self.slots);
+        // Without a branch: a slot with no copy writes its own tag twice.
+        let copy = if i < WIDTH { self.slots + i } else { i };
+        // SAFETY: `i < slots`, and `slots + i < slots + WIDTH` is the copy
+        // of a slot below `WIDTH`: both inside the tag array.
+        unsafe {
+            *self.tags.get_unchecked_mut(i) = tag;
+            *self.tags.get_unchecked_mut(copy) = tag;
         }
     }
 
     /// Empties occupied slot `i`, returning its block and class.
+    ///
+    /// # Safety
+    ///
+    /// `i < slots` and slot `i` holds a block.
     #[inline(always)]
-    fn remove(&mut self, i: usize) -> Option<(B, usize)> {
+    unsafe fn remove(&mut self, i: usize) -> (B, usize) {
+        debug_assert!(i < self.slots && self.is_occupied(i));
         self.hint_class = 0;
-        let e = &mut self.entries[i];
-        let block = e.block.take()?;
-        let (class, older, newer) = (e.class, e.older, e.newer);
-        self.set_tag(i, EMPTY);
-        self.occupied.set(i, false);
-        self.set_newer(older, newer);
-        self.set_older(newer, older);
+        // SAFETY: `i` is a slot (caller); an occupied slot's block is
+        // initialised, and its empty tag (set below) says it no longer is,
+        // so it is read out once.
+        let (block, class, older, newer) = unsafe {
+            let e = self.entry(i);
+            (e.block.assume_init_read(), e.class, e.older, e.newer)
+        };
+        // SAFETY: `i` is a slot; an occupied slot's neighbours in the age
+        // list are slots or the sentinel.
+        unsafe {
+            self.set_tag(i, EMPTY);
+            self.entry_mut(older as usize).newer = newer;
+            self.entry_mut(newer as usize).older = older;
+        }
         self.len -= 1;
         self.bytes -= class;
-        Some((block, class))
+        (block, class)
     }
 
     /// Fills empty slot `i`, the newest entry.
+    ///
+    /// # Safety
+    ///
+    /// `i < slots` and slot `i` is empty.
     #[inline(always)]
-    fn insert(&mut self, i: usize, tag: u8, block: B, class: usize) {
+    unsafe fn insert(&mut self, i: usize, tag: u8, block: B, class: usize) {
+        debug_assert!(i < self.slots && !self.is_occupied(i));
         let stamp = self.next_stamp;
         self.next_stamp += 1;
-        let older = self.newest;
         self.hint_class = 0;
-        self.entries[i] = Entry {
-            block: Some(block),
-            class,
-            stamp,
-            older,
-            newer: NIL,
-        };
-        self.set_tag(i, tag);
-        self.occupied.insert(i);
-        self.set_newer(older, i as u32);
-        self.newest = i as u32;
+        let sentinel = self.slots;
+        // SAFETY: `i` is a slot (caller), and the sentinel's older
+        // neighbour is a slot or the sentinel. Overwriting the empty
+        // slot's entry drops nothing (its block is not initialised).
+        unsafe {
+            let newest = self.entry(sentinel).older;
+            *self.entry_mut(i) = Entry {
+                block: MaybeUninit::new(block),
+                class,
+                stamp,
+                older: newest,
+                newer: sentinel as u32,
+            };
+            self.entry_mut(newest as usize).newer = i as u32;
+            self.entry_mut(sentinel).older = i as u32;
+            self.set_tag(i, tag);
+        }
         self.len += 1;
         self.bytes += class;
-    }
-
-    /// The key that orders a class's entries for a hit: stamps are
-    /// unique; under LIFO the best entry has the largest, under FIFO the
-    /// smallest, that is the largest `stamp ^ flip`.
-    #[inline(always)]
-    fn flip(&self) -> u64 {
-        match self.reuse {
-            Reuse::Lifo => 0,
-            Reuse::Fifo => u64::MAX,
-        }
     }
 
     /// A hit's lookup in a window of one group: the slot of the best entry
@@ -274,16 +335,17 @@ impl<B> FixedStore<B> {
     /// empty slot once that entry is gone.
     #[inline(always)]
     fn find_in_group(&self, home: usize, class: usize, tag: u8) -> (usize, usize) {
-        let flip = self.flip();
-        let group = Group::load(&self.tags, home);
+        // SAFETY: `home` is a slot (`locate`).
+        let group = unsafe { self.group(home) };
         let (mut best, mut offset, mut best_key) = (NONE, 0, 0u64);
         for k in group.match_tag(tag).and(self.live) {
             let i = self.wrap(home + k);
-            let e = &self.entries[i];
+            // SAFETY: `wrap` brings `home + k` below `slots`.
+            let e = unsafe { self.entry(i) };
             // The tag may match another class (seven bits of hash, or a
             // borrow in the comparison): the entry decides. Chosen without
             // branching on the key.
-            let key = e.stamp ^ flip;
+            let key = e.stamp ^ self.flip;
             if (e.class == class) & (key >= best_key) {
                 (best, offset, best_key) = (i, k, key);
             }
@@ -299,7 +361,6 @@ impl<B> FixedStore<B> {
     /// groups.
     #[inline(never)]
     fn find_in_groups(&self, home: usize, class: usize, tag: u8) -> (usize, usize) {
-        let flip = self.flip();
         let (mut best, mut offset, mut best_key) = (NONE, 0, 0u64);
         let mut first_empty = self.window;
         for (start, at, group, live) in self.groups(home) {
@@ -310,8 +371,9 @@ impl<B> FixedStore<B> {
             }
             for k in group.match_tag(tag).and(live) {
                 let i = self.wrap(at + k);
-                let e = &self.entries[i];
-                let key = e.stamp ^ flip;
+                // SAFETY: `wrap` brings `at + k` below `slots`.
+                let e = unsafe { self.entry(i) };
+                let key = e.stamp ^ self.flip;
                 if (e.class == class) & (key >= best_key) {
                     (best, offset, best_key) = (i, start + k, key);
                 }
@@ -334,9 +396,32 @@ impl<B> FixedStore<B> {
         let Some((i, _)) = oldest else {
             return Some((block, class));
         };
-        let evicted = self.remove(i);
-        self.insert(i, tag, block, class);
-        evicted
+        if !self.is_occupied(i) {
+            return Some((block, class));
+        }
+        // SAFETY: `i` is an occupied slot of the window; once emptied, it
+        // is an empty slot.
+        unsafe {
+            let evicted = self.remove(i);
+            self.insert(i, tag, block, class);
+            Some(evicted)
+        }
+    }
+}
+
+impl<B> Drop for FixedStore<B> {
+    fn drop(&mut self) {
+        // The blocks still cached (a pool frees them first; a store
+        // dropped on its own drops them, as a collection would).
+        for i in 0..self.slots {
+            if self.is_occupied(i) {
+                self.tags[i] = EMPTY;
+                // SAFETY: an occupied slot's block is initialised; its tag
+                // now says it is not, so it is dropped once even if a drop
+                // below panics.
+                unsafe { self.entries[i].block.assume_init_drop() };
+            }
+        }
     }
 }
 
@@ -347,7 +432,7 @@ impl<B> Store<B> for FixedStore<B> {
     // call would cost a good share of it.
     #[inline(always)]
     fn take(&mut self, class: usize, _now: u64) -> Option<B> {
-        if self.entries.is_empty() {
+        if self.slots == 0 {
             return None;
         }
         let (home, tag) = self.locate(class);
@@ -359,7 +444,9 @@ impl<B> Store<B> for FixedStore<B> {
         if best == NONE {
             return None;
         }
-        let (block, _) = self.remove(best)?;
+        // SAFETY: `best` is a slot whose entry has the class (an empty
+        // slot's tag matches no class's).
+        let (block, _) = unsafe { self.remove(best) };
         // A release of this class now goes to the first empty slot of the
         // window: the one just emptied, or an earlier one.
         (self.hint_class, self.hint_slot, self.hint_tag) =
@@ -371,29 +458,18 @@ impl<B> Store<B> for FixedStore<B> {
 
     #[inline(always)]
     fn put(&mut self, block: B, class: usize, _now: u64) -> Option<(B, usize)> {
-        if self.entries.is_empty() {
+        if self.slots == 0 {
             return Some((block, class));
         }
         // Class 0 (no block has it) never takes the hint.
         if self.hint_class == class && class != 0 {
-            self.insert(self.hint_slot as usize, self.hint_tag, block, class);
+            // SAFETY: the hint names an empty slot: the hit that left it
+            // emptied it or found it empty, and any other change since
+            // would have cleared the hint.
+            unsafe { self.insert(self.hint_slot as usize, self.hint_tag, block, class) };
             return None;
         }
-        let (home, tag) = self.locate(class);
-        let mut free = None;
-        for (_, at, group, live) in self.groups(home) {
-            if let Some(k) = group.match_empty().and(live).lowest() {
-                free = Some(self.wrap(at + k));
-                break;
-            }
-        }
-        match free {
-            Some(i) => {
-                self.insert(i, tag, block, class);
-                None
-            }
-            None => self.displace(home, tag, block, class),
-        }
+        self.put_scan(block, class)
     }
 
     #[inline]
@@ -402,10 +478,12 @@ impl<B> Store<B> for FixedStore<B> {
     }
 
     fn pop_oldest(&mut self, _now: u64) -> Option<(B, usize)> {
-        if self.oldest == NIL {
+        if self.len == 0 {
             return None;
         }
-        self.remove(self.oldest as usize)
+        let oldest = self.entries[self.slots].newer as usize;
+        // SAFETY: a non-empty age list's first entry is an occupied slot.
+        Some(unsafe { self.remove(oldest) })
     }
 
     fn pop_untold(&mut self) -> Option<(B, usize)> {
@@ -432,42 +510,36 @@ impl<B> Store<B> for FixedStore<B> {
     /// there is nothing to shrink.
     #[cfg(any(test, feature = "testing"))]
     fn footprint(&self) -> usize {
-        core::mem::size_of_val(&*self.entries)
-            + core::mem::size_of_val(&*self.tags)
-            + core::mem::size_of_val(self.occupied.as_slice())
+        core::mem::size_of_val(&*self.entries) + core::mem::size_of_val(&*self.tags)
     }
 
     fn cached_of(&self, class: usize) -> usize {
-        self.occupied
-            .ones()
+        self.occupied()
             .filter(|&i| self.entries[i].class == class)
             .count()
     }
 
     fn check(&self) {
-        let n = self.entries.len();
-        assert_eq!(self.occupied.len(), n, "occupancy bitset length");
+        let n = self.slots;
         if n == 0 {
             assert!(self.tags.is_empty(), "tags of an empty table");
-        } else {
-            assert_eq!(self.tags.len(), n + WIDTH, "tag array length");
-            for j in 0..WIDTH.min(n) {
-                assert_eq!(self.tags[n + j], self.tags[j], "copy of tag {j}");
-            }
+            assert!(self.entries.is_empty(), "entries of an empty table");
+            assert_eq!((self.len, self.bytes), (0, 0), "counts of an empty table");
+            return;
+        }
+        assert_eq!(self.entries.len(), n + 1, "entry array length");
+        assert_eq!(self.tags.len(), n + WIDTH, "tag array length");
+        for j in 0..WIDTH.min(n) {
+            assert_eq!(self.tags[n + j], self.tags[j], "copy of tag {j}");
         }
         assert!(
-            (1..=n).contains(&self.window) || n == 0,
+            (1..=n).contains(&self.window),
             "window of {} slots in a table of {n}",
             self.window
         );
         let (mut len, mut bytes) = (0usize, 0usize);
-        for (i, e) in self.entries.iter().enumerate() {
-            let full = e.block.is_some();
-            assert_eq!(self.occupied.contains(i), full, "occupancy of slot {i}");
-            if !full {
-                assert_eq!(self.tags[i], EMPTY, "tag of empty slot {i}");
-                continue;
-            }
+        for i in self.occupied() {
+            let e = &self.entries[i];
             len += 1;
             bytes += e.class;
             let (home, tag) = self.locate(e.class);
@@ -479,16 +551,31 @@ impl<B> Store<B> for FixedStore<B> {
             );
             assert!(e.stamp < self.next_stamp, "stamp of slot {i}");
         }
+        for i in 0..n {
+            assert!(
+                self.tags[i] == EMPTY || self.tags[i] < EMPTY,
+                "tag {:#x} of slot {i}",
+                self.tags[i]
+            );
+        }
         assert_eq!(len, self.len, "cached block count");
         assert_eq!(bytes, self.bytes, "cached byte count");
-        assert_eq!(self.occupied.count_ones(..), len, "occupancy count");
         assert!(len <= n, "more blocks than slots");
-        // The age list visits every entry once, stamps increasing.
-        let (mut at, mut prev, mut seen, mut last) = (self.oldest, NIL, 0usize, None);
-        while at != NIL {
-            let e = &self.entries[at as usize];
-            assert!(e.block.is_some(), "age list reaches an empty slot");
-            assert_eq!(e.older, prev, "age list back link");
+        if self.hint_class != 0 {
+            assert!(
+                !self.is_occupied(self.hint_slot as usize),
+                "the hint names an occupied slot"
+            );
+        }
+        // The age list visits every occupied slot once, stamps increasing,
+        // from the sentinel back to it.
+        let (mut at, mut prev, mut seen, mut last) =
+            (self.entries[n].newer as usize, n, 0usize, None);
+        while at != n {
+            assert!(at < n, "age list link {at} out of the table");
+            assert!(self.is_occupied(at), "age list reaches empty slot {at}");
+            let e = &self.entries[at];
+            assert_eq!(e.older as usize, prev, "age list back link");
             if let Some(s) = last {
                 assert!(e.stamp > s, "age list out of order");
             }
@@ -496,10 +583,34 @@ impl<B> Store<B> for FixedStore<B> {
             seen += 1;
             assert!(seen <= len, "age list has a cycle");
             prev = at;
-            at = e.newer;
+            at = e.newer as usize;
         }
-        assert_eq!(prev, self.newest, "age list tail");
+        assert_eq!(self.entries[n].older as usize, prev, "age list tail");
         assert_eq!(seen, len, "age list length");
+    }
+}
+
+impl<B> FixedStore<B> {
+    /// A release without the hint: the first empty slot of the window, or
+    /// the displacement of its oldest entry.
+    #[inline(always)]
+    fn put_scan(&mut self, block: B, class: usize) -> Option<(B, usize)> {
+        let (home, tag) = self.locate(class);
+        let mut free = None;
+        for (_, at, group, live) in self.groups(home) {
+            if let Some(k) = group.match_empty().and(live).lowest() {
+                free = Some(self.wrap(at + k));
+                break;
+            }
+        }
+        match free {
+            Some(i) => {
+                // SAFETY: `i` is a slot whose tag is empty.
+                unsafe { self.insert(i, tag, block, class) };
+                None
+            }
+            None => self.displace(home, tag, block, class),
+        }
     }
 }
 
@@ -562,12 +673,10 @@ mod tests {
     fn bytes_per_slot() {
         // What the policy's documentation says a slot costs.
         assert_eq!(core::mem::size_of::<Entry<core::ptr::NonNull<u8>>>(), 32);
-        assert_eq!(core::mem::size_of::<Entry<u64>>(), 40);
+        assert_eq!(core::mem::size_of::<Entry<u64>>(), 32);
         let store = FixedStore::<u64>::new(1 << 12, FixedCapacity::WINDOW, Reuse::Lifo);
-        assert_eq!(
-            store.footprint(),
-            (1 << 12) * (40 + 1) + WIDTH + (1 << 12) / 8
-        );
+        // The entries and the age list's sentinel, the tags and their copy.
+        assert_eq!(store.footprint(), ((1 << 12) + 1) * 32 + (1 << 12) + WIDTH);
     }
 
     #[test]
@@ -587,7 +696,7 @@ mod tests {
         let want: Vec<usize> = (home..slots)
             .chain(0..FixedCapacity::WINDOW - (slots - home))
             .collect();
-        let mut used: Vec<usize> = store.occupied.ones().collect();
+        let mut used: Vec<usize> = store.occupied().collect();
         used.sort_unstable();
         let mut want_sorted = want.clone();
         want_sorted.sort_unstable();
