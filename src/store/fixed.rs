@@ -36,18 +36,13 @@ use crate::policy::{sealed, FixedCapacity, Policy, Reuse};
 /// No slot.
 const NONE: usize = usize::MAX;
 
-/// One slot of the table, or the age list's sentinel (the entry after the
-/// last slot).
+/// One slot of the table.
 struct Entry<B> {
     /// The cached block: initialised exactly when the slot's tag is not
-    /// [`EMPTY`] (never in the sentinel).
+    /// [`EMPTY`].
     block: MaybeUninit<B>,
     class: usize,
     stamp: u64,
-    /// The age list's neighbours (the sentinel at either end); meaningless
-    /// in an empty slot.
-    older: u32,
-    newer: u32,
 }
 
 impl<B> Entry<B> {
@@ -55,9 +50,17 @@ impl<B> Entry<B> {
         block: MaybeUninit::uninit(),
         class: 0,
         stamp: 0,
-        older: 0,
-        newer: 0,
     };
+}
+
+/// A slot's neighbours in the age list, or the list's sentinel (the link
+/// after the last slot's): kept apart from the entries, so that relinking
+/// writes to a small array (8 bytes a slot) and not to the neighbours'
+/// entries. Meaningless for an empty slot.
+#[derive(Clone, Copy)]
+struct Link {
+    older: u32,
+    newer: u32,
 }
 
 /// The fixed-capacity store: see the module documentation.
@@ -66,9 +69,12 @@ pub struct FixedStore<B> {
     /// tags (padding past that): `slots + WIDTH` bytes, or none. A slot
     /// holds a block exactly when its tag is not [`EMPTY`].
     tags: Box<[u8]>,
-    /// `slots` entries, then the age list's sentinel: `slots + 1`, or
-    /// none.
+    /// `slots` entries, or none.
     entries: Box<[Entry<B>]>,
+    /// The age list, oldest first: each slot's links, then the sentinel's
+    /// (whose `newer` is the oldest slot and `older` the newest): `slots +
+    /// 1`, or none.
+    links: Box<[Link]>,
     /// The number of slots (the sentinel's index).
     slots: usize,
     window: usize,
@@ -96,21 +102,30 @@ pub struct FixedStore<B> {
 /// The tag array and the entries of a table of `slots`, allocated
 /// fallibly: `None` when either cannot be.
 #[allow(clippy::type_complexity)]
-fn try_table<B>(slots: usize) -> Option<(Box<[u8]>, Box<[Entry<B>]>)> {
+fn try_table<B>(slots: usize) -> Option<(Box<[u8]>, Box<[Entry<B>]>, Box<[Link]>)> {
     if slots == 0 {
         // Zero slots allocate nothing.
-        return Some((Box::default(), Box::default()));
+        return Some((Box::default(), Box::default(), Box::default()));
     }
     let mut entries = Vec::new();
-    entries.try_reserve_exact(slots + 1).ok()?;
+    entries.try_reserve_exact(slots).ok()?;
+    let mut links = Vec::new();
+    links.try_reserve_exact(slots + 1).ok()?;
     let mut tags = Vec::new();
     tags.try_reserve_exact(slots + WIDTH).ok()?;
-    entries.resize_with(slots + 1, || Entry::VACANT);
+    entries.resize_with(slots, || Entry::VACANT);
     // The sentinel of an empty age list points at itself.
-    entries[slots].older = slots as u32;
-    entries[slots].newer = slots as u32;
+    let own = Link {
+        older: slots as u32,
+        newer: slots as u32,
+    };
+    links.resize(slots + 1, own);
     tags.resize(slots + WIDTH, EMPTY);
-    Some((tags.into_boxed_slice(), entries.into_boxed_slice()))
+    Some((
+        tags.into_boxed_slice(),
+        entries.into_boxed_slice(),
+        links.into_boxed_slice(),
+    ))
 }
 
 /// The hash of a class: one 64x64 -> 128-bit multiply, folded.
@@ -135,7 +150,7 @@ impl<B> FixedStore<B> {
         // Slot indices and the sentinel's fit the age list's links.
         const { assert!(FixedCapacity::MAX_SLOTS < u32::MAX as usize) };
         let mut slots = slots.min(FixedCapacity::MAX_SLOTS);
-        let (tags, entries) = loop {
+        let (tags, entries, links) = loop {
             // Fallible: a table too large for memory is refused here
             // instead of aborting.
             if let Some(table) = try_table(slots) {
@@ -149,6 +164,7 @@ impl<B> FixedStore<B> {
             live: Mask::first(window.min(WIDTH)),
             tags,
             entries,
+            links,
             slots,
             flip: match reuse {
                 Reuse::Lifo => 0,
@@ -213,28 +229,40 @@ impl<B> FixedStore<B> {
         unsafe { Group::load_unchecked(&self.tags, at) }
     }
 
-    /// Entry `i`, a slot or the sentinel.
+    /// The entry of slot `i`.
+    ///
+    /// # Safety
+    ///
+    /// `i < slots`.
+    #[inline(always)]
+    unsafe fn entry(&self, i: usize) -> &Entry<B> {
+        debug_assert!(i < self.slots);
+        // SAFETY: the caller's promise: the entries are `slots`.
+        unsafe { self.entries.get_unchecked(i) }
+    }
+
+    /// The entry of slot `i`, mutably.
+    ///
+    /// # Safety
+    ///
+    /// `i < slots`.
+    #[inline(always)]
+    unsafe fn entry_mut(&mut self, i: usize) -> &mut Entry<B> {
+        debug_assert!(i < self.slots);
+        // SAFETY: the caller's promise: the entries are `slots`.
+        unsafe { self.entries.get_unchecked_mut(i) }
+    }
+
+    /// The age-list links of slot `i`, or the sentinel's (`i == slots`).
     ///
     /// # Safety
     ///
     /// `i <= slots` in a table of at least one slot.
     #[inline(always)]
-    unsafe fn entry(&self, i: usize) -> &Entry<B> {
-        debug_assert!(i < self.entries.len());
-        // SAFETY: the caller's promise: the entries are `slots + 1`.
-        unsafe { self.entries.get_unchecked(i) }
-    }
-
-    /// Entry `i`, a slot or the sentinel, mutably.
-    ///
-    /// # Safety
-    ///
-    /// As [`entry`](Self::entry).
-    #[inline(always)]
-    unsafe fn entry_mut(&mut self, i: usize) -> &mut Entry<B> {
-        debug_assert!(i < self.entries.len());
-        // SAFETY: the caller's promise: the entries are `slots + 1`.
-        unsafe { self.entries.get_unchecked_mut(i) }
+    unsafe fn link(&mut self, i: usize) -> &mut Link {
+        debug_assert!(i < self.links.len());
+        // SAFETY: the caller's promise: the links are `slots + 1`.
+        unsafe { self.links.get_unchecked_mut(i) }
     }
 
     /// The groups of the window starting at `home`: each as its offset in
@@ -282,16 +310,17 @@ impl<B> FixedStore<B> {
         // SAFETY: `i` is a slot (caller); an occupied slot's block is
         // initialised, and its empty tag (set below) says it no longer is,
         // so it is read out once.
-        let (block, class, older, newer) = unsafe {
+        let (block, class) = unsafe {
             let e = self.entry(i);
-            (e.block.assume_init_read(), e.class, e.older, e.newer)
+            (e.block.assume_init_read(), e.class)
         };
         // SAFETY: `i` is a slot; an occupied slot's neighbours in the age
         // list are slots or the sentinel.
         unsafe {
             self.set_tag(i, EMPTY);
-            self.entry_mut(older as usize).newer = newer;
-            self.entry_mut(newer as usize).older = older;
+            let Link { older, newer } = *self.link(i);
+            self.link(older as usize).newer = newer;
+            self.link(newer as usize).older = older;
         }
         self.len -= 1;
         self.bytes -= class;
@@ -314,16 +343,18 @@ impl<B> FixedStore<B> {
         // neighbour is a slot or the sentinel. Overwriting the empty
         // slot's entry drops nothing (its block is not initialised).
         unsafe {
-            let newest = self.entry(sentinel).older;
             *self.entry_mut(i) = Entry {
                 block: MaybeUninit::new(block),
                 class,
                 stamp,
+            };
+            let newest = self.link(sentinel).older;
+            *self.link(i) = Link {
                 older: newest,
                 newer: sentinel as u32,
             };
-            self.entry_mut(newest as usize).newer = i as u32;
-            self.entry_mut(sentinel).older = i as u32;
+            self.link(newest as usize).newer = i as u32;
+            self.link(sentinel).older = i as u32;
             self.set_tag(i, tag);
         }
         self.len += 1;
@@ -481,7 +512,7 @@ impl<B> Store<B> for FixedStore<B> {
         if self.len == 0 {
             return None;
         }
-        let oldest = self.entries[self.slots].newer as usize;
+        let oldest = self.links[self.slots].newer as usize;
         // SAFETY: a non-empty age list's first entry is an occupied slot.
         Some(unsafe { self.remove(oldest) })
     }
@@ -510,7 +541,9 @@ impl<B> Store<B> for FixedStore<B> {
     /// there is nothing to shrink.
     #[cfg(any(test, feature = "testing"))]
     fn footprint(&self) -> usize {
-        core::mem::size_of_val(&*self.entries) + core::mem::size_of_val(&*self.tags)
+        core::mem::size_of_val(&*self.entries)
+            + core::mem::size_of_val(&*self.links)
+            + core::mem::size_of_val(&*self.tags)
     }
 
     fn cached_of(&self, class: usize) -> usize {
@@ -524,10 +557,12 @@ impl<B> Store<B> for FixedStore<B> {
         if n == 0 {
             assert!(self.tags.is_empty(), "tags of an empty table");
             assert!(self.entries.is_empty(), "entries of an empty table");
+            assert!(self.links.is_empty(), "links of an empty table");
             assert_eq!((self.len, self.bytes), (0, 0), "counts of an empty table");
             return;
         }
-        assert_eq!(self.entries.len(), n + 1, "entry array length");
+        assert_eq!(self.entries.len(), n, "entry array length");
+        assert_eq!(self.links.len(), n + 1, "link array length");
         assert_eq!(self.tags.len(), n + WIDTH, "tag array length");
         for j in 0..WIDTH.min(n) {
             assert_eq!(self.tags[n + j], self.tags[j], "copy of tag {j}");
@@ -570,12 +605,13 @@ impl<B> Store<B> for FixedStore<B> {
         // The age list visits every occupied slot once, stamps increasing,
         // from the sentinel back to it.
         let (mut at, mut prev, mut seen, mut last) =
-            (self.entries[n].newer as usize, n, 0usize, None);
+            (self.links[n].newer as usize, n, 0usize, None);
         while at != n {
             assert!(at < n, "age list link {at} out of the table");
             assert!(self.is_occupied(at), "age list reaches empty slot {at}");
             let e = &self.entries[at];
-            assert_eq!(e.older as usize, prev, "age list back link");
+            let link = self.links[at];
+            assert_eq!(link.older as usize, prev, "age list back link");
             if let Some(s) = last {
                 assert!(e.stamp > s, "age list out of order");
             }
@@ -583,9 +619,9 @@ impl<B> Store<B> for FixedStore<B> {
             seen += 1;
             assert!(seen <= len, "age list has a cycle");
             prev = at;
-            at = e.newer as usize;
+            at = link.newer as usize;
         }
-        assert_eq!(self.entries[n].older as usize, prev, "age list tail");
+        assert_eq!(self.links[n].older as usize, prev, "age list tail");
         assert_eq!(seen, len, "age list length");
     }
 }
@@ -672,11 +708,15 @@ mod tests {
     #[test]
     fn bytes_per_slot() {
         // What the policy's documentation says a slot costs.
-        assert_eq!(core::mem::size_of::<Entry<core::ptr::NonNull<u8>>>(), 32);
-        assert_eq!(core::mem::size_of::<Entry<u64>>(), 32);
+        assert_eq!(core::mem::size_of::<Entry<core::ptr::NonNull<u8>>>(), 24);
+        assert_eq!(core::mem::size_of::<Entry<u64>>(), 24);
+        assert_eq!(core::mem::size_of::<Link>(), 8);
         let store = FixedStore::<u64>::new(1 << 12, FixedCapacity::WINDOW, Reuse::Lifo);
-        // The entries and the age list's sentinel, the tags and their copy.
-        assert_eq!(store.footprint(), ((1 << 12) + 1) * 32 + (1 << 12) + WIDTH);
+        // The entries, the links and the sentinel's, the tags and their copy.
+        assert_eq!(
+            store.footprint(),
+            (1 << 12) * 24 + ((1 << 12) + 1) * 8 + (1 << 12) + WIDTH
+        );
     }
 
     #[test]
