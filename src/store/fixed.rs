@@ -42,23 +42,24 @@ struct Entry<B> {
     /// [`EMPTY`].
     block: MaybeUninit<B>,
     class: usize,
-    stamp: u64,
 }
 
 impl<B> Entry<B> {
     const VACANT: Self = Entry {
         block: MaybeUninit::uninit(),
         class: 0,
-        stamp: 0,
     };
 }
 
-/// A slot's neighbours in the age list, or the list's sentinel (the link
-/// after the last slot's): kept apart from the entries, so that relinking
-/// writes to a small array (8 bytes a slot) and not to the neighbours'
-/// entries. Meaningless for an empty slot.
+/// A slot's release stamp and its neighbours in the age list, or the
+/// list's sentinel (after the last slot's): kept apart from the entries,
+/// so that relinking writes to a small array (16 bytes a slot) and not to
+/// the neighbours' entries, and a hit reads a candidate's stamp and its
+/// links in one load, beside (not after) its entry. Meaningless for an
+/// empty slot (and the sentinel's stamp).
 #[derive(Clone, Copy)]
 struct Link {
+    stamp: u64,
     older: u32,
     newer: u32,
 }
@@ -123,6 +124,7 @@ fn try_table<B>(slots: usize) -> Option<(Box<[u8]>, Box<[Entry<B>]>, Box<[Link]>
     entries.resize_with(slots, || Entry::VACANT);
     // The sentinel of an empty age list points at itself.
     let own = Link {
+        stamp: 0,
         older: slots as u32,
         newer: slots as u32,
     };
@@ -266,7 +268,19 @@ impl<B> FixedStore<B> {
     ///
     /// `i <= slots` in a table of at least one slot.
     #[inline(always)]
-    unsafe fn link(&mut self, i: usize) -> &mut Link {
+    unsafe fn link(&self, i: usize) -> &Link {
+        debug_assert!(i < self.links.len());
+        // SAFETY: the caller's promise: the links are `slots + 1`.
+        unsafe { self.links.get_unchecked(i) }
+    }
+
+    /// The age-list links of slot `i`, or the sentinel's, mutably.
+    ///
+    /// # Safety
+    ///
+    /// As [`link`](Self::link).
+    #[inline(always)]
+    unsafe fn link_mut(&mut self, i: usize) -> &mut Link {
         debug_assert!(i < self.links.len());
         // SAFETY: the caller's promise: the links are `slots + 1`.
         unsafe { self.links.get_unchecked_mut(i) }
@@ -325,9 +339,9 @@ impl<B> FixedStore<B> {
         // list are slots or the sentinel.
         unsafe {
             self.set_tag(i, EMPTY);
-            let Link { older, newer } = *self.link(i);
-            self.link(older as usize).newer = newer;
-            self.link(newer as usize).older = older;
+            let Link { older, newer, .. } = *self.link(i);
+            self.link_mut(older as usize).newer = newer;
+            self.link_mut(newer as usize).older = older;
         }
         self.removed += 1;
         self.bytes -= class;
@@ -353,15 +367,15 @@ impl<B> FixedStore<B> {
             *self.entry_mut(i) = Entry {
                 block: MaybeUninit::new(block),
                 class,
-                stamp,
             };
             let newest = self.link(sentinel).older;
-            *self.link(i) = Link {
+            *self.link_mut(i) = Link {
+                stamp,
                 older: newest,
                 newer: sentinel as u32,
             };
-            self.link(newest as usize).newer = i as u32;
-            self.link(sentinel).older = i as u32;
+            self.link_mut(newest as usize).newer = i as u32;
+            self.link_mut(sentinel).older = i as u32;
             self.set_tag(i, tag);
         }
         self.bytes += class;
@@ -378,11 +392,11 @@ impl<B> FixedStore<B> {
         for k in group.match_tag(tag).and(self.live) {
             let i = self.wrap(home + k);
             // SAFETY: `wrap` brings `home + k` below `slots`.
-            let e = unsafe { self.entry(i) };
+            let (e, link) = unsafe { (self.entry(i), self.link(i)) };
             // The tag may match another class (seven bits of hash, or a
             // borrow in the comparison): the entry decides. Chosen without
             // branching on the key.
-            let key = e.stamp ^ self.flip;
+            let key = link.stamp ^ self.flip;
             if (e.class == class) & (key >= best_key) {
                 (best, offset, best_key) = (i, k, key);
             }
@@ -409,8 +423,8 @@ impl<B> FixedStore<B> {
             for k in group.match_tag(tag).and(live) {
                 let i = self.wrap(at + k);
                 // SAFETY: `wrap` brings `at + k` below `slots`.
-                let e = unsafe { self.entry(i) };
-                let key = e.stamp ^ self.flip;
+                let (e, link) = unsafe { (self.entry(i), self.link(i)) };
+                let key = link.stamp ^ self.flip;
                 if (e.class == class) & (key >= best_key) {
                     (best, offset, best_key) = (i, start + k, key);
                 }
@@ -424,7 +438,7 @@ impl<B> FixedStore<B> {
     fn displace(&mut self, home: usize, tag: u8, block: B, class: usize) -> Option<(B, usize)> {
         let mut oldest: Option<(usize, u64)> = None;
         for i in self.window(home) {
-            let s = self.entries[i].stamp;
+            let s = self.links[i].stamp;
             if oldest.is_none_or(|(_, o)| s < o) {
                 oldest = Some((i, s));
             }
@@ -590,7 +604,7 @@ impl<B> Store<B> for FixedStore<B> {
                 "entry {i} of class {} is outside its window",
                 e.class
             );
-            assert!(e.stamp < self.next_stamp, "stamp of slot {i}");
+            assert!(self.links[i].stamp < self.next_stamp, "stamp of slot {i}");
         }
         for i in 0..n {
             assert!(
@@ -615,13 +629,12 @@ impl<B> Store<B> for FixedStore<B> {
         while at != n {
             assert!(at < n, "age list link {at} out of the table");
             assert!(self.is_occupied(at), "age list reaches empty slot {at}");
-            let e = &self.entries[at];
             let link = self.links[at];
             assert_eq!(link.older as usize, prev, "age list back link");
             if let Some(s) = last {
-                assert!(e.stamp > s, "age list out of order");
+                assert!(link.stamp > s, "age list out of order");
             }
-            last = Some(e.stamp);
+            last = Some(link.stamp);
             seen += 1;
             assert!(seen <= len, "age list has a cycle");
             prev = at;
@@ -714,14 +727,14 @@ mod tests {
     #[test]
     fn bytes_per_slot() {
         // What the policy's documentation says a slot costs.
-        assert_eq!(core::mem::size_of::<Entry<core::ptr::NonNull<u8>>>(), 24);
-        assert_eq!(core::mem::size_of::<Entry<u64>>(), 24);
-        assert_eq!(core::mem::size_of::<Link>(), 8);
+        assert_eq!(core::mem::size_of::<Entry<core::ptr::NonNull<u8>>>(), 16);
+        assert_eq!(core::mem::size_of::<Entry<u64>>(), 16);
+        assert_eq!(core::mem::size_of::<Link>(), 16);
         let store = FixedStore::<u64>::new(1 << 12, FixedCapacity::WINDOW, Reuse::Lifo);
         // The entries, the links and the sentinel's, the tags and their copy.
         assert_eq!(
             store.footprint(),
-            (1 << 12) * 24 + ((1 << 12) + 1) * 8 + (1 << 12) + WIDTH
+            (1 << 12) * 16 + ((1 << 12) + 1) * 16 + (1 << 12) + WIDTH
         );
     }
 
