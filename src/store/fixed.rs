@@ -14,16 +14,23 @@
 //! bytes without SIMD). A window of eight slots is one unaligned word load
 //! and a few word operations; only the entries whose tag matches are read.
 //! The tag array ends with a copy of its first eight bytes, so a window
-//! that wraps the table's end is still one load. A hit leaves the slot
-//! where a release of its class would go, so the release that follows (a
-//! steady workload's round trip) neither hashes nor scans. An occupancy
-//! bitset ([`FixedBitSet`]) says which entries hold a block, for the walks
-//! that visit every cached block (statistics, checks).
+//! that wraps the table's end is still one load. The tag is also the only
+//! record of which slots hold a block (the block itself is a
+//! `MaybeUninit`, initialised exactly when the tag is not empty). A hit
+//! leaves the slot where a release of its class would go, so the release
+//! that follows (a steady workload's round trip) neither hashes nor scans.
 //!
-//! Entries are also linked, oldest first, into one age list threaded
-//! through the table, so `trim`, the limit and the out-of-memory retry free
-//! the globally oldest block in O(1). Each entry carries a release stamp
-//! (a counter) to compare ages within a window.
+//! Occupied slots are also linked, oldest first, into one age list, closed
+//! by a sentinel so that linking and unlinking never branch, so `trim`,
+//! the limit and the out-of-memory retry free the globally oldest block in
+//! O(1). Each slot carries a release stamp (a counter) to compare ages
+//! within a window. The stamp and the links live in an array of their own
+//! (16 bytes a slot) beside the entries (the block and its class: 16 bytes
+//! for a pointer-sized block): a hit reads a candidate's entry and its
+//! stamp side by side, and the relinking of a hit and a release writes
+//! only to the small link array, not to the neighbours' entries. A slot
+//! costs `size_of::<B>() + 8` (class) `+ 16` (stamp, links) `+ 1` (tag)
+//! bytes, allocated once.
 
 mod group;
 
