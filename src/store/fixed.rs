@@ -614,11 +614,7 @@ impl<B> Store<B> for FixedStore<B> {
             assert!(self.links[i].stamp < self.next_stamp, "stamp of slot {i}");
         }
         for i in 0..n {
-            assert!(
-                self.tags[i] == EMPTY || self.tags[i] < EMPTY,
-                "tag {:#x} of slot {i}",
-                self.tags[i]
-            );
+            assert!(self.tags[i] <= EMPTY, "tag {:#x} of slot {i}", self.tags[i]);
         }
         assert_eq!(len, self.len(), "cached block count");
         assert_eq!(bytes, self.bytes, "cached byte count");
@@ -729,6 +725,34 @@ mod tests {
             assert_eq!(store.len(), 0);
             store.check();
         }
+    }
+
+    #[test]
+    fn dropping_the_table_drops_each_block_it_holds_once() {
+        use std::rc::Rc;
+        let marker = Rc::new(());
+        let mut store = FixedStore::<Rc<()>>::new(16, FixedCapacity::WINDOW, Reuse::Lifo);
+        let mut displaced = Vec::new();
+        for class in 1..=6 {
+            for _ in 0..3 {
+                displaced.extend(store.put(Rc::clone(&marker), class * 64, 0));
+            }
+        }
+        store.check();
+        let taken = store.take(64, 0);
+        store.check();
+        let cached = store.len();
+        assert!(cached > 0);
+        assert_eq!(
+            Rc::strong_count(&marker),
+            1 + cached + displaced.len() + usize::from(taken.is_some())
+        );
+        drop(store);
+        // The blocks the table held are dropped, and only those.
+        assert_eq!(
+            Rc::strong_count(&marker),
+            1 + displaced.len() + usize::from(taken.is_some())
+        );
     }
 
     #[test]
