@@ -389,13 +389,12 @@ impl<B> FixedStore<B> {
     }
 
     /// A hit's lookup in a window of one group: the slot of the best entry
-    /// of `class` (`NONE`: none), and the offset in the window of its first
-    /// empty slot once that entry is gone.
+    /// of `class` (`NONE`: none).
     #[inline(always)]
-    fn find_in_group(&self, home: usize, class: usize, tag: u8) -> (usize, usize) {
+    fn find_in_group(&self, home: usize, class: usize, tag: u8) -> usize {
         // SAFETY: `home` is a slot (`locate`).
         let group = unsafe { self.group(home) };
-        let (mut best, mut offset, mut best_key) = (NONE, 0, 0u64);
+        let (mut best, mut best_key) = (NONE, 0u64);
         for k in group.match_tag(tag).and(self.live) {
             let i = self.wrap(home + k);
             // SAFETY: `wrap` brings `home + k` below `slots`.
@@ -405,39 +404,29 @@ impl<B> FixedStore<B> {
             // branching on the key.
             let key = link.stamp ^ self.flip;
             if (e.class == class) & (key >= best_key) {
-                (best, offset, best_key) = (i, k, key);
+                (best, best_key) = (i, key);
             }
         }
-        let free = match group.match_empty().and(self.live).lowest() {
-            Some(k) => k.min(offset),
-            None => offset,
-        };
-        (best, free)
+        best
     }
 
     /// [`find_in_group`](Self::find_in_group) for a window of several
     /// groups.
     #[inline(never)]
-    fn find_in_groups(&self, home: usize, class: usize, tag: u8) -> (usize, usize) {
-        let (mut best, mut offset, mut best_key) = (NONE, 0, 0u64);
-        let mut first_empty = self.window;
-        for (start, at, group, live) in self.groups(home) {
-            if first_empty == self.window {
-                if let Some(k) = group.match_empty().and(live).lowest() {
-                    first_empty = start + k;
-                }
-            }
+    fn find_in_groups(&self, home: usize, class: usize, tag: u8) -> usize {
+        let (mut best, mut best_key) = (NONE, 0u64);
+        for (_, at, group, live) in self.groups(home) {
             for k in group.match_tag(tag).and(live) {
                 let i = self.wrap(at + k);
                 // SAFETY: `wrap` brings `at + k` below `slots`.
                 let (e, link) = unsafe { (self.entry(i), self.link(i)) };
                 let key = link.stamp ^ self.flip;
                 if (e.class == class) & (key >= best_key) {
-                    (best, offset, best_key) = (i, start + k, key);
+                    (best, best_key) = (i, key);
                 }
             }
         }
-        (best, first_empty.min(offset))
+        best
     }
 
     /// A release into a full window: the window's oldest entry makes room.
@@ -494,7 +483,7 @@ impl<B> Store<B> for FixedStore<B> {
             return None;
         }
         let (home, tag) = self.locate(class);
-        let (best, free) = if self.window <= WIDTH {
+        let best = if self.window <= WIDTH {
             self.find_in_group(home, class, tag)
         } else {
             self.find_in_groups(home, class, tag)
@@ -505,10 +494,10 @@ impl<B> Store<B> for FixedStore<B> {
         // SAFETY: `best` is a slot whose entry has the class (an empty
         // slot's tag matches no class's).
         let (block, _) = unsafe { self.remove(best) };
-        // A release of this class now goes to the first empty slot of the
-        // window: the one just emptied, or an earlier one.
-        (self.hint_class, self.hint_slot, self.hint_tag) =
-            (class, self.wrap(home + free) as u32, tag);
+        // A release of this class now goes back to the slot just emptied
+        // (any empty slot of the window would do): its entry and links are
+        // the ones the hit just read.
+        (self.hint_class, self.hint_slot, self.hint_tag) = (class, best as u32, tag);
         self.taken += 1;
         self.taken_bytes = self.taken_bytes.saturating_add(class as u64);
         Some(block)
@@ -833,9 +822,10 @@ mod tests {
     }
 
     #[test]
-    fn the_hint_is_where_a_scan_would_put_the_block() {
-        // After every hit, the slot the hint names is the first empty slot
-        // of the class's window, as the scan in `put` would find.
+    fn the_hint_is_the_slot_the_hit_emptied() {
+        // After every hit, the slot the hint names is the one the hit
+        // emptied, inside the class's window; the release of the class that
+        // follows fills it.
         let mut store = FixedStore::<u64>::new(32, FixedCapacity::WINDOW, Reuse::Fifo);
         let mut x = 7u64;
         let mut held: Vec<(u64, usize)> = Vec::new();
@@ -846,15 +836,25 @@ mod tests {
                 .wrapping_add(1442695040888963407);
             let class = 1 + (x >> 33) as usize % 12;
             if (x >> 20) & 1 == 0 {
+                let before: Vec<usize> = store.occupied().collect();
                 if let Some(b) = store.take(class, 0) {
                     let (home, tag) = store.locate(class);
-                    let first = store
-                        .window(home)
-                        .find(|&i| store.tags[i] == EMPTY)
-                        .unwrap();
-                    assert_eq!(store.hint_class, class);
-                    assert_eq!((store.hint_slot as usize, store.hint_tag), (first, tag));
-                    held.push((b, class));
+                    let slot = store.hint_slot as usize;
+                    let after: Vec<usize> = store.occupied().collect();
+                    let emptied: Vec<usize> =
+                        before.into_iter().filter(|i| !after.contains(i)).collect();
+                    assert_eq!(emptied, [slot]);
+                    assert!(store.window(home).any(|i| i == slot));
+                    assert_eq!((store.hint_class, store.hint_tag), (class, tag));
+                    if (x >> 40) & 1 == 0 {
+                        // Straight back: into the same slot.
+                        assert_eq!(store.put(b, class, 0), None);
+                        assert_eq!(store.tags[slot], tag);
+                        assert_eq!(store.entries[slot].class, class);
+                        assert_eq!(store.links[store.slots].older as usize, slot);
+                    } else {
+                        held.push((b, class));
+                    }
                 }
             } else if let Some((b, c)) = held.pop() {
                 let _ = store.put(b, c, 0);
