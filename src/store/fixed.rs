@@ -14,62 +14,83 @@
 //! bytes without SIMD). A window of eight slots is one unaligned word load
 //! and a few word operations; only the entries whose tag matches are read.
 //! The tag array ends with a copy of its first eight bytes, so a window
-//! that wraps the table's end is still one load. A hit leaves the slot
-//! where a release of its class would go, so the release that follows (a
-//! steady workload's round trip) neither hashes nor scans. An occupancy
-//! bitset ([`FixedBitSet`]) says which entries hold a block, for the walks
-//! that visit every cached block (statistics, checks).
+//! that wraps the table's end is still one load. The tag is also the only
+//! record of which slots hold a block (the block itself is a
+//! `MaybeUninit`, initialised exactly when the tag is not empty). A hit
+//! leaves the slot where a release of its class would go, so the release
+//! that follows (a steady workload's round trip) neither hashes nor scans.
 //!
-//! Entries are also linked, oldest first, into one age list threaded
-//! through the table, so `trim`, the limit and the out-of-memory retry free
-//! the globally oldest block in O(1). Each entry carries a release stamp
-//! (a counter) to compare ages within a window.
+//! Occupied slots are also linked, oldest first, into one age list, closed
+//! by a sentinel so that linking and unlinking never branch, so `trim`,
+//! the limit and the out-of-memory retry free the globally oldest block in
+//! O(1). Each slot carries a release stamp (a counter) to compare ages
+//! within a window. The stamp and the links live in an array of their own
+//! (16 bytes a slot) beside the entries (the block and its class: 16 bytes
+//! for a pointer-sized block): a hit reads a candidate's entry and its
+//! stamp side by side, and the relinking of a hit and a release writes
+//! only to the small link array, not to the neighbours' entries. A slot
+//! costs `size_of::<B>() + 8` (class) `+ 16` (stamp, links) `+ 1` (tag)
+//! bytes, allocated once.
 
 mod group;
 
-use fixedbitset::FixedBitSet;
+use core::mem::MaybeUninit;
 
 use self::group::{Group, Mask, EMPTY, WIDTH};
 use super::Store;
 use crate::policy::{sealed, FixedCapacity, Policy, Reuse};
-
-const NIL: u32 = u32::MAX;
 
 /// No slot.
 const NONE: usize = usize::MAX;
 
 /// One slot of the table.
 struct Entry<B> {
-    /// The cached block, `None` in an empty slot.
-    block: Option<B>,
+    /// The cached block: initialised exactly when the slot's tag is not
+    /// [`EMPTY`].
+    block: MaybeUninit<B>,
     class: usize,
+}
+
+impl<B> Entry<B> {
+    const VACANT: Self = Entry {
+        block: MaybeUninit::uninit(),
+        class: 0,
+    };
+}
+
+/// A slot's release stamp and its neighbours in the age list, or the
+/// list's sentinel (after the last slot's): kept apart from the entries,
+/// so that relinking writes to a small array (16 bytes a slot) and not to
+/// the neighbours' entries, and a hit reads a candidate's stamp and its
+/// links in one load, beside (not after) its entry. Meaningless for an
+/// empty slot (and the sentinel's stamp).
+#[derive(Clone, Copy)]
+struct Link {
     stamp: u64,
     older: u32,
     newer: u32,
 }
 
-impl<B> Entry<B> {
-    const VACANT: Self = Entry {
-        block: None,
-        class: 0,
-        stamp: 0,
-        older: NIL,
-        newer: NIL,
-    };
-}
-
 /// The fixed-capacity store: see the module documentation.
 pub struct FixedStore<B> {
     /// One tag per slot, then a copy of the first `min(WIDTH, slots)`
-    /// tags (padding past that): `slots + WIDTH` bytes, or none.
+    /// tags (padding past that): `slots + WIDTH` bytes, or none. A slot
+    /// holds a block exactly when its tag is not [`EMPTY`].
     tags: Box<[u8]>,
+    /// `slots` entries, or none.
     entries: Box<[Entry<B>]>,
-    /// The slots that hold a block.
-    occupied: FixedBitSet,
+    /// The age list, oldest first: each slot's links, then the sentinel's
+    /// (whose `newer` is the oldest slot and `older` the newest): `slots +
+    /// 1`, or none.
+    links: Box<[Link]>,
+    /// The number of slots (the sentinel's index).
+    slots: usize,
     window: usize,
     /// The window's positions in its first group.
     live: Mask,
-    reuse: Reuse,
+    /// What a hit's stamps are XORed with before taking the largest: 0
+    /// under LIFO (the newest), all ones under FIFO (the oldest).
+    flip: u64,
     /// Where a release of class `hint_class` goes, left by the hit that
     /// just took a block of it (0, a class no block has: nowhere). Any
     /// other change to the table clears it. A hit followed by the release
@@ -79,10 +100,15 @@ pub struct FixedStore<B> {
     /// The slot and the tag for `hint_class`.
     hint_slot: u32,
     hint_tag: u8,
+    /// The stamp of the next block cached: the number cached so far.
     next_stamp: u64,
-    oldest: u32,
-    newest: u32,
-    len: usize,
+    /// The number of blocks that have left the table (hits, evictions,
+    /// trims): `next_stamp - removed` are cached. Counted apart from
+    /// `next_stamp` rather than as a length that both change, so that a
+    /// hit and the release after it do not write and then read one word
+    /// (or a pair of adjacent words, which the compiler may update as one
+    /// vector: a store-forwarding stall on every round trip).
+    removed: u64,
     bytes: usize,
     taken: u64,
     taken_bytes: u64,
@@ -91,18 +117,31 @@ pub struct FixedStore<B> {
 /// The tag array and the entries of a table of `slots`, allocated
 /// fallibly: `None` when either cannot be.
 #[allow(clippy::type_complexity)]
-fn try_table<B>(slots: usize) -> Option<(Box<[u8]>, Box<[Entry<B>]>)> {
+fn try_table<B>(slots: usize) -> Option<(Box<[u8]>, Box<[Entry<B>]>, Box<[Link]>)> {
     if slots == 0 {
         // Zero slots allocate nothing.
-        return Some((Box::default(), Box::default()));
+        return Some((Box::default(), Box::default(), Box::default()));
     }
     let mut entries = Vec::new();
     entries.try_reserve_exact(slots).ok()?;
+    let mut links = Vec::new();
+    links.try_reserve_exact(slots + 1).ok()?;
     let mut tags = Vec::new();
     tags.try_reserve_exact(slots + WIDTH).ok()?;
     entries.resize_with(slots, || Entry::VACANT);
+    // The sentinel of an empty age list points at itself.
+    let own = Link {
+        stamp: 0,
+        older: slots as u32,
+        newer: slots as u32,
+    };
+    links.resize(slots + 1, own);
     tags.resize(slots + WIDTH, EMPTY);
-    Some((tags.into_boxed_slice(), entries.into_boxed_slice()))
+    Some((
+        tags.into_boxed_slice(),
+        entries.into_boxed_slice(),
+        links.into_boxed_slice(),
+    ))
 }
 
 /// The hash of a class: one 64x64 -> 128-bit multiply, folded.
@@ -124,9 +163,10 @@ impl<B> FixedStore<B> {
     /// the largest of `slots / 2`, `slots / 4`, … that can be allocated.
     /// Its probe window is `min(slots, window)`.
     pub(crate) fn new(slots: usize, window: usize, reuse: Reuse) -> Self {
-        const { assert!(FixedCapacity::MAX_SLOTS < NIL as usize) };
+        // Slot indices and the sentinel's fit the age list's links.
+        const { assert!(FixedCapacity::MAX_SLOTS < u32::MAX as usize) };
         let mut slots = slots.min(FixedCapacity::MAX_SLOTS);
-        let (tags, entries) = loop {
+        let (tags, entries, links) = loop {
             // Fallible: a table too large for memory is refused here
             // instead of aborting.
             if let Some(table) = try_table(slots) {
@@ -134,50 +174,123 @@ impl<B> FixedStore<B> {
             }
             slots /= 2;
         };
+        let window = slots.min(window.max(1));
         FixedStore {
-            window: entries.len().min(window.max(1)),
-            live: Mask::first(entries.len().min(window.max(1)).min(WIDTH)),
-            // One bit a slot: 1/256 of the entries' size at the least,
-            // allocated once the table is.
-            occupied: FixedBitSet::with_capacity(entries.len()),
+            window,
+            live: Mask::first(window.min(WIDTH)),
             tags,
             entries,
-            reuse,
+            links,
+            slots,
+            flip: match reuse {
+                Reuse::Lifo => 0,
+                Reuse::Fifo => u64::MAX,
+            },
             hint_class: 0,
             hint_slot: 0,
             hint_tag: EMPTY,
             next_stamp: 0,
-            oldest: NIL,
-            newest: NIL,
-            len: 0,
+            removed: 0,
             bytes: 0,
             taken: 0,
             taken_bytes: 0,
         }
     }
 
-    /// The home slot and the tag of a class.
+    /// The home slot and the tag of a class (a table of at least one slot).
     #[inline(always)]
     fn locate(&self, class: usize) -> (usize, u8) {
         let h = hash(class);
-        let home = ((u128::from(h) * self.entries.len() as u128) >> 64) as usize;
+        let home = ((u128::from(h) * self.slots as u128) >> 64) as usize;
         (home, tag_of(h))
     }
 
     /// `i` (below twice the slot count) brought into the table.
     #[inline(always)]
     fn wrap(&self, i: usize) -> usize {
-        let n = self.entries.len();
-        if i >= n {
-            i - n
+        if i >= self.slots {
+            i - self.slots
         } else {
             i
         }
     }
 
+    /// Whether slot `i` holds a block.
+    #[inline(always)]
+    fn is_occupied(&self, i: usize) -> bool {
+        self.tags[i] & EMPTY == 0
+    }
+
+    /// The slots that hold a block (not on the hot path).
+    fn occupied(&self) -> impl Iterator<Item = usize> + '_ {
+        (0..self.slots).filter(|&i| self.is_occupied(i))
+    }
+
     /// The slots of the window starting at `home` (not on the hot path).
     fn window(&self, home: usize) -> impl Iterator<Item = usize> + '_ {
         (0..self.window).map(move |k| self.wrap(home + k))
+    }
+
+    /// The tags of slots `at..at + WIDTH` (the copy past the end for those
+    /// beyond the last slot).
+    ///
+    /// # Safety
+    ///
+    /// `at < slots`.
+    #[inline(always)]
+    unsafe fn group(&self, at: usize) -> Group {
+        debug_assert!(at < self.slots);
+        // SAFETY: `at < slots` (caller), and a table of at least one slot
+        // has `slots + WIDTH` tags.
+        unsafe { Group::load_unchecked(&self.tags, at) }
+    }
+
+    /// The entry of slot `i`.
+    ///
+    /// # Safety
+    ///
+    /// `i < slots`.
+    #[inline(always)]
+    unsafe fn entry(&self, i: usize) -> &Entry<B> {
+        debug_assert!(i < self.slots);
+        // SAFETY: the caller's promise: the entries are `slots`.
+        unsafe { self.entries.get_unchecked(i) }
+    }
+
+    /// The entry of slot `i`, mutably.
+    ///
+    /// # Safety
+    ///
+    /// `i < slots`.
+    #[inline(always)]
+    unsafe fn entry_mut(&mut self, i: usize) -> &mut Entry<B> {
+        debug_assert!(i < self.slots);
+        // SAFETY: the caller's promise: the entries are `slots`.
+        unsafe { self.entries.get_unchecked_mut(i) }
+    }
+
+    /// The age-list links of slot `i`, or the sentinel's (`i == slots`).
+    ///
+    /// # Safety
+    ///
+    /// `i <= slots` in a table of at least one slot.
+    #[inline(always)]
+    unsafe fn link(&self, i: usize) -> &Link {
+        debug_assert!(i < self.links.len());
+        // SAFETY: the caller's promise: the links are `slots + 1`.
+        unsafe { self.links.get_unchecked(i) }
+    }
+
+    /// The age-list links of slot `i`, or the sentinel's, mutably.
+    ///
+    /// # Safety
+    ///
+    /// As [`link`](Self::link).
+    #[inline(always)]
+    unsafe fn link_mut(&mut self, i: usize) -> &mut Link {
+        debug_assert!(i < self.links.len());
+        // SAFETY: the caller's promise: the links are `slots + 1`.
+        unsafe { self.links.get_unchecked_mut(i) }
     }
 
     /// The groups of the window starting at `home`: each as its offset in
@@ -188,136 +301,132 @@ impl<B> FixedStore<B> {
         (0..self.window).step_by(WIDTH).map(move |start| {
             let at = self.wrap(home + start);
             let live = Mask::first((self.window - start).min(WIDTH));
-            (start, at, Group::load(&self.tags, at), live)
+            // SAFETY: `wrap` brings `home + start` (below twice the slot
+            // count: `home` is a slot, `start` below the window) into the
+            // table.
+            (start, at, unsafe { self.group(at) }, live)
         })
     }
 
+    /// Sets the tag of slot `i`, and its copy past the end if it has one.
+    ///
+    /// # Safety
+    ///
+    /// `i < slots`.
     #[inline(always)]
-    fn set_tag(&mut self, i: usize, tag: u8) {
-        self.tags[i] = tag;
-        if i < WIDTH {
-            // The copy that a window wrapping the end reads.
-            let n = self.entries.len();
-            self.tags[n + i] = tag;
-        }
-    }
-
-    #[inline(always)]
-    fn set_newer(&mut self, at: u32, to: u32) {
-        if at == NIL {
-            self.oldest = to;
-        } else {
-            self.entries[at as usize].newer = to;
-        }
-    }
-
-    #[inline(always)]
-    fn set_older(&mut self, at: u32, to: u32) {
-        if at == NIL {
-            self.newest = to;
-        } else {
-            self.entries[at as usize].older = to;
+    unsafe fn set_tag(&mut self, i: usize, tag: u8) {
+        debug_assert!(i < self.slots);
+        // Without a branch: a slot with no copy writes its own tag twice.
+        let copy = if i < WIDTH { self.slots + i } else { i };
+        // SAFETY: `i < slots`, and `slots + i < slots + WIDTH` is the copy
+        // of a slot below `WIDTH`: both inside the tag array.
+        unsafe {
+            *self.tags.get_unchecked_mut(i) = tag;
+            *self.tags.get_unchecked_mut(copy) = tag;
         }
     }
 
     /// Empties occupied slot `i`, returning its block and class.
+    ///
+    /// # Safety
+    ///
+    /// `i < slots` and slot `i` holds a block.
     #[inline(always)]
-    fn remove(&mut self, i: usize) -> Option<(B, usize)> {
+    unsafe fn remove(&mut self, i: usize) -> (B, usize) {
+        debug_assert!(i < self.slots && self.is_occupied(i));
         self.hint_class = 0;
-        let e = &mut self.entries[i];
-        let block = e.block.take()?;
-        let (class, older, newer) = (e.class, e.older, e.newer);
-        self.set_tag(i, EMPTY);
-        self.occupied.set(i, false);
-        self.set_newer(older, newer);
-        self.set_older(newer, older);
-        self.len -= 1;
+        // SAFETY: `i` is a slot (caller); an occupied slot's block is
+        // initialised, and its empty tag (set below) says it no longer is,
+        // so it is read out once.
+        let (block, class) = unsafe {
+            let e = self.entry(i);
+            (e.block.assume_init_read(), e.class)
+        };
+        // SAFETY: `i` is a slot; an occupied slot's neighbours in the age
+        // list are slots or the sentinel.
+        unsafe {
+            self.set_tag(i, EMPTY);
+            let Link { older, newer, .. } = *self.link(i);
+            self.link_mut(older as usize).newer = newer;
+            self.link_mut(newer as usize).older = older;
+        }
+        self.removed += 1;
         self.bytes -= class;
-        Some((block, class))
+        (block, class)
     }
 
     /// Fills empty slot `i`, the newest entry.
+    ///
+    /// # Safety
+    ///
+    /// `i < slots` and slot `i` is empty.
     #[inline(always)]
-    fn insert(&mut self, i: usize, tag: u8, block: B, class: usize) {
+    unsafe fn insert(&mut self, i: usize, tag: u8, block: B, class: usize) {
+        debug_assert!(i < self.slots && !self.is_occupied(i));
         let stamp = self.next_stamp;
         self.next_stamp += 1;
-        let older = self.newest;
         self.hint_class = 0;
-        self.entries[i] = Entry {
-            block: Some(block),
-            class,
-            stamp,
-            older,
-            newer: NIL,
-        };
-        self.set_tag(i, tag);
-        self.occupied.insert(i);
-        self.set_newer(older, i as u32);
-        self.newest = i as u32;
-        self.len += 1;
+        let sentinel = self.slots;
+        // SAFETY: `i` is a slot (caller), and the sentinel's older
+        // neighbour is a slot or the sentinel. Overwriting the empty
+        // slot's entry drops nothing (its block is not initialised).
+        unsafe {
+            *self.entry_mut(i) = Entry {
+                block: MaybeUninit::new(block),
+                class,
+            };
+            let newest = self.link(sentinel).older;
+            *self.link_mut(i) = Link {
+                stamp,
+                older: newest,
+                newer: sentinel as u32,
+            };
+            self.link_mut(newest as usize).newer = i as u32;
+            self.link_mut(sentinel).older = i as u32;
+            self.set_tag(i, tag);
+        }
         self.bytes += class;
     }
 
-    /// The key that orders a class's entries for a hit: stamps are
-    /// unique; under LIFO the best entry has the largest, under FIFO the
-    /// smallest, that is the largest `stamp ^ flip`.
-    #[inline(always)]
-    fn flip(&self) -> u64 {
-        match self.reuse {
-            Reuse::Lifo => 0,
-            Reuse::Fifo => u64::MAX,
-        }
-    }
-
     /// A hit's lookup in a window of one group: the slot of the best entry
-    /// of `class` (`NONE`: none), and the offset in the window of its first
-    /// empty slot once that entry is gone.
+    /// of `class` (`NONE`: none).
     #[inline(always)]
-    fn find_in_group(&self, home: usize, class: usize, tag: u8) -> (usize, usize) {
-        let flip = self.flip();
-        let group = Group::load(&self.tags, home);
-        let (mut best, mut offset, mut best_key) = (NONE, 0, 0u64);
+    fn find_in_group(&self, home: usize, class: usize, tag: u8) -> usize {
+        // SAFETY: `home` is a slot (`locate`).
+        let group = unsafe { self.group(home) };
+        let (mut best, mut best_key) = (NONE, 0u64);
         for k in group.match_tag(tag).and(self.live) {
             let i = self.wrap(home + k);
-            let e = &self.entries[i];
+            // SAFETY: `wrap` brings `home + k` below `slots`.
+            let (e, link) = unsafe { (self.entry(i), self.link(i)) };
             // The tag may match another class (seven bits of hash, or a
             // borrow in the comparison): the entry decides. Chosen without
             // branching on the key.
-            let key = e.stamp ^ flip;
+            let key = link.stamp ^ self.flip;
             if (e.class == class) & (key >= best_key) {
-                (best, offset, best_key) = (i, k, key);
+                (best, best_key) = (i, key);
             }
         }
-        let free = match group.match_empty().and(self.live).lowest() {
-            Some(k) => k.min(offset),
-            None => offset,
-        };
-        (best, free)
+        best
     }
 
     /// [`find_in_group`](Self::find_in_group) for a window of several
     /// groups.
     #[inline(never)]
-    fn find_in_groups(&self, home: usize, class: usize, tag: u8) -> (usize, usize) {
-        let flip = self.flip();
-        let (mut best, mut offset, mut best_key) = (NONE, 0, 0u64);
-        let mut first_empty = self.window;
-        for (start, at, group, live) in self.groups(home) {
-            if first_empty == self.window {
-                if let Some(k) = group.match_empty().and(live).lowest() {
-                    first_empty = start + k;
-                }
-            }
+    fn find_in_groups(&self, home: usize, class: usize, tag: u8) -> usize {
+        let (mut best, mut best_key) = (NONE, 0u64);
+        for (_, at, group, live) in self.groups(home) {
             for k in group.match_tag(tag).and(live) {
                 let i = self.wrap(at + k);
-                let e = &self.entries[i];
-                let key = e.stamp ^ flip;
+                // SAFETY: `wrap` brings `at + k` below `slots`.
+                let (e, link) = unsafe { (self.entry(i), self.link(i)) };
+                let key = link.stamp ^ self.flip;
                 if (e.class == class) & (key >= best_key) {
-                    (best, offset, best_key) = (i, start + k, key);
+                    (best, best_key) = (i, key);
                 }
             }
         }
-        (best, first_empty.min(offset))
+        best
     }
 
     /// A release into a full window: the window's oldest entry makes room.
@@ -325,7 +434,7 @@ impl<B> FixedStore<B> {
     fn displace(&mut self, home: usize, tag: u8, block: B, class: usize) -> Option<(B, usize)> {
         let mut oldest: Option<(usize, u64)> = None;
         for i in self.window(home) {
-            let s = self.entries[i].stamp;
+            let s = self.links[i].stamp;
             if oldest.is_none_or(|(_, o)| s < o) {
                 oldest = Some((i, s));
             }
@@ -334,9 +443,32 @@ impl<B> FixedStore<B> {
         let Some((i, _)) = oldest else {
             return Some((block, class));
         };
-        let evicted = self.remove(i);
-        self.insert(i, tag, block, class);
-        evicted
+        if !self.is_occupied(i) {
+            return Some((block, class));
+        }
+        // SAFETY: `i` is an occupied slot of the window; once emptied, it
+        // is an empty slot.
+        unsafe {
+            let evicted = self.remove(i);
+            self.insert(i, tag, block, class);
+            Some(evicted)
+        }
+    }
+}
+
+impl<B> Drop for FixedStore<B> {
+    fn drop(&mut self) {
+        // The blocks still cached (a pool frees them first; a store
+        // dropped on its own drops them, as a collection would).
+        for i in 0..self.slots {
+            if self.is_occupied(i) {
+                self.tags[i] = EMPTY;
+                // SAFETY: an occupied slot's block is initialised; its tag
+                // now says it is not, so it is dropped once even if a drop
+                // below panics.
+                unsafe { self.entries[i].block.assume_init_drop() };
+            }
+        }
     }
 }
 
@@ -347,11 +479,11 @@ impl<B> Store<B> for FixedStore<B> {
     // call would cost a good share of it.
     #[inline(always)]
     fn take(&mut self, class: usize, _now: u64) -> Option<B> {
-        if self.entries.is_empty() {
+        if self.slots == 0 {
             return None;
         }
         let (home, tag) = self.locate(class);
-        let (best, free) = if self.window <= WIDTH {
+        let best = if self.window <= WIDTH {
             self.find_in_group(home, class, tag)
         } else {
             self.find_in_groups(home, class, tag)
@@ -359,11 +491,13 @@ impl<B> Store<B> for FixedStore<B> {
         if best == NONE {
             return None;
         }
-        let (block, _) = self.remove(best)?;
-        // A release of this class now goes to the first empty slot of the
-        // window: the one just emptied, or an earlier one.
-        (self.hint_class, self.hint_slot, self.hint_tag) =
-            (class, self.wrap(home + free) as u32, tag);
+        // SAFETY: `best` is a slot whose entry has the class (an empty
+        // slot's tag matches no class's).
+        let (block, _) = unsafe { self.remove(best) };
+        // A release of this class now goes back to the slot just emptied
+        // (any empty slot of the window would do): its entry and links are
+        // the ones the hit just read.
+        (self.hint_class, self.hint_slot, self.hint_tag) = (class, best as u32, tag);
         self.taken += 1;
         self.taken_bytes = self.taken_bytes.saturating_add(class as u64);
         Some(block)
@@ -371,29 +505,18 @@ impl<B> Store<B> for FixedStore<B> {
 
     #[inline(always)]
     fn put(&mut self, block: B, class: usize, _now: u64) -> Option<(B, usize)> {
-        if self.entries.is_empty() {
+        if self.slots == 0 {
             return Some((block, class));
         }
         // Class 0 (no block has it) never takes the hint.
         if self.hint_class == class && class != 0 {
-            self.insert(self.hint_slot as usize, self.hint_tag, block, class);
+            // SAFETY: the hint names an empty slot: the hit that left it
+            // emptied it or found it empty, and any other change since
+            // would have cleared the hint.
+            unsafe { self.insert(self.hint_slot as usize, self.hint_tag, block, class) };
             return None;
         }
-        let (home, tag) = self.locate(class);
-        let mut free = None;
-        for (_, at, group, live) in self.groups(home) {
-            if let Some(k) = group.match_empty().and(live).lowest() {
-                free = Some(self.wrap(at + k));
-                break;
-            }
-        }
-        match free {
-            Some(i) => {
-                self.insert(i, tag, block, class);
-                None
-            }
-            None => self.displace(home, tag, block, class),
-        }
+        self.put_scan(block, class)
     }
 
     #[inline]
@@ -402,10 +525,12 @@ impl<B> Store<B> for FixedStore<B> {
     }
 
     fn pop_oldest(&mut self, _now: u64) -> Option<(B, usize)> {
-        if self.oldest == NIL {
+        if self.len() == 0 {
             return None;
         }
-        self.remove(self.oldest as usize)
+        let oldest = self.links[self.slots].newer as usize;
+        // SAFETY: a non-empty age list's first entry is an occupied slot.
+        Some(unsafe { self.remove(oldest) })
     }
 
     fn pop_untold(&mut self) -> Option<(B, usize)> {
@@ -415,7 +540,7 @@ impl<B> Store<B> for FixedStore<B> {
 
     #[inline]
     fn len(&self) -> usize {
-        self.len
+        (self.next_stamp - self.removed) as usize
     }
 
     #[inline]
@@ -433,41 +558,39 @@ impl<B> Store<B> for FixedStore<B> {
     #[cfg(any(test, feature = "testing"))]
     fn footprint(&self) -> usize {
         core::mem::size_of_val(&*self.entries)
+            + core::mem::size_of_val(&*self.links)
             + core::mem::size_of_val(&*self.tags)
-            + core::mem::size_of_val(self.occupied.as_slice())
     }
 
     fn cached_of(&self, class: usize) -> usize {
-        self.occupied
-            .ones()
+        self.occupied()
             .filter(|&i| self.entries[i].class == class)
             .count()
     }
 
     fn check(&self) {
-        let n = self.entries.len();
-        assert_eq!(self.occupied.len(), n, "occupancy bitset length");
+        let n = self.slots;
         if n == 0 {
             assert!(self.tags.is_empty(), "tags of an empty table");
-        } else {
-            assert_eq!(self.tags.len(), n + WIDTH, "tag array length");
-            for j in 0..WIDTH.min(n) {
-                assert_eq!(self.tags[n + j], self.tags[j], "copy of tag {j}");
-            }
+            assert!(self.entries.is_empty(), "entries of an empty table");
+            assert!(self.links.is_empty(), "links of an empty table");
+            assert_eq!((self.len(), self.bytes), (0, 0), "counts of an empty table");
+            return;
+        }
+        assert_eq!(self.entries.len(), n, "entry array length");
+        assert_eq!(self.links.len(), n + 1, "link array length");
+        assert_eq!(self.tags.len(), n + WIDTH, "tag array length");
+        for j in 0..WIDTH.min(n) {
+            assert_eq!(self.tags[n + j], self.tags[j], "copy of tag {j}");
         }
         assert!(
-            (1..=n).contains(&self.window) || n == 0,
+            (1..=n).contains(&self.window),
             "window of {} slots in a table of {n}",
             self.window
         );
         let (mut len, mut bytes) = (0usize, 0usize);
-        for (i, e) in self.entries.iter().enumerate() {
-            let full = e.block.is_some();
-            assert_eq!(self.occupied.contains(i), full, "occupancy of slot {i}");
-            if !full {
-                assert_eq!(self.tags[i], EMPTY, "tag of empty slot {i}");
-                continue;
-            }
+        for i in self.occupied() {
+            let e = &self.entries[i];
             len += 1;
             bytes += e.class;
             let (home, tag) = self.locate(e.class);
@@ -477,29 +600,64 @@ impl<B> Store<B> for FixedStore<B> {
                 "entry {i} of class {} is outside its window",
                 e.class
             );
-            assert!(e.stamp < self.next_stamp, "stamp of slot {i}");
+            assert!(self.links[i].stamp < self.next_stamp, "stamp of slot {i}");
         }
-        assert_eq!(len, self.len, "cached block count");
+        for i in 0..n {
+            assert!(self.tags[i] <= EMPTY, "tag {:#x} of slot {i}", self.tags[i]);
+        }
+        assert_eq!(len, self.len(), "cached block count");
         assert_eq!(bytes, self.bytes, "cached byte count");
-        assert_eq!(self.occupied.count_ones(..), len, "occupancy count");
         assert!(len <= n, "more blocks than slots");
-        // The age list visits every entry once, stamps increasing.
-        let (mut at, mut prev, mut seen, mut last) = (self.oldest, NIL, 0usize, None);
-        while at != NIL {
-            let e = &self.entries[at as usize];
-            assert!(e.block.is_some(), "age list reaches an empty slot");
-            assert_eq!(e.older, prev, "age list back link");
+        if self.hint_class != 0 {
+            assert!(
+                !self.is_occupied(self.hint_slot as usize),
+                "the hint names an occupied slot"
+            );
+        }
+        // The age list visits every occupied slot once, stamps increasing,
+        // from the sentinel back to it.
+        let (mut at, mut prev, mut seen, mut last) =
+            (self.links[n].newer as usize, n, 0usize, None);
+        while at != n {
+            assert!(at < n, "age list link {at} out of the table");
+            assert!(self.is_occupied(at), "age list reaches empty slot {at}");
+            let link = self.links[at];
+            assert_eq!(link.older as usize, prev, "age list back link");
             if let Some(s) = last {
-                assert!(e.stamp > s, "age list out of order");
+                assert!(link.stamp > s, "age list out of order");
             }
-            last = Some(e.stamp);
+            last = Some(link.stamp);
             seen += 1;
             assert!(seen <= len, "age list has a cycle");
             prev = at;
-            at = e.newer;
+            at = link.newer as usize;
         }
-        assert_eq!(prev, self.newest, "age list tail");
+        assert_eq!(self.links[n].older as usize, prev, "age list tail");
         assert_eq!(seen, len, "age list length");
+    }
+}
+
+impl<B> FixedStore<B> {
+    /// A release without the hint: the first empty slot of the window, or
+    /// the displacement of its oldest entry.
+    #[inline(always)]
+    fn put_scan(&mut self, block: B, class: usize) -> Option<(B, usize)> {
+        let (home, tag) = self.locate(class);
+        let mut free = None;
+        for (_, at, group, live) in self.groups(home) {
+            if let Some(k) = group.match_empty().and(live).lowest() {
+                free = Some(self.wrap(at + k));
+                break;
+            }
+        }
+        match free {
+            Some(i) => {
+                // SAFETY: `i` is a slot whose tag is empty.
+                unsafe { self.insert(i, tag, block, class) };
+                None
+            }
+            None => self.displace(home, tag, block, class),
+        }
     }
 }
 
@@ -559,14 +717,44 @@ mod tests {
     }
 
     #[test]
+    fn dropping_the_table_drops_each_block_it_holds_once() {
+        use std::rc::Rc;
+        let marker = Rc::new(());
+        let mut store = FixedStore::<Rc<()>>::new(16, FixedCapacity::WINDOW, Reuse::Lifo);
+        let mut displaced = Vec::new();
+        for class in 1..=6 {
+            for _ in 0..3 {
+                displaced.extend(store.put(Rc::clone(&marker), class * 64, 0));
+            }
+        }
+        store.check();
+        let taken = store.take(64, 0);
+        store.check();
+        let cached = store.len();
+        assert!(cached > 0);
+        assert_eq!(
+            Rc::strong_count(&marker),
+            1 + cached + displaced.len() + usize::from(taken.is_some())
+        );
+        drop(store);
+        // The blocks the table held are dropped, and only those.
+        assert_eq!(
+            Rc::strong_count(&marker),
+            1 + displaced.len() + usize::from(taken.is_some())
+        );
+    }
+
+    #[test]
     fn bytes_per_slot() {
         // What the policy's documentation says a slot costs.
-        assert_eq!(core::mem::size_of::<Entry<core::ptr::NonNull<u8>>>(), 32);
-        assert_eq!(core::mem::size_of::<Entry<u64>>(), 40);
+        assert_eq!(core::mem::size_of::<Entry<core::ptr::NonNull<u8>>>(), 16);
+        assert_eq!(core::mem::size_of::<Entry<u64>>(), 16);
+        assert_eq!(core::mem::size_of::<Link>(), 16);
         let store = FixedStore::<u64>::new(1 << 12, FixedCapacity::WINDOW, Reuse::Lifo);
+        // The entries, the links and the sentinel's, the tags and their copy.
         assert_eq!(
             store.footprint(),
-            (1 << 12) * (40 + 1) + WIDTH + (1 << 12) / 8
+            (1 << 12) * 16 + ((1 << 12) + 1) * 16 + (1 << 12) + WIDTH
         );
     }
 
@@ -587,7 +775,7 @@ mod tests {
         let want: Vec<usize> = (home..slots)
             .chain(0..FixedCapacity::WINDOW - (slots - home))
             .collect();
-        let mut used: Vec<usize> = store.occupied.ones().collect();
+        let mut used: Vec<usize> = store.occupied().collect();
         used.sort_unstable();
         let mut want_sorted = want.clone();
         want_sorted.sort_unstable();
@@ -634,9 +822,10 @@ mod tests {
     }
 
     #[test]
-    fn the_hint_is_where_a_scan_would_put_the_block() {
-        // After every hit, the slot the hint names is the first empty slot
-        // of the class's window, as the scan in `put` would find.
+    fn the_hint_is_the_slot_the_hit_emptied() {
+        // After every hit, the slot the hint names is the one the hit
+        // emptied, inside the class's window; the release of the class that
+        // follows fills it.
         let mut store = FixedStore::<u64>::new(32, FixedCapacity::WINDOW, Reuse::Fifo);
         let mut x = 7u64;
         let mut held: Vec<(u64, usize)> = Vec::new();
@@ -647,15 +836,25 @@ mod tests {
                 .wrapping_add(1442695040888963407);
             let class = 1 + (x >> 33) as usize % 12;
             if (x >> 20) & 1 == 0 {
+                let before: Vec<usize> = store.occupied().collect();
                 if let Some(b) = store.take(class, 0) {
                     let (home, tag) = store.locate(class);
-                    let first = store
-                        .window(home)
-                        .find(|&i| store.tags[i] == EMPTY)
-                        .unwrap();
-                    assert_eq!(store.hint_class, class);
-                    assert_eq!((store.hint_slot as usize, store.hint_tag), (first, tag));
-                    held.push((b, class));
+                    let slot = store.hint_slot as usize;
+                    let after: Vec<usize> = store.occupied().collect();
+                    let emptied: Vec<usize> =
+                        before.into_iter().filter(|i| !after.contains(i)).collect();
+                    assert_eq!(emptied, [slot]);
+                    assert!(store.window(home).any(|i| i == slot));
+                    assert_eq!((store.hint_class, store.hint_tag), (class, tag));
+                    if (x >> 40) & 1 == 0 {
+                        // Straight back: into the same slot.
+                        assert_eq!(store.put(b, class, 0), None);
+                        assert_eq!(store.tags[slot], tag);
+                        assert_eq!(store.entries[slot].class, class);
+                        assert_eq!(store.links[store.slots].older as usize, slot);
+                    } else {
+                        held.push((b, class));
+                    }
                 }
             } else if let Some((b, c)) = held.pop() {
                 let _ = store.put(b, c, 0);

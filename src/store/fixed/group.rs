@@ -24,11 +24,25 @@ pub(super) struct Mask(u64);
 
 impl Group {
     /// The eight tags from `tags[at..at + WIDTH]`.
-    #[inline(always)]
+    #[cfg(test)]
     pub(super) fn load(tags: &[u8], at: usize) -> Self {
         let mut word = [0; WIDTH];
         word.copy_from_slice(&tags[at..at + WIDTH]);
         Group(u64::from_le_bytes(word))
+    }
+
+    /// The eight tags from `tags[at..at + WIDTH]`, without a bounds check.
+    ///
+    /// # Safety
+    ///
+    /// `at + WIDTH <= tags.len()`.
+    #[inline(always)]
+    pub(super) unsafe fn load_unchecked(tags: &[u8], at: usize) -> Self {
+        debug_assert!(at + WIDTH <= tags.len());
+        // SAFETY: the caller's promise: the eight bytes are in `tags`; an
+        // unaligned read of a `u64` needs no alignment.
+        let word = unsafe { tags.as_ptr().add(at).cast::<u64>().read_unaligned() };
+        Group(u64::from_le(word))
     }
 
     /// The positions whose tag may be `tag` (a full tag, below 0x80). Every
