@@ -823,7 +823,9 @@ impl Exponential {
     }
 
     /// A release or a hit brought the deadline forward (or the deadline
-    /// was already stale).
+    /// was already stale). The watch then becomes zero, which any positive
+    /// allowance keeps: while no deadline holds, the hooks do not come
+    /// here again (the next plan sets a watch).
     #[cold]
     #[inline(never)]
     fn lose_watch(&mut self) {
@@ -831,6 +833,7 @@ impl Exponential {
             self.stale = true;
             self.killed = true;
         }
+        self.watch = 0.0;
     }
 
     /// A hit may have taken the oldest block the deadline was planned for.
