@@ -152,10 +152,14 @@ fn system_nanos() -> u64 {
 
 /// The published time behind [`MonotonicClock`].
 ///
-/// `NOW` holds the latest time in nanoseconds, always even, with bit 0 set
-/// while the ticker thread is publishing. It only grows (`fetch_max`), except
-/// for clearing bit 0, so readings never go backwards. A reader that finds
-/// bit 0 clear reads the system clock, publishes that, and wakes the ticker.
+/// `NOW` holds the latest time in nanoseconds, a multiple of 4, with bit 0
+/// set while the ticker thread is publishing and bit 1 set by each tick
+/// until a reader clears it (so the ticker knows it was read). It only
+/// grows (`fetch_max`), except for clearing those bits, so readings (with
+/// both bits masked) never go backwards. A read is one load and one
+/// comparison, except the first of each tick, which clears bit 1. A reader
+/// that finds bit 0 clear reads the system clock, publishes that, and wakes
+/// the ticker.
 mod ticker {
     use core::time::Duration;
     use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
@@ -169,8 +173,12 @@ mod ticker {
     const IDLE_TICKS: u32 = 100;
 
     static NOW: AtomicU64 = AtomicU64::new(0);
-    /// Set by readers, cleared by the ticker at each tick.
-    static USED: AtomicBool = AtomicBool::new(false);
+    /// Bit 0 of `NOW`: the ticker is publishing.
+    const TICKING: u64 = 1;
+    /// Bit 1 of `NOW`: not read since the last tick.
+    const UNREAD: u64 = 2;
+    /// Both.
+    const FLAGS: u64 = TICKING | UNREAD;
     /// No ticker in this process (a forked child, or it could not start).
     static DISABLED: AtomicBool = AtomicBool::new(cfg!(miri));
     static TICKER: OnceLock<Option<Thread>> = OnceLock::new();
@@ -178,11 +186,20 @@ mod ticker {
     #[inline(always)]
     pub(super) fn now() -> u64 {
         let v = NOW.load(Relaxed);
-        if v & 1 == 1 {
-            if !USED.load(Relaxed) {
-                USED.store(true, Relaxed);
-            }
-            return v & !1;
+        if v & FLAGS == TICKING {
+            return v & !FLAGS;
+        }
+        first_read(v)
+    }
+
+    /// A read that found `v` unread since the last tick, or not published
+    /// by the ticker.
+    #[cold]
+    #[inline(never)]
+    fn first_read(v: u64) -> u64 {
+        if v & TICKING != 0 {
+            NOW.fetch_and(!UNREAD, Relaxed);
+            return v & !FLAGS;
         }
         read_system()
     }
@@ -191,10 +208,9 @@ mod ticker {
     #[cold]
     #[inline(never)]
     fn read_system() -> u64 {
-        let t = super::system_nanos() & !1;
-        let before = NOW.fetch_max(t, Relaxed) & !1;
+        let t = super::system_nanos() & !FLAGS;
+        let before = NOW.fetch_max(t, Relaxed) & !FLAGS;
         if !DISABLED.load(Relaxed) {
-            USED.store(true, Relaxed);
             match TICKER.get_or_init(start) {
                 Some(ticker) => ticker.unpark(),
                 None => DISABLED.store(true, Relaxed),
@@ -208,7 +224,7 @@ mod ticker {
         {
             extern "C" fn in_child() {
                 DISABLED.store(true, Relaxed);
-                NOW.fetch_and(!1, Relaxed);
+                NOW.fetch_and(!TICKING, Relaxed);
             }
             // SAFETY: `in_child` is a plain function that only touches
             // atomics, which is async-signal-safe, as a fork handler must be.
@@ -227,15 +243,17 @@ mod ticker {
     fn run() {
         let mut idle = 0;
         loop {
-            NOW.fetch_max((super::system_nanos() & !1) | 1, Relaxed);
+            NOW.fetch_max((super::system_nanos() & !FLAGS) | FLAGS, Relaxed);
             thread::sleep(TICK);
-            if USED.swap(false, Relaxed) {
+            // A reader cleared `UNREAD`, or read the system clock and
+            // published a later time without it.
+            if NOW.load(Relaxed) & UNREAD == 0 {
                 idle = 0;
             } else {
                 idle += 1;
                 if idle >= IDLE_TICKS {
                     // Readers now read the system clock and unpark us.
-                    NOW.fetch_and(!1, Relaxed);
+                    NOW.fetch_and(!TICKING, Relaxed);
                     thread::park();
                     idle = 0;
                 }

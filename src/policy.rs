@@ -568,7 +568,17 @@ pub struct Exponential {
     /// `1 / half_life` in seconds (infinite for a zero half-life).
     rate: f64,
     allowance: f64,
+    /// The ratio of the last hit, not yet applied to `allowance` (1 when
+    /// none): the allowance is `allowance * scale`, rounded. A LIFO round
+    /// trip then updates the allowance once, in the release, with the same
+    /// two roundings (`L * ratio`, then `+ size`) in the same order: one
+    /// store-to-load round trip through memory per round trip, not two.
+    scale: f64,
     at: Duration,
+    /// `at` in nanoseconds, saturating: the hooks' test whether the clock
+    /// moved is then one comparison (exact below 584 years; above,
+    /// `rebase_later` compares the durations).
+    at_nanos: u64,
     /// Cached bytes, as the pool last told.
     bytes: usize,
     /// The deadline last planned (see [`Exponential::plan`]) and what keeps
@@ -588,6 +598,20 @@ pub struct Exponential {
     min_size: usize,
     /// Whether `due` may no longer hold ([`EvictionPolicy::deadline_stale`]).
     stale: bool,
+    /// Whether a release or a hit made the last deadline stale before the
+    /// pool next asked `must_evict` (the plan saved no collection).
+    killed: bool,
+    /// When the last plan was made.
+    planned_at: Duration,
+    /// The last decay computed: `2^(-decay_span / half_life)`. A
+    /// collection and the hook after it, at the same time, decay the same
+    /// span: the second reuses the first's exponential.
+    decay_span: Duration,
+    decay: f64,
+    /// How many of the next `must_evict` calls that find nothing due make
+    /// no plan, and the backoff that set it (see `replan`).
+    skip: u32,
+    backoff: u32,
 }
 
 /// `x` as the nearest `f64`, exactly as `x as f64`: through the signed
@@ -609,6 +633,16 @@ fn float(x: usize) -> f64 {
 /// rounding of the few floating-point operations involved (about 1e-15).
 const MARGIN: f64 = 1e-12;
 
+/// What a watch is multiplied by, besides the decay, when the clock moves
+/// (`Exponential::rebase_later`): above the relative rounding of that
+/// update (about 1.6e-14 at worst), so the watch never falls below its
+/// exact value.
+const WATCH_ROUNDING: f64 = 1.0 + 1e-13;
+
+/// The most collections that plan no deadline after plans that saved
+/// nothing (see `Exponential::replan`).
+const MAX_BACKOFF: u32 = 63;
+
 impl Exponential {
     /// Decays the idle stock by half every `half_life` (as
     /// [`FixedTime::new`] takes its time-to-live).
@@ -629,7 +663,9 @@ impl Exponential {
             half_life: h,
             rate: 1.0 / h.as_secs_f64(),
             allowance: 0.0,
+            scale: 1.0,
             at: Duration::ZERO,
+            at_nanos: 0,
             bytes: 0,
             due: Duration::ZERO,
             watch: f64::INFINITY,
@@ -637,6 +673,12 @@ impl Exponential {
             oldest_size: 0,
             min_size: usize::MAX,
             stale: true,
+            killed: false,
+            planned_at: Duration::ZERO,
+            decay_span: Duration::ZERO,
+            decay: 1.0,
+            skip: 0,
+            backoff: 0,
         }
     }
 
@@ -662,37 +704,104 @@ impl Exponential {
         self.half_life
     }
 
-    /// The allowance `L` at `now`.
+    /// Applies the pending hit ratio to `allowance`.
+    #[inline(always)]
+    fn settle(&mut self) {
+        if self.scale != 1.0 {
+            self.allowance *= self.scale;
+            self.scale = 1.0;
+        }
+    }
+
+    /// The allowance `L` at `now` (once settled).
     #[inline]
-    fn allowance_at(&self, now: Duration) -> f64 {
+    fn allowance_at(&mut self, now: Duration) -> f64 {
         if now <= self.at || self.allowance == 0.0 {
             return self.allowance;
         }
-        let halvings = (now - self.at).as_secs_f64() * self.rate;
-        self.allowance * (-halvings).exp2()
+        self.allowance * self.decay_over(now - self.at)
+    }
+
+    /// `2^(-span / half_life)` for a `span` above zero, as `exp2`
+    /// computes it: the same bits whether computed now or remembered from
+    /// the last call.
+    #[inline]
+    fn decay_over(&mut self, span: Duration) -> f64 {
+        debug_assert!(!span.is_zero(), "a decay over no time");
+        if span != self.decay_span {
+            self.decay_span = span;
+            self.decay = (-(span.as_secs_f64() * self.rate)).exp2();
+        }
+        self.decay
+    }
+
+    /// Sets the time the allowance is known at.
+    #[inline]
+    fn set_at(&mut self, at: Duration) {
+        self.at = at;
+        self.at_nanos = u64::try_from(at.as_nanos()).unwrap_or(u64::MAX);
     }
 
     /// Decays the allowance to `now` (when later than the last time).
-    #[inline]
+    #[inline(always)]
     fn rebase(&mut self, now: Duration) {
-        if now > self.at {
-            self.rebase_later(now);
+        // One comparison: the pool's times are whole nanoseconds, which
+        // `as_nanos` gives back without arithmetic.
+        let nanos = now.as_nanos();
+        if nanos > u128::from(self.at_nanos) {
+            self.rebase_nanos(nanos);
         }
     }
 
-    /// `rebase` once the clock has moved: with a coarse clock, at most once
-    /// per tick.
+    /// `rebase_later` from the time in nanoseconds (so that the hooks
+    /// convert nothing unless the clock moved).
+    #[cold]
     #[inline(never)]
+    fn rebase_nanos(&mut self, nanos: u128) {
+        let now = match u64::try_from(nanos) {
+            Ok(n) => Duration::from_nanos(n),
+            Err(_) => {
+                let secs = nanos / 1_000_000_000;
+                match u64::try_from(secs) {
+                    Ok(s) => Duration::new(s, (nanos % 1_000_000_000) as u32),
+                    Err(_) => Duration::MAX,
+                }
+            }
+        };
+        self.rebase_later(now);
+    }
+
+    /// `rebase` once the clock has moved: with a coarse clock, at most once
+    /// per tick. The allowance decays exactly as
+    /// [`allowance_at`](Self::allowance_at) computes it; a deadline still
+    /// ahead keeps its watch, scaled by the same decay (rounded up).
+    #[inline]
     fn rebase_later(&mut self, now: Duration) {
-        self.allowance = self.allowance_at(now);
-        self.at = now;
-        if !self.stale {
-            if now >= self.due {
-                self.stale = true;
-            } else {
-                self.watch = self.watch_at(self.due, now);
+        if now <= self.at {
+            // Only above 584 years, where `at_nanos` saturates.
+            return;
+        }
+        self.settle();
+        let decays = self.allowance != 0.0;
+        if decays || !self.stale {
+            let factor = self.decay_over(now - self.at);
+            if decays {
+                self.allowance *= factor;
+            }
+            if !self.stale {
+                if now >= self.due {
+                    self.stale = true;
+                } else {
+                    // `2^((due - now) / h)` is `2^((due - at) / h)` times
+                    // `factor`, up to the rounding of `halvings` (less
+                    // than 65 of them before `due`), of `exp2` and of the
+                    // product: far below `WATCH_ROUNDING`, which keeps
+                    // the watch on the safe (high) side.
+                    self.watch = self.watch * factor * WATCH_ROUNDING;
+                }
             }
         }
+        self.set_at(now);
     }
 
     /// What keeps a deadline `due` from a state at `at`: `2^((due - at) /
@@ -702,15 +811,29 @@ impl Exponential {
         ((due - at).as_secs_f64() * self.rate).exp2() * (1.0 + MARGIN)
     }
 
-    /// Whether the allowance still keeps the planned deadline, with `bytes`
-    /// cached; marks it stale when not.
+    /// Whether an allowance of `allowance` with `bytes` (as a float)
+    /// cached still keeps the planned deadline; marks it stale when not.
     #[inline(always)]
-    fn keep_watch(&mut self) {
+    fn keep_watch(&mut self, allowance: f64, bytes: f64) {
         // Written so that a NaN (none arises) would count as stale.
-        let keeps = self.allowance > (float(self.bytes) - self.half) * self.watch;
-        if !self.stale && !keeps {
-            self.stale = true;
+        let keeps = allowance > (bytes - self.half) * self.watch;
+        if !keeps {
+            self.lose_watch();
         }
+    }
+
+    /// A release or a hit brought the deadline forward (or the deadline
+    /// was already stale). The watch then becomes zero, which any positive
+    /// allowance keeps: while no deadline holds, the hooks do not come
+    /// here again (the next plan sets a watch).
+    #[cold]
+    #[inline(never)]
+    fn lose_watch(&mut self) {
+        if !self.stale {
+            self.stale = true;
+            self.killed = true;
+        }
+        self.watch = 0.0;
     }
 
     /// A hit may have taken the oldest block the deadline was planned for.
@@ -722,8 +845,10 @@ impl Exponential {
     #[cold]
     #[inline(never)]
     fn lose_oldest(&mut self) {
+        self.settle();
         self.oldest_size = 0;
         self.cover(self.min_size);
+        self.keep_watch(self.allowance, float(self.bytes));
     }
 
     /// Covers any oldest block of `size` bytes or more (see `lose_oldest`).
@@ -731,10 +856,11 @@ impl Exponential {
     /// the deadline was planned at the exact time the allowance reaches the
     /// threshold; the plan stops short of it, so this is checked too.)
     fn cover(&mut self, size: usize) {
+        self.settle();
         self.half = float(size) / 2.0;
         let unclamped = self.allowance <= float(self.bytes) + self.half;
         if !unclamped {
-            self.stale = true;
+            self.lose_watch();
         }
     }
 
@@ -742,9 +868,54 @@ impl Exponential {
     #[cold]
     #[inline(never)]
     fn smaller(&mut self, size: usize) {
+        self.settle();
         self.min_size = size;
         if self.oldest_size == 0 && !self.stale {
             self.cover(size);
+            self.keep_watch(self.allowance, float(self.bytes));
+        }
+    }
+
+    /// After `must_evict` found nothing due at `now`: plans a deadline for
+    /// `oldest`, unless the last plans saved nothing.
+    ///
+    /// A plan costs a logarithm and an exponential. When the clock moves
+    /// between nearly every operation and each release makes the deadline
+    /// stale before the next collection, planning at every collection
+    /// costs more than the checks it saves. So a plan that a release or a
+    /// hit made stale before the pool asked again, with the clock moved
+    /// since it was made, doubles a backoff (1, 3, 7, … up to
+    /// `MAX_BACKOFF`); that many collections less one then plan nothing. A
+    /// plan that lasts until the pool asks again (its deadline passed, or
+    /// a block was freed) resets the backoff. At a frozen clock, as in
+    /// round trips, every collection that finds nothing due plans.
+    #[inline]
+    fn replan(&mut self, now: Duration, oldest: Oldest, half: f64) {
+        if !self.stale {
+            // The deadline lasted until the pool asked again.
+            self.backoff = 0;
+        } else if self.killed {
+            self.killed = false;
+            if now > self.planned_at {
+                self.backoff = (self.backoff * 2 + 1).min(MAX_BACKOFF);
+                self.skip = self.backoff - 1;
+            }
+        }
+        if self.skip > 0 {
+            self.skip -= 1;
+            self.stale = true;
+            return;
+        }
+        self.planned_at = now;
+        match self.plan(oldest) {
+            Some((due, watch)) => {
+                self.due = due;
+                self.watch = watch;
+                self.half = half;
+                self.oldest_size = oldest.size;
+                self.stale = false;
+            }
+            None => self.stale = true,
         }
     }
 
@@ -759,6 +930,7 @@ impl Exponential {
     /// exactly that the margin holds at the planned time. Since `L` only
     /// falls as time passes, `must_evict` answers `false` before it.
     fn plan(&self, oldest: Oldest) -> Option<(Duration, f64)> {
+        debug_assert!(self.scale == 1.0, "planned from an unsettled allowance");
         let half = float(oldest.size) / 2.0;
         let threshold = float(self.bytes) - half;
         // As `must_evict` would clamp it.
@@ -784,26 +956,37 @@ impl Exponential {
 }
 
 impl EvictionPolicy for Exponential {
-    #[inline]
+    #[inline(always)]
     fn on_release(&mut self, now: Duration, size: usize, bytes_cached: usize) {
         self.rebase(now);
+        // `L * ratio` of a hit since, then `+ size`: the two roundings of
+        // applying them one at a time (`* 1.0` is exact).
+        let mut allowance = self.allowance * self.scale;
         if self.rate.is_finite() {
-            self.allowance += float(size);
+            allowance += float(size);
         }
+        self.allowance = allowance;
+        self.scale = 1.0;
         self.bytes = bytes_cached;
+        // A release adds `size` to both sides of `L > bytes - half`: as `L`
+        // then decays faster in bytes, the deadline may come sooner.
+        self.keep_watch(allowance, float(bytes_cached));
         if size < self.min_size {
             self.smaller(size);
         }
-        // A release adds `size` to both sides of `L > bytes - half`: as `L`
-        // then decays faster in bytes, the deadline may come sooner.
-        self.keep_watch();
     }
 
-    #[inline]
+    #[inline(always)]
     fn on_hit(&mut self, now: Duration, size: usize, before: usize, after: usize) {
         self.rebase(now);
+        let bytes = float(after);
+        self.settle();
+        let mut allowance = self.allowance;
         if before > 0 {
-            self.allowance *= float(after) / float(before);
+            // Applied by the next operation (see `scale`).
+            let ratio = bytes / float(before);
+            allowance *= ratio;
+            self.scale = ratio;
         }
         self.bytes = after;
         if after == 0 {
@@ -814,12 +997,14 @@ impl EvictionPolicy for Exponential {
         // rounding); one of the oldest block's size may have taken it.
         if size == self.oldest_size {
             self.lose_oldest();
+        } else {
+            self.keep_watch(allowance, bytes);
         }
-        self.keep_watch();
     }
 
     #[inline]
     fn on_free(&mut self, now: Duration, _size: usize, after: usize, reason: FreeReason) {
+        self.settle();
         if reason == FreeReason::Trimmed || after == 0 {
             self.rebase(now);
             self.allowance = self.allowance.min(float(after));
@@ -833,29 +1018,21 @@ impl EvictionPolicy for Exponential {
 
     #[inline]
     fn must_evict(&mut self, now: Duration, oldest: Oldest, bytes_cached: usize) -> bool {
+        self.settle();
         let half = float(oldest.size) / 2.0;
         let mut allowance = self.allowance_at(now);
         let bound = float(bytes_cached) + half;
         if allowance > bound {
             allowance = bound;
             self.allowance = bound;
-            self.at = self.at.max(now);
+            self.set_at(self.at.max(now));
         }
         self.bytes = bytes_cached;
         let evict = float(bytes_cached) - allowance >= half;
         if evict {
             self.stale = true;
         } else {
-            match self.plan(oldest) {
-                Some((due, watch)) => {
-                    self.due = due;
-                    self.watch = watch;
-                    self.half = half;
-                    self.oldest_size = oldest.size;
-                    self.stale = false;
-                }
-                None => self.stale = true,
-            }
+            self.replan(now, oldest, half);
         }
         evict
     }
@@ -867,10 +1044,8 @@ impl EvictionPolicy for Exponential {
     /// released, is `None`.)
     #[inline]
     fn provisional_deadline(&self, oldest: Oldest) -> Option<Duration> {
-        if !self.stale && oldest.size == self.oldest_size {
-            return Some(self.due);
-        }
-        self.plan(oldest).map(|(due, _)| due)
+        // `must_evict` planned it, if planning paid (see `replan`).
+        (!self.stale && oldest.size == self.oldest_size).then_some(self.due)
     }
 
     #[inline]
@@ -1114,7 +1289,95 @@ pub trait Policy: sealed::Sealed {
 
 #[cfg(test)]
 mod tests {
-    use super::float;
+    use super::{float, EvictionPolicy, Exponential, Oldest};
+    use core::time::Duration;
+
+    /// A hit's ratio, applied by the next operation, rounds as it did
+    /// applied at once: `(L * (after / before)) + size`, in that order.
+    #[test]
+    fn a_deferred_hit_ratio_rounds_as_applied_at_once() {
+        let mut p = Exponential::new(Duration::from_secs(1));
+        let t = Duration::from_millis(3);
+        p.on_release(Duration::ZERO, 3, 3);
+        p.on_release(Duration::ZERO, 7, 10);
+        p.on_release(Duration::ZERO, 11, 21);
+        // Decayed, so the allowance is no round number.
+        p.on_hit(t, 7, 21, 14);
+        p.settle();
+        let l = p.allowance;
+        p.on_hit(t, 11, 14, 3);
+        p.on_release(t, 11, 14);
+        let expected = l * (float(3) / float(14)) + float(11);
+        assert_eq!(p.allowance.to_bits(), expected.to_bits());
+        assert_eq!(p.scale, 1.0);
+        // Two hits in a row apply both ratios, one at a time.
+        p.on_hit(t, 11, 14, 3);
+        p.on_hit(t, 3, 3, 0);
+        p.settle();
+        assert_eq!(p.allowance.to_bits(), 0.0f64.to_bits());
+    }
+
+    /// Planning backs off while releases make each plan stale before the
+    /// next collection with the clock moving, and plans again at every
+    /// collection once a plan lasts.
+    #[test]
+    fn plans_back_off_while_releases_kill_them() {
+        let h = Duration::from_secs(1000);
+        let mut p = Exponential::new(h);
+        let oldest = Oldest {
+            released_at: Duration::ZERO,
+            size: 64,
+        };
+        let mut bytes = 64;
+        p.on_release(Duration::ZERO, 64, bytes);
+        let mut planned = Vec::new();
+        for i in 1..=40u64 {
+            let now = Duration::from_micros(i);
+            assert!(!p.must_evict(now, oldest, bytes));
+            planned.push(p.provisional_deadline(oldest).is_some());
+            // A release of a block far larger than the cache: the deadline
+            // comes sooner.
+            bytes += 1 << 20;
+            p.on_release(now, 1 << 20, bytes);
+            assert!(p.deadline_stale());
+        }
+        let plans = planned.iter().filter(|&&x| x).count();
+        assert!(planned[0] && planned[1], "{planned:?}");
+        assert!(plans <= 8, "{plans} plans in 40 collections: {planned:?}");
+        // Without releases, the plan made after the backoff lasts until
+        // the pool asks again, which resets it: every collection plans.
+        let mut now = Duration::from_micros(41);
+        let mut lasted = 0;
+        for _ in 0..200 {
+            now += Duration::from_micros(1);
+            if p.must_evict(now, oldest, bytes) {
+                break;
+            }
+            if p.provisional_deadline(oldest).is_some() {
+                lasted += 1;
+                assert!(!p.deadline_stale());
+                assert!(!p.must_evict(now, oldest, bytes));
+                assert!(p.provisional_deadline(oldest).is_some());
+            }
+        }
+        assert!(lasted > 100, "{lasted}");
+    }
+
+    /// The hooks tell a later time from an earlier one beyond 584 years,
+    /// where whole nanoseconds no longer fit a `u64`.
+    #[test]
+    fn the_allowance_decays_beyond_584_years() {
+        let mut p = Exponential::new(Duration::from_secs(1));
+        let far = Duration::from_secs(u64::MAX / 2);
+        p.on_release(far, 8, 8);
+        p.on_release(far, 8, 16);
+        assert_eq!(p.allowance, 16.0);
+        p.on_release(far + Duration::from_secs(1), 8, 24);
+        assert_eq!(p.allowance, 16.0);
+        assert_eq!(p.at, far + Duration::from_secs(1));
+        p.on_release(far + Duration::from_secs(1), 8, 32);
+        assert_eq!(p.allowance, 24.0);
+    }
 
     /// The signed conversion rounds every `usize` as `as f64` does,
     /// including above `i64::MAX` and at the halfway points of `f64`.
