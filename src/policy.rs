@@ -1072,9 +1072,10 @@ impl EvictionPolicy for Exponential {
 /// time in one word, and only the entries whose tag matches. `collect` is a
 /// no-op; `trim` empties the table; `FixedCapacity::new(0)` caches nothing.
 ///
-/// Each slot costs an entry (the block, its size, a release stamp and two
-/// links of the age list: 32 bytes for a `NonNull` block, 40 for a `u64`
-/// device pointer), a tag byte and an occupancy bit.
+/// Each slot costs `size_of::<B>() + 25` bytes: the block, its size (8),
+/// a release stamp and the two links of the age list (16), and a tag byte,
+/// which also says whether the slot holds a block: 33 bytes for a
+/// `NonNull` block or a `u64` device pointer.
 ///
 /// # Blocks of one size
 ///
