@@ -40,7 +40,7 @@ use crate::policy::{FixedTime, Reuse};
 use crate::pool::DecayingPool;
 use crate::shared::{Pooled, SharedPool};
 
-use super::input::{pick, ticks, Common, Config, Kind, SharedOp, Size, HUGE, MAX_OPS};
+use super::input::{pick, ticks, Common, Config, Kind, SharedOp, MAX_OPS};
 use super::model::model_round;
 use super::{new_parts, Clock, Injecting, Parts, Summary};
 
@@ -351,11 +351,7 @@ impl CachedHarness {
         }
         match op {
             SharedOp::Allocate { handle, size } => {
-                let size = match size {
-                    Size::Palette(i) => palette(i),
-                    Size::Zero => 0,
-                    Size::Huge(k) => pick(&HUGE, k),
-                };
+                let size = size.bytes(&self.cfg.palette);
                 let pool = self.handles[usize::from(handle) % self.handles.len()].clone();
                 self.allocate(pool, size, false);
             }

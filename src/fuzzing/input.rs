@@ -222,6 +222,17 @@ pub enum Size {
     Huge(u8),
 }
 
+impl Size {
+    /// The bytes requested, with `palette` the configuration's sizes.
+    pub(super) fn bytes(self, palette: &[usize]) -> usize {
+        match self {
+            Size::Palette(i) => pick(palette, i),
+            Size::Zero => 0,
+            Size::Huge(k) => pick(&HUGE, k),
+        }
+    }
+}
+
 /// A `pool_ops` operation.
 ///
 /// Layout: a tag byte, `% 32`, then its arguments, one byte each:

@@ -7,7 +7,7 @@ use arbitrary::{Arbitrary, Unstructured};
 use crate::policy::{FixedCapacity, Policy};
 use crate::shared::{Pooled, SharedPool};
 
-use super::input::{pick, Config, Fault, Kind, SharedInput, SharedOp, Size, HUGE, MAX_OPS};
+use super::input::{pick, Config, Fault, Kind, SharedInput, SharedOp, MAX_OPS};
 use super::model::{Frees, Injected, Model};
 use super::{
     apply_common, build, catching, check_common, new_parts, quiet_injected_panics, with_policy,
@@ -237,11 +237,7 @@ impl<P: Policy> SharedHarness<P> {
         let palette = |i: u8| pick(&self.model.cfg.palette, i);
         match op {
             SharedOp::Allocate { handle, size } => {
-                let size = match size {
-                    Size::Palette(i) => palette(i),
-                    Size::Zero => 0,
-                    Size::Huge(k) => pick(&HUGE, k),
-                };
+                let size = size.bytes(&self.model.cfg.palette);
                 let pool = self.handles[usize::from(handle) % self.handles.len()].clone();
                 self.allocate(pool, size, false);
             }
