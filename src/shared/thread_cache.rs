@@ -318,8 +318,10 @@ impl<B> MagState<B> {
     pub(super) fn count_hit(&mut self, class: usize, size: usize) {
         self.lent += 1;
         self.counts.hits += 1;
-        self.counts.from_pool += class as u64;
-        self.counts.waste += (class - size) as u64;
+        // Saturating, as the pool's own counters: a class near
+        // `usize::MAX` served twice would overflow.
+        self.counts.from_pool = self.counts.from_pool.saturating_add(class as u64);
+        self.counts.waste = self.counts.waste.saturating_add((class - size) as u64);
     }
 
     /// Blocks and class bytes held.
