@@ -618,9 +618,11 @@ impl Model {
                 (Err(Injected), _) => return Err(Injected),
                 (Ok(chosen), Ok(())) => chosen,
                 (Ok(Ok(Chosen::Hit(_))), Err(Injected)) => {
-                    // The hit's block goes back into the cache.
+                    // The hit's block goes back into the cache, released
+                    // as any block is (the clock read, the policy run,
+                    // then the put).
                     let block = self.live.pop().expect("the hit's block");
-                    let _ = self.section(|m| m.put(block, &[]));
+                    let _ = self.section(|m| m.release_block(block, &[]));
                     return Err(Injected);
                 }
                 // A miss's booking is dropped.
