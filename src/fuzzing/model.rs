@@ -620,7 +620,9 @@ impl Model {
                 (Ok(Ok(Chosen::Hit(_))), Err(Injected)) => {
                     // The hit's block goes back into the cache, released
                     // as any block is (the clock read, the policy run,
-                    // then the put).
+                    // then the put); the pool counted it in use in
+                    // between, in its peak too.
+                    self.update_peaks();
                     let block = self.live.pop().expect("the hit's block");
                     let _ = self.section(|m| m.release_block(block, &[]));
                     return Err(Injected);
