@@ -142,6 +142,10 @@ pub(super) struct Model {
     answers: Option<Answers>,
     /// Eviction checks skipped before the cached deadline.
     deadline_skips: u64,
+    /// A policy hook panicked, so the policy may not have counted every
+    /// cached block: the pool plans no deadline until the cache next
+    /// empties through frees.
+    untold: bool,
     pub(super) frees: Frees,
     /// Blocks let go in a deferred cache step, to offer after it.
     deferred: Vec<(u64, usize)>,
@@ -181,6 +185,7 @@ impl Model {
             injected: [0; 8],
             not_before: 0,
             answers: Some(answers),
+            untold: false,
             deadline_skips: 0,
             frees: Frees::Immediate,
             deferred: Vec::new(),
@@ -556,7 +561,10 @@ impl Model {
             };
             if !due {
                 self.fire(Fault::Deadline)?;
-                self.not_before = self.deadline_answer(oldest);
+                let deadline = self.deadline_answer(oldest);
+                if !self.untold {
+                    self.not_before = deadline;
+                }
                 break;
             }
             // The policy is told first: a panic there leaves the block.
@@ -564,6 +572,7 @@ impl Model {
             self.idle.remove(0);
             self.evictions += 1;
             self.not_before = 0;
+            self.untold &= !self.idle.is_empty();
             freed += 1;
             if self.idle.is_empty() && self.rebase().is_some() {
                 self.allowance = 0.0;
@@ -581,6 +590,7 @@ impl Model {
         self.idle.remove(0);
         self.trimmed += 1;
         self.not_before = 0;
+        self.untold &= !self.idle.is_empty();
         if self.rebase().is_some() {
             self.allowance = self.allowance.min(self.bytes_cached() as f64);
         }
@@ -659,6 +669,7 @@ impl Model {
             // forgets its planned deadline.
             if let Err(e) = self.hook(Fault::OnHit) {
                 self.not_before = 0;
+                self.untold = true;
                 return Err(e);
             }
             self.stale_answer();
@@ -783,8 +794,10 @@ impl Model {
                 self.idle.push(idle);
                 if self.fire(Fault::OnRelease).is_err() {
                     // The store forgets the deadline it planned without
-                    // this block.
+                    // this block, and plans none while the policy's view
+                    // lacks it.
                     self.not_before = 0;
+                    self.untold = true;
                     return Err(Injected);
                 }
                 if self.rebase().is_some() && self.cfg.kind != (Kind::Exponential { half_life: 0 })

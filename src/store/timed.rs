@@ -171,19 +171,24 @@ impl<B> Blocks<B> {
     }
 }
 
-/// Forgets the store's planned deadline (`TimedStore::not_before`) when
-/// dropped. Armed while a policy hook runs and disarmed (`mem::forget`) once
-/// it returns: a hook that unwinds may leave the policy's view of the cache
-/// apart from the store's (a released block stays cached although the
-/// policy never counted it), and a deadline planned on the old view could
-/// then skip an eviction that is due. Forgetting is always safe: the next
-/// check asks the policy.
-struct Replan<'a>(&'a mut u64);
+/// Forgets the store's planned deadline (`TimedStore::not_before`) and
+/// stops planning (`TimedStore::untold`) when dropped. Armed while a policy
+/// hook runs and disarmed (`mem::forget`) once it returns: a hook that
+/// unwinds may leave the policy's view of the cache apart from the store's
+/// (a released block stays cached although the policy never counted it),
+/// and a deadline planned on either view could then skip an eviction or a
+/// correction of the policy that is due. Asking the policy at every check
+/// is always safe.
+struct Replan<'a> {
+    not_before: &'a mut u64,
+    untold: &'a mut bool,
+}
 
 impl Drop for Replan<'_> {
     #[cold]
     fn drop(&mut self) {
-        *self.0 = 0;
+        *self.not_before = 0;
+        *self.untold = true;
     }
 }
 
@@ -250,6 +255,11 @@ pub struct TimedStore<B, P> {
     /// freed, and after a release or a hit that the policy says made it
     /// stale; a hit on the oldest block leaves it (too early is safe).
     not_before: u64,
+    /// A policy hook unwound, so the policy may not have counted every
+    /// cached block: no deadline is planned (every check asks the policy)
+    /// until the cache next empties through frees, when both views agree
+    /// again.
+    untold: bool,
     /// The number of classes at which the next insertion first sweeps the
     /// empty ones.
     sweep_at: usize,
@@ -279,6 +289,7 @@ impl<B, P: EvictionPolicy> TimedStore<B, P> {
             taken: 0,
             taken_bytes: 0,
             not_before: 0,
+            untold: false,
             top_class: 0,
         }
     }
@@ -361,7 +372,13 @@ impl<B, P: EvictionPolicy> TimedStore<B, P> {
     fn remove_oldest(&mut self, size: usize, now: u64, reason: FreeReason) -> (B, usize) {
         let now = Duration::from_nanos(now);
         self.policy.on_free(now, size, self.bytes() - size, reason);
-        self.remove_oldest_untold(size)
+        let freed = self.remove_oldest_untold(size);
+        if self.len() == 0 {
+            // Every block left through a told free: the policy's view of
+            // the (empty) cache and the store's agree again.
+            self.untold = false;
+        }
+        freed
     }
 
     /// `remove_oldest` without telling the policy.
@@ -434,11 +451,14 @@ impl<B, P: EvictionPolicy> Store<B> for TimedStore<B, P> {
         }
         // Told first, so a panic in the policy changes nothing in the
         // store but its planned deadline, which it forgets.
-        let replan = Replan(&mut self.not_before);
+        let replan = Replan {
+            not_before: &mut self.not_before,
+            untold: &mut self.untold,
+        };
         self.policy
             .on_hit(Duration::from_nanos(now), class, before, before - class);
         if self.policy.deadline_stale() {
-            *replan.0 = 0;
+            *replan.not_before = 0;
         }
         core::mem::forget(replan);
         let item = match self.reuse {
@@ -484,11 +504,14 @@ impl<B, P: EvictionPolicy> Store<B> for TimedStore<B, P> {
         // The block stays cached if the policy panics here, unknown to it:
         // the deadline planned without it is forgotten.
         let bytes = self.bytes;
-        let replan = Replan(&mut self.not_before);
+        let replan = Replan {
+            not_before: &mut self.not_before,
+            untold: &mut self.untold,
+        };
         self.policy
             .on_release(Duration::from_nanos(now), class, bytes);
         if self.policy.deadline_stale() {
-            *replan.0 = 0;
+            *replan.not_before = 0;
         }
         core::mem::forget(replan);
         None
@@ -679,7 +702,11 @@ impl<B, P: EvictionPolicy> TimedStore<B, P> {
         {
             Some(self.remove_oldest(size, now, FreeReason::Expired))
         } else {
-            self.not_before = self.policy.provisional_deadline(oldest).map_or(0, nanos);
+            // Asked even when not kept, so the policy sees the same calls.
+            let deadline = self.policy.provisional_deadline(oldest).map_or(0, nanos);
+            if !self.untold {
+                self.not_before = deadline;
+            }
             None
         }
     }
