@@ -372,18 +372,8 @@ impl CachedHarness {
                 let s = self.held.handles[0].stats();
                 assert_eq!(s.blocks_cached, 0, "trim leaves nothing cached");
             }
-            SharedOp::CloneHandle => {
-                if self.held.handles.len() < 8 {
-                    let h = self.held.handles[self.held.handles.len() - 1].clone();
-                    self.held.handles.push(h);
-                }
-            }
-            SharedOp::DropHandle(i) => {
-                if self.held.handles.len() > 1 {
-                    let i = 1 + usize::from(i) % (self.held.handles.len() - 1);
-                    drop(self.held.handles.remove(i));
-                }
-            }
+            SharedOp::CloneHandle => self.held.clone_handle(),
+            SharedOp::DropHandle(i) => self.held.drop_handle(i),
         }
         self.check(&op);
     }

@@ -143,6 +143,24 @@ impl<P: Policy> Held<P> {
         }
     }
 
+    /// Clones the last handle (a clone of a clone), up to eight handles.
+    pub(super) fn clone_handle(&mut self) {
+        if self.handles.len() < 8 {
+            let h = self.handles[self.handles.len() - 1].clone();
+            assert!(h.ptr_eq(&self.handles[0]));
+            self.handles.push(h);
+        }
+    }
+
+    /// Drops a handle other than the first (the `i`-th of them, modulo
+    /// their count), if there is one.
+    pub(super) fn drop_handle(&mut self, i: u8) {
+        if self.handles.len() > 1 {
+            let i = 1 + usize::from(i) % (self.handles.len() - 1);
+            drop(self.handles.remove(i));
+        }
+    }
+
     /// Puts every raw block back into a `Pooled` (for the end of a run).
     pub(super) fn all_pooled(&mut self) {
         for i in 0..self.slots.len() {
@@ -359,18 +377,11 @@ impl<P: Policy> SharedHarness<P> {
                 self.check(&op);
             }
             SharedOp::CloneHandle => {
-                if self.held.handles.len() < 8 {
-                    let h = self.held.handles[self.held.handles.len() - 1].clone();
-                    assert!(h.ptr_eq(&self.held.handles[0]));
-                    self.held.handles.push(h);
-                }
+                self.held.clone_handle();
                 self.check(&op);
             }
             SharedOp::DropHandle(i) => {
-                if self.held.handles.len() > 1 {
-                    let i = 1 + usize::from(i) % (self.held.handles.len() - 1);
-                    drop(self.held.handles.remove(i));
-                }
+                self.held.drop_handle(i);
                 self.check(&op);
             }
         }
