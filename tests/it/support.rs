@@ -5,7 +5,7 @@ use core::time::Duration;
 
 use decaying_pool::testing::{Call, CheckingAllocator};
 use decaying_pool::{
-    Clock, DecayingPool, FixedTime, ManualClock, Policy, RawAllocator, Reuse, SizeClass,
+    Clock, DecayingPool, FixedTime, ManualClock, Policy, RawAllocator, Reuse, SharedPool, SizeClass,
 };
 
 /// `n` milliseconds.
@@ -108,6 +108,38 @@ impl Rng {
 
     pub(crate) fn below(&mut self, n: u64) -> u64 {
         self.next() % n
+    }
+}
+
+/// One thread's random churn on a shared pool: `rounds` times, allocates
+/// `1 + k * 512` bytes (`k` below `kinds`) while it holds fewer than
+/// `most` blocks (on a coin toss), else drops a held block at random; one
+/// round in sixteen advances `clock` by a millisecond. Drops what it still
+/// holds at the end.
+pub(crate) fn churn<A, P>(
+    pool: &SharedPool<A, P, ManualClock>,
+    clock: &ManualClock,
+    seed: u64,
+    rounds: u64,
+    most: usize,
+    kinds: u64,
+) where
+    A: RawAllocator,
+    A::Error: core::fmt::Debug,
+    P: Policy,
+{
+    let mut rng = Rng(seed);
+    let mut held = Vec::new();
+    for _ in 0..rounds {
+        if held.len() < most && rng.below(2) == 0 {
+            held.push(pool.allocate(1 + rng.below(kinds) as usize * 512).unwrap());
+        } else if !held.is_empty() {
+            let k = rng.below(held.len() as u64) as usize;
+            held.swap_remove(k);
+        }
+        if rng.below(16) == 0 {
+            clock.advance(Duration::from_millis(1));
+        }
     }
 }
 
