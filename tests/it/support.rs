@@ -2,6 +2,7 @@
 
 use core::fmt::Display;
 use core::time::Duration;
+use std::path::{Path, PathBuf};
 
 use decaying_pool::testing::{Call, CheckingAllocator};
 use decaying_pool::{
@@ -161,4 +162,72 @@ pub(crate) fn noise(state: u64, len: usize) -> Vec<u8> {
     let mut lcg = Lcg(state);
     // `next` gives the state's top 31 bits; its top byte is the state's.
     (0..len).map(|_| (lcg.next() >> 23) as u8).collect()
+}
+
+/// A fuzz target's committed corpus: `fuzz/corpus/<target>`.
+pub(crate) fn corpus_dir(target: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("fuzz/corpus")
+        .join(target)
+}
+
+/// Runs every file of a target's corpus, in name order, through `run`;
+/// returns the summaries of the inputs that parse. A panic names the file
+/// and goes on.
+pub(crate) fn replay_corpus<S>(target: &str, run: fn(&[u8]) -> Option<S>) -> Vec<S> {
+    let dir = corpus_dir(target);
+    let mut files: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .map(|e| e.expect("a corpus entry").path())
+        .filter(|p| p.is_file())
+        .collect();
+    files.sort();
+    files
+        .iter()
+        .filter_map(|path| {
+            let data = std::fs::read(path).expect("a corpus file");
+            let out = std::panic::catch_unwind(|| run(&data));
+            match out {
+                Ok(summary) => summary,
+                Err(panic) => {
+                    eprintln!("corpus file {} failed", path.display());
+                    std::panic::resume_unwind(panic)
+                }
+            }
+        })
+        .collect()
+}
+
+/// Checks that a target's committed corpus holds every seed, byte for
+/// byte; `source` is the test file that builds the seeds (where to look to
+/// regenerate them).
+pub(crate) fn assert_corpus_holds(target: &str, seeds: &[(String, Vec<u8>)], source: &str) {
+    for (name, bytes) in seeds {
+        let path = corpus_dir(target).join(name);
+        let on_disk = std::fs::read(&path)
+            .unwrap_or_else(|e| panic!("{}: {e} (regenerate: see {source})", path.display()));
+        assert!(
+            on_disk == *bytes,
+            "{} differs from its seed (regenerate: see {source})",
+            path.display()
+        );
+    }
+}
+
+/// Writes each target's seeds into its corpus directory, when
+/// `DECAYING_POOL_WRITE_CORPUS` is set (else says how to ask for it).
+pub(crate) fn write_corpus<'a>(
+    targets: impl IntoIterator<Item = (&'a str, Vec<(String, Vec<u8>)>)>,
+) {
+    if std::env::var_os("DECAYING_POOL_WRITE_CORPUS").is_none() {
+        eprintln!("set DECAYING_POOL_WRITE_CORPUS=1 to write the seed corpus");
+        return;
+    }
+    for (target, seeds) in targets {
+        let dir = corpus_dir(target);
+        std::fs::create_dir_all(&dir).expect("the corpus directory");
+        for (name, bytes) in seeds {
+            std::fs::write(dir.join(name), bytes).expect("a seed file");
+        }
+    }
 }
