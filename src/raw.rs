@@ -78,47 +78,35 @@ pub trait RawAllocator {
     }
 }
 
-impl<A: RawAllocator + ?Sized> RawAllocator for &mut A {
-    type Block = A::Block;
-    type Error = A::Error;
+/// Implements [`RawAllocator`] for a pointer type to an allocator by
+/// forwarding every method to the allocator it points to.
+macro_rules! forward_raw_allocator {
+    ($($ptr:ty),+) => {$(
+        impl<A: RawAllocator + ?Sized> RawAllocator for $ptr {
+            type Block = A::Block;
+            type Error = A::Error;
 
-    #[inline]
-    fn block_key(&self, block: &Self::Block) -> Option<usize> {
-        (**self).block_key(block)
-    }
+            #[inline]
+            fn block_key(&self, block: &Self::Block) -> Option<usize> {
+                (**self).block_key(block)
+            }
 
-    #[inline]
-    fn allocate(&mut self, size: usize) -> Result<Self::Block, Self::Error> {
-        (**self).allocate(size)
-    }
+            #[inline]
+            fn allocate(&mut self, size: usize) -> Result<Self::Block, Self::Error> {
+                (**self).allocate(size)
+            }
 
-    #[inline]
-    unsafe fn deallocate(&mut self, block: Self::Block, size: usize) {
-        // SAFETY: the caller upholds `deallocate`'s contract for the same allocator.
-        unsafe { (**self).deallocate(block, size) }
-    }
+            #[inline]
+            unsafe fn deallocate(&mut self, block: Self::Block, size: usize) {
+                // SAFETY: the caller upholds `deallocate`'s contract for the
+                // same allocator.
+                unsafe { (**self).deallocate(block, size) }
+            }
+        }
+    )+};
 }
 
-impl<A: RawAllocator + ?Sized> RawAllocator for Box<A> {
-    type Block = A::Block;
-    type Error = A::Error;
-
-    #[inline]
-    fn block_key(&self, block: &Self::Block) -> Option<usize> {
-        (**self).block_key(block)
-    }
-
-    #[inline]
-    fn allocate(&mut self, size: usize) -> Result<Self::Block, Self::Error> {
-        (**self).allocate(size)
-    }
-
-    #[inline]
-    unsafe fn deallocate(&mut self, block: Self::Block, size: usize) {
-        // SAFETY: the caller upholds `deallocate`'s contract for the same allocator.
-        unsafe { (**self).deallocate(block, size) }
-    }
-}
+forward_raw_allocator!(&mut A, Box<A>);
 
 /// A block handle that may be sent to, shared with, and released from any
 /// thread: an address, an offset, a device pointer, an id.

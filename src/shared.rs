@@ -635,13 +635,7 @@ impl<A: RawAllocator, P: Policy, C: Clock> Inner<A, P, C> {
             if m.oldest_due(now, tc.ttl) {
                 return Err(true);
             }
-            match m.take(class) {
-                Some(block) => {
-                    m.count_hit(class, size);
-                    Ok(block)
-                }
-                None => Err(false),
-            }
+            m.take_hit(class, size).ok_or(false)
         });
         match found {
             Some(Ok(block)) => Some(block),
@@ -677,13 +671,7 @@ impl<A: RawAllocator, P: Policy, C: Clock> Inner<A, P, C> {
                         if m.oldest_due(now, tc.ttl) {
                             return Err(Some(m.take_due(now, tc.ttl)));
                         }
-                        match m.take(class) {
-                            Some(block) => {
-                                m.count_hit(class, size);
-                                Ok(block)
-                            }
-                            None => Err(None),
-                        }
+                        m.take_hit(class, size).ok_or(None)
                     })
                 })
             };

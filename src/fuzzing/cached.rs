@@ -42,26 +42,14 @@ use crate::shared::{Pooled, SharedPool};
 
 use super::input::{pick, ticks, Common, Config, Kind, SharedOp, MAX_OPS};
 use super::model::model_round;
-use super::{new_parts, Clock, Injecting, Parts, Summary};
+use super::shared::Held;
+use super::{new_parts, Clock, DropOrder, Injecting, Parts, Summary};
 
 type Shared = SharedPool<Injecting, FixedTime, Clock>;
 type Block = Pooled<Injecting, FixedTime, Clock>;
 
 /// A live block of the run.
-enum Holder {
-    Pooled(Block),
-    /// Taken out with `into_raw` or allocated through `with`.
-    Raw(u64, usize),
-}
-
-impl Holder {
-    fn size(&self) -> usize {
-        match self {
-            Holder::Pooled(p) => p.size(),
-            Holder::Raw(_, size) => *size,
-        }
-    }
-}
+type Holder = super::shared::Holder<FixedTime>;
 
 /// What the successful allocations add up to.
 #[derive(Clone, Copy, Debug, Default)]
@@ -72,8 +60,7 @@ struct Served {
 }
 
 struct CachedHarness {
-    handles: Vec<Shared>,
-    slots: Vec<Holder>,
+    held: Held<FixedTime>,
     parts: Parts,
     cfg: Config,
     ttl: u64,
@@ -87,34 +74,20 @@ struct CachedHarness {
     step: usize,
 }
 
-impl Drop for CachedHarness {
-    fn drop(&mut self) {
-        if std::thread::panicking() {
-            // A failed check: dropping the pool could panic again.
-            core::mem::forget(core::mem::take(&mut self.handles));
-            core::mem::forget(core::mem::take(&mut self.slots));
-        }
-    }
-}
-
 impl CachedHarness {
     fn class(&self, size: usize) -> usize {
         model_round(self.cfg.size_class, size).expect("a block's size has a class")
     }
 
     fn live_bytes(&self) -> usize {
-        self.slots
+        self.held
+            .slots
             .iter()
             .fold(0usize, |sum, h| sum.saturating_add(self.class(h.size())))
     }
 
     fn handle(&self) -> Option<&Shared> {
-        self.handles.first().or_else(|| {
-            self.slots.iter().find_map(|s| match s {
-                Holder::Pooled(p) => Some(p.pool()),
-                Holder::Raw(..) => None,
-            })
-        })
+        self.held.handle()
     }
 
     fn serve(&mut self, size: usize) {
@@ -137,7 +110,7 @@ impl CachedHarness {
         let c = &self.parts.checking;
         assert_eq!(
             s.blocks_in_use,
-            self.slots.len() as u64,
+            self.held.slots.len() as u64,
             "{}",
             at("blocks_in_use")
         );
@@ -232,7 +205,7 @@ impl CachedHarness {
         };
         if let Ok(holder) = got {
             self.serve(size);
-            self.slots.push(holder);
+            self.held.slots.push(holder);
         } else if size == 0 {
             assert!(matches!(got, Err(PoolError::ZeroSize)));
         }
@@ -240,7 +213,7 @@ impl CachedHarness {
 
     /// Gives back the i-th live block on this thread; returns its size.
     fn release(&mut self, i: usize, how: u8) -> usize {
-        let holder = self.slots.remove(i);
+        let holder = self.held.slots.remove(i);
         let size = holder.size();
         match holder {
             Holder::Pooled(p) => drop(p),
@@ -270,15 +243,16 @@ impl CachedHarness {
     fn thread_run(&mut self, b: u8) {
         let give = if b % 2 == 1 {
             let last = self
+                .held
                 .slots
                 .iter()
                 .rposition(|s| matches!(s, Holder::Pooled(_)));
-            last.map(|i| self.slots.remove(i))
+            last.map(|i| self.held.slots.remove(i))
         } else {
             None
         };
         let palette = self.cfg.palette.clone();
-        let pool = self.handles[0].clone();
+        let pool = self.held.handles[0].clone();
         let n = 1 + usize::from(b / 2) % 4;
         let main_bytes = self.live_bytes();
         let rule = self.cfg.size_class;
@@ -329,12 +303,12 @@ impl CachedHarness {
         }
         self.peak_in_use = self.peak_in_use.max(main_bytes.saturating_add(most));
         if let Some(p) = kept {
-            self.slots.push(Holder::Pooled(p));
+            self.held.slots.push(Holder::Pooled(p));
         }
     }
 
     fn apply(&mut self, op: SharedOp) {
-        let live = self.slots.len();
+        let live = self.held.slots.len();
         let palette = |i: u8| pick(&self.cfg.palette, i);
         let caches = !matches!(
             op,
@@ -352,12 +326,12 @@ impl CachedHarness {
         match op {
             SharedOp::Allocate { handle, size } => {
                 let size = size.bytes(&self.cfg.palette);
-                let pool = self.handles[usize::from(handle) % self.handles.len()].clone();
+                let pool = self.held.handles[usize::from(handle) % self.held.handles.len()].clone();
                 self.allocate(pool, size, false);
             }
             SharedOp::AllocateViaBlock(b) => self.thread_run(b),
             SharedOp::WithAllocate(i) => {
-                let pool = self.handles[0].clone();
+                let pool = self.held.handles[0].clone();
                 self.allocate(pool, palette(i), true);
             }
             SharedOp::Release { index, how } if live > 0 => {
@@ -365,31 +339,12 @@ impl CachedHarness {
             }
             SharedOp::ReleaseAllocate(i) if live > 0 => {
                 let size = self.release(usize::from(i) % live, 0);
-                let pool = self.handles[0].clone();
+                let pool = self.held.handles[0].clone();
                 self.allocate(pool, size, false);
             }
             SharedOp::Release { .. } | SharedOp::ReleaseAllocate(_) => {}
-            SharedOp::IntoRaw(i) if live > 0 => {
-                let i = usize::from(i) % live;
-                if let Holder::Pooled(_) = self.slots[i] {
-                    let Holder::Pooled(p) =
-                        core::mem::replace(&mut self.slots[i], Holder::Raw(0, 0))
-                    else {
-                        unreachable!()
-                    };
-                    let (block, size) = p.into_raw();
-                    self.slots[i] = Holder::Raw(block, size);
-                }
-            }
-            SharedOp::FromRaw(i) if live > 0 => {
-                let i = usize::from(i) % live;
-                if let Holder::Raw(block, size) = self.slots[i] {
-                    // SAFETY: `block` came from this pool with `size`; the
-                    // slot owned it alone and now the `Pooled` does.
-                    self.slots[i] =
-                        Holder::Pooled(unsafe { Pooled::from_raw(&self.handles[0], block, size) });
-                }
-            }
+            SharedOp::IntoRaw(i) if live > 0 => self.held.make_raw(usize::from(i) % live),
+            SharedOp::FromRaw(i) if live > 0 => self.held.make_pooled(usize::from(i) % live),
             SharedOp::IntoRaw(_) | SharedOp::FromRaw(_) => {}
             SharedOp::Common(Common::Advance { quarters, jitter }) => {
                 let dt = (u64::from(quarters) * self.ttl.max(1) / 4)
@@ -400,9 +355,9 @@ impl CachedHarness {
             SharedOp::Common(Common::FailNext(n)) => self.parts.failing.fail_next(n),
             SharedOp::Common(Common::Inject { .. }) => {}
             SharedOp::Collect => {
-                self.handles[0].collect();
+                self.held.handles[0].collect();
                 if self.now.saturating_sub(self.busy_at) >= self.ttl {
-                    let s = self.handles[0].stats();
+                    let s = self.held.handles[0].stats();
                     assert_eq!(
                         (s.blocks_cached, s.bytes_cached),
                         (0, 0),
@@ -413,22 +368,12 @@ impl CachedHarness {
                 }
             }
             SharedOp::Trim => {
-                self.handles[0].trim();
-                let s = self.handles[0].stats();
+                self.held.handles[0].trim();
+                let s = self.held.handles[0].stats();
                 assert_eq!(s.blocks_cached, 0, "trim leaves nothing cached");
             }
-            SharedOp::CloneHandle => {
-                if self.handles.len() < 8 {
-                    let h = self.handles[self.handles.len() - 1].clone();
-                    self.handles.push(h);
-                }
-            }
-            SharedOp::DropHandle(i) => {
-                if self.handles.len() > 1 {
-                    let i = 1 + usize::from(i) % (self.handles.len() - 1);
-                    drop(self.handles.remove(i));
-                }
-            }
+            SharedOp::CloneHandle => self.held.clone_handle(),
+            SharedOp::DropHandle(i) => self.held.drop_handle(i),
         }
         self.check(&op);
     }
@@ -450,10 +395,9 @@ pub(super) fn run_thread_cached(cfg: Config, ops: &[SharedOp]) -> Summary {
         builder = builder.limit(limit);
     }
     let pool = SharedPool::with_thread_caches(builder.build());
-    let (trim_before_drop, mut seed) = (cfg.trim_before_drop, u64::from(cfg.drop_seed));
+    let (trim_before_drop, mut order) = (cfg.trim_before_drop, DropOrder::new(cfg.drop_seed));
     let mut h = CachedHarness {
-        handles: vec![pool],
-        slots: Vec::new(),
+        held: Held::new(pool),
         parts,
         cfg,
         ttl,
@@ -469,34 +413,25 @@ pub(super) fn run_thread_cached(cfg: Config, ops: &[SharedOp]) -> Summary {
         h.apply(op);
     }
     h.parts.failing.fail_next(0);
-    for i in 0..h.slots.len() {
-        if let Holder::Raw(block, size) = h.slots[i] {
-            // SAFETY: `block` came from this pool with `size`; the slot
-            // owned it alone and now the `Pooled` does.
-            h.slots[i] = Holder::Pooled(unsafe { Pooled::from_raw(&h.handles[0], block, size) });
-        }
-    }
-    let stats = h.handles[0].stats();
+    h.held.all_pooled();
+    let stats = h.held.handles[0].stats();
     if trim_before_drop {
         h.step += 1;
         h.apply(SharedOp::Trim);
     }
     // Drop handles and blocks in a seeded order; the pool goes with the last.
     loop {
-        let (handles, blocks) = (h.handles.len(), h.slots.len());
+        let (handles, blocks) = (h.held.handles.len(), h.held.slots.len());
         let total = handles + blocks;
         if total == 0 {
             break;
         }
-        seed = seed
-            .wrapping_mul(6_364_136_223_846_793_005)
-            .wrapping_add(1_442_695_040_888_963_407);
-        let k = (seed >> 33) as usize % total;
+        let k = order.next(total);
         h.step += 1;
         if k < handles {
-            drop(h.handles.remove(k));
+            drop(h.held.handles.remove(k));
         } else {
-            drop(h.slots.remove(k - handles));
+            drop(h.held.slots.remove(k - handles));
         }
         h.check(&"the end: a drop");
     }

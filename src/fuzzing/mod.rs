@@ -372,14 +372,8 @@ fn quiet_injected_panics() {
 }
 
 /// Checks shared by both harnesses: stats, calls, failing counters.
-fn check_common(
-    stats: Stats,
-    model: &Model,
-    checking: &CheckingAllocator,
-    failing: &Backing,
-    what: &dyn fmt::Debug,
-    step: usize,
-) {
+fn check_common(stats: Stats, model: &Model, parts: &Parts, what: &dyn fmt::Debug, step: usize) {
+    let (checking, failing) = (&parts.checking, &parts.failing);
     model.assert_answers_taken();
     assert_eq!(stats, model.stats(), "stats after step {step}: {what:?}");
     assert_eq!(
@@ -402,6 +396,25 @@ fn check_common(
             stats.blocks_cached <= slots as u64,
             "more blocks than slots"
         );
+    }
+}
+
+/// The seeded order in which the end of a run gives back what it holds:
+/// a linear congruential generator seeded with the input's `drop_seed`.
+struct DropOrder(u64);
+
+impl DropOrder {
+    fn new(seed: u8) -> Self {
+        DropOrder(u64::from(seed))
+    }
+
+    /// Which of `total` things (`total > 0`) goes next.
+    fn next(&mut self, total: usize) -> usize {
+        self.0 = self
+            .0
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        (self.0 >> 33) as usize % total
     }
 }
 

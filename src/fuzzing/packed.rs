@@ -922,13 +922,10 @@ pub fn run_packed(input: &PackedInput) -> PackedSummary {
     // Give everything back, in an order the input chooses.
     h.failing.fail_next(0);
     h.fail_next = 0;
-    let mut seed = u64::from(h.cfg.drop_seed);
+    let mut order = super::DropOrder::new(h.cfg.drop_seed);
     while !h.held.is_empty() {
         h.step += 1;
-        seed = seed
-            .wrapping_mul(6_364_136_223_846_793_005)
-            .wrapping_add(1_442_695_040_888_963_407);
-        let i = (seed >> 33) as usize % h.held.len();
+        let i = order.next(h.held.len());
         h.release(i);
     }
     let (s, ps) = h.stats();

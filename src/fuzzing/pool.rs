@@ -53,14 +53,7 @@ struct PoolHarness<P: Policy> {
 impl<P: Policy> PoolHarness<P> {
     fn check(&mut self, what: &dyn fmt::Debug) {
         let stats = self.pool.stats();
-        check_common(
-            stats,
-            &self.model,
-            &self.parts.checking,
-            &self.parts.failing,
-            what,
-            self.step,
-        );
+        check_common(stats, &self.model, &self.parts, what, self.step);
         self.pool.validate();
     }
 

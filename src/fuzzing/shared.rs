@@ -11,7 +11,7 @@ use super::input::{pick, Config, Fault, Kind, SharedInput, SharedOp, MAX_OPS};
 use super::model::{Frees, Injected, Model};
 use super::{
     apply_common, build, catching, check_common, new_parts, quiet_injected_panics, with_policy,
-    Clock, Injecting, Parts, Probe, Summary,
+    Clock, DropOrder, Injecting, Parts, Probe, Summary,
 };
 
 /// Whether `shared_ops` lets a backing `deallocate` panic on a block that
@@ -64,23 +64,32 @@ pub fn run_shared(input: &SharedInput) -> Summary {
 type Shared<P> = SharedPool<Injecting, P, Clock>;
 
 /// A live block of a `shared_ops` run.
-enum Holder<P: Policy> {
+pub(super) enum Holder<P: Policy> {
     Pooled(Pooled<Injecting, P, Clock>),
     /// Taken out with `into_raw` or allocated through `with`.
     Raw(u64, usize),
 }
 
-struct SharedHarness<P: Policy> {
-    /// The handles; the first stays until the end.
-    handles: Vec<Shared<P>>,
-    /// The live blocks, in the model's `live` order.
-    slots: Vec<Holder<P>>,
-    parts: Parts,
-    model: Model,
-    step: usize,
+impl<P: Policy> Holder<P> {
+    /// The size the block was allocated with.
+    pub(super) fn size(&self) -> usize {
+        match self {
+            Holder::Pooled(p) => p.size(),
+            Holder::Raw(_, size) => *size,
+        }
+    }
 }
 
-impl<P: Policy> Drop for SharedHarness<P> {
+/// The handles and live blocks of a `shared_ops` run (the model's run and
+/// the thread-cached one), and the steps on them both runs take alike.
+pub(super) struct Held<P: Policy> {
+    /// The handles; the first stays until the end.
+    pub(super) handles: Vec<Shared<P>>,
+    /// The live blocks, in the order the run keeps them.
+    pub(super) slots: Vec<Holder<P>>,
+}
+
+impl<P: Policy> Drop for Held<P> {
     fn drop(&mut self) {
         if std::thread::panicking() {
             // A failed check: dropping the pool could panic again.
@@ -90,9 +99,17 @@ impl<P: Policy> Drop for SharedHarness<P> {
     }
 }
 
-impl<P: Policy> SharedHarness<P> {
+impl<P: Policy> Held<P> {
+    /// The first handle, and no block yet.
+    pub(super) fn new(pool: Shared<P>) -> Self {
+        Held {
+            handles: vec![pool],
+            slots: Vec::new(),
+        }
+    }
+
     /// Some handle to the pool, if any is left.
-    fn handle(&self) -> Option<&Shared<P>> {
+    pub(super) fn handle(&self) -> Option<&Shared<P>> {
         self.handles.first().or_else(|| {
             self.slots.iter().find_map(|s| match s {
                 Holder::Pooled(p) => Some(p.pool()),
@@ -101,25 +118,82 @@ impl<P: Policy> SharedHarness<P> {
         })
     }
 
+    /// Takes the i-th block out of its `Pooled` with `into_raw`, if it is
+    /// in one.
+    pub(super) fn make_raw(&mut self, i: usize) {
+        if matches!(self.slots[i], Holder::Pooled(_)) {
+            let Holder::Pooled(p) = core::mem::replace(&mut self.slots[i], Holder::Raw(0, 0))
+            else {
+                unreachable!()
+            };
+            let (block, size) = p.into_raw();
+            self.slots[i] = Holder::Raw(block, size);
+        }
+    }
+
+    /// Puts the i-th block back into a `Pooled` of the first handle with
+    /// `from_raw`, if it is raw.
+    pub(super) fn make_pooled(&mut self, i: usize) {
+        if let Holder::Raw(block, size) = self.slots[i] {
+            // SAFETY: `block` came from this pool with `size` (through
+            // `into_raw` or a raw `allocate`); the slot owned it alone and
+            // now the `Pooled` does.
+            self.slots[i] =
+                Holder::Pooled(unsafe { Pooled::from_raw(&self.handles[0], block, size) });
+        }
+    }
+
+    /// Clones the last handle (a clone of a clone), up to eight handles.
+    pub(super) fn clone_handle(&mut self) {
+        if self.handles.len() < 8 {
+            let h = self.handles[self.handles.len() - 1].clone();
+            assert!(h.ptr_eq(&self.handles[0]));
+            self.handles.push(h);
+        }
+    }
+
+    /// Drops a handle other than the first (the `i`-th of them, modulo
+    /// their count), if there is one.
+    pub(super) fn drop_handle(&mut self, i: u8) {
+        if self.handles.len() > 1 {
+            let i = 1 + usize::from(i) % (self.handles.len() - 1);
+            drop(self.handles.remove(i));
+        }
+    }
+
+    /// Puts every raw block back into a `Pooled` (for the end of a run).
+    pub(super) fn all_pooled(&mut self) {
+        for i in 0..self.slots.len() {
+            self.make_pooled(i);
+        }
+    }
+}
+
+struct SharedHarness<P: Policy> {
+    /// The handles and the live blocks, in the model's `live` order.
+    held: Held<P>,
+    parts: Parts,
+    model: Model,
+    step: usize,
+}
+
+impl<P: Policy> SharedHarness<P> {
+    fn handle(&self) -> Option<&Shared<P>> {
+        self.held.handle()
+    }
+
     fn check(&mut self, what: &dyn fmt::Debug) {
         let Some(pool) = self.handle() else {
             return;
         };
         let stats = pool.stats();
-        check_common(
-            stats,
-            &self.model,
-            &self.parts.checking,
-            &self.parts.failing,
-            what,
-            self.step,
-        );
+        check_common(stats, &self.model, &self.parts, what, self.step);
         pool.with(|p| {
             assert_eq!(p.stats(), stats, "stats through `with`");
             p.validate();
         });
-        assert_eq!(self.slots.len(), self.model.live.len(), "live blocks");
-        for (slot, live) in self.slots.iter().zip(&self.model.live) {
+        assert_eq!(self.held.slots.len(), self.model.live.len(), "live blocks");
+        for (slot, live) in self.held.slots.iter().zip(&self.model.live) {
             match slot {
                 Holder::Pooled(p) => {
                     assert_eq!((**p, p.size()), (live.block, live.size), "a Pooled");
@@ -170,7 +244,7 @@ impl<P: Policy> SharedHarness<P> {
                     assert_eq!(p.size(), size);
                     assert!(p.pool().ptr_eq(&pool));
                 }
-                self.slots.push(holder);
+                self.held.slots.push(holder);
             }
             (Ok(Err(got)), Ok(Err(want))) => {
                 assert_eq!(got, want, "allocate({size}) at step {}", self.step);
@@ -196,7 +270,7 @@ impl<P: Policy> SharedHarness<P> {
     /// panicked.
     fn release(&mut self, i: usize, how: u8) -> (usize, bool) {
         let before = self.parts.checking.calls().len();
-        let (size, got) = match self.slots.remove(i) {
+        let (size, got) = match self.held.slots.remove(i) {
             Holder::Pooled(p) => {
                 self.model.frees = Frees::Deferred;
                 let size = p.size();
@@ -233,17 +307,18 @@ impl<P: Policy> SharedHarness<P> {
     }
 
     fn apply(&mut self, op: SharedOp) {
-        let live = self.slots.len();
+        let live = self.held.slots.len();
         let palette = |i: u8| pick(&self.model.cfg.palette, i);
         match op {
             SharedOp::Allocate { handle, size } => {
                 let size = size.bytes(&self.model.cfg.palette);
-                let pool = self.handles[usize::from(handle) % self.handles.len()].clone();
+                let pool = self.held.handles[usize::from(handle) % self.held.handles.len()].clone();
                 self.allocate(pool, size, false);
             }
             SharedOp::AllocateViaBlock(i) => {
                 let size = palette(i);
                 let pool = self
+                    .held
                     .slots
                     .iter()
                     .rev()
@@ -251,11 +326,11 @@ impl<P: Policy> SharedHarness<P> {
                         Holder::Pooled(p) => Some(p.pool().clone()),
                         Holder::Raw(..) => None,
                     })
-                    .unwrap_or_else(|| self.handles[0].clone());
+                    .unwrap_or_else(|| self.held.handles[0].clone());
                 self.allocate(pool, size, false);
             }
             SharedOp::WithAllocate(i) => {
-                let pool = self.handles[0].clone();
+                let pool = self.held.handles[0].clone();
                 self.allocate(pool, palette(i), true);
             }
             SharedOp::Release { index, how } if live > 0 => {
@@ -264,7 +339,7 @@ impl<P: Policy> SharedHarness<P> {
             SharedOp::ReleaseAllocate(i) if live > 0 => {
                 let (size, released_panicked) = self.release(usize::from(i) % live, 0);
                 let cached = self.model.idle.last().map(|b| b.block);
-                let pool = self.handles[0].clone();
+                let pool = self.held.handles[0].clone();
                 let panicked = self.allocate(pool, size, false);
                 let tail = self.model.live.last().map(|b| b.block);
                 if self.model.reuses_at_once() && !released_panicked && !panicked {
@@ -273,26 +348,11 @@ impl<P: Policy> SharedHarness<P> {
             }
             SharedOp::Release { .. } | SharedOp::ReleaseAllocate(_) => {}
             SharedOp::IntoRaw(i) if live > 0 => {
-                let i = usize::from(i) % live;
-                if matches!(self.slots[i], Holder::Pooled(_)) {
-                    let Holder::Pooled(p) =
-                        core::mem::replace(&mut self.slots[i], Holder::Raw(0, 0))
-                    else {
-                        unreachable!()
-                    };
-                    let (block, size) = p.into_raw();
-                    self.slots[i] = Holder::Raw(block, size);
-                }
+                self.held.make_raw(usize::from(i) % live);
                 self.check(&op);
             }
             SharedOp::FromRaw(i) if live > 0 => {
-                let i = usize::from(i) % live;
-                if let Holder::Raw(block, size) = self.slots[i] {
-                    let pool = self.handles[0].clone();
-                    // SAFETY: `block` came from this pool with `size` and is
-                    // not given back elsewhere: the slot now owns it.
-                    self.slots[i] = Holder::Pooled(unsafe { Pooled::from_raw(&pool, block, size) });
-                }
+                self.held.make_pooled(usize::from(i) % live);
                 self.check(&op);
             }
             SharedOp::IntoRaw(_) | SharedOp::FromRaw(_) => {}
@@ -301,7 +361,7 @@ impl<P: Policy> SharedHarness<P> {
                 self.check(&op);
             }
             SharedOp::Collect => {
-                let pool = &self.handles[0];
+                let pool = &self.held.handles[0];
                 let got = catching(|| pool.collect());
                 self.model.frees = Frees::Deferred;
                 let want = self.model.collect();
@@ -309,7 +369,7 @@ impl<P: Policy> SharedHarness<P> {
                 self.check(&op);
             }
             SharedOp::Trim => {
-                let pool = &self.handles[0];
+                let pool = &self.held.handles[0];
                 let got = catching(|| pool.trim());
                 self.model.frees = Frees::Deferred;
                 let want = self.model.trim();
@@ -317,18 +377,11 @@ impl<P: Policy> SharedHarness<P> {
                 self.check(&op);
             }
             SharedOp::CloneHandle => {
-                if self.handles.len() < 8 {
-                    let h = self.handles[self.handles.len() - 1].clone();
-                    assert!(h.ptr_eq(&self.handles[0]));
-                    self.handles.push(h);
-                }
+                self.held.clone_handle();
                 self.check(&op);
             }
             SharedOp::DropHandle(i) => {
-                if self.handles.len() > 1 {
-                    let i = 1 + usize::from(i) % (self.handles.len() - 1);
-                    drop(self.handles.remove(i));
-                }
+                self.held.drop_handle(i);
                 self.check(&op);
             }
         }
@@ -338,10 +391,9 @@ impl<P: Policy> SharedHarness<P> {
 fn run_shared_with<P: Policy>(policy: P, probe: Probe, cfg: Config, ops: &[SharedOp]) -> Summary {
     let parts = new_parts(&cfg, probe.switches);
     let pool = SharedPool::new(build(policy, &cfg, &parts));
-    let (trim_before_drop, mut seed) = (cfg.trim_before_drop, u64::from(cfg.drop_seed));
+    let (trim_before_drop, mut order) = (cfg.trim_before_drop, DropOrder::new(cfg.drop_seed));
     let mut h = SharedHarness {
-        handles: vec![pool],
-        slots: Vec::new(),
+        held: Held::new(pool),
         parts,
         model: Model::new(cfg, probe.answers),
         step: 0,
@@ -358,36 +410,26 @@ fn run_shared_with<P: Policy>(policy: P, probe: Probe, cfg: Config, ops: &[Share
     h.parts.switches.disarm();
     h.model.armed = [0; 8];
     h.model.frees = Frees::Deferred;
-    // Every raw block goes back into a `Pooled`.
-    for i in 0..h.slots.len() {
-        if let Holder::Raw(block, size) = h.slots[i] {
-            // SAFETY: `block` came from this pool with `size`; the slot
-            // owned it alone and now the `Pooled` does.
-            h.slots[i] = Holder::Pooled(unsafe { Pooled::from_raw(&h.handles[0], block, size) });
-        }
-    }
+    h.held.all_pooled();
     let summary = h
         .model
-        .summary(h.handles[0].stats(), ops.len().min(MAX_OPS));
+        .summary(h.held.handles[0].stats(), ops.len().min(MAX_OPS));
     if trim_before_drop {
         h.step += 1;
         let want = h.model.trim().expect("nothing is armed");
-        assert_eq!(h.handles[0].trim(), want, "final trim");
+        assert_eq!(h.held.handles[0].trim(), want, "final trim");
         h.check(&"final trim");
     }
     // Drop handles and blocks in a seeded order; the pool goes with the last.
     let big_table =
         matches!(h.model.cfg.kind, Kind::FixedCapacity { slots } if slots > FixedCapacity::WINDOW);
     loop {
-        let (handles, blocks) = (h.handles.len(), h.slots.len());
+        let (handles, blocks) = (h.held.handles.len(), h.held.slots.len());
         let total = handles + blocks;
         if total == 0 {
             break;
         }
-        seed = seed
-            .wrapping_mul(6_364_136_223_846_793_005)
-            .wrapping_add(1_442_695_040_888_963_407);
-        let mut k = (seed >> 33) as usize % total;
+        let mut k = order.next(total);
         // With a table larger than its window, the model learns a release's
         // victim from the call log, which the pool's own drop would muddle:
         // the last handle then goes last.
@@ -397,7 +439,7 @@ fn run_shared_with<P: Policy>(policy: P, probe: Probe, cfg: Config, ops: &[Share
         h.step += 1;
         let before = h.parts.checking.calls().len();
         if k < handles {
-            drop(h.handles.remove(k));
+            drop(h.held.handles.remove(k));
             if total == 1 {
                 h.model.drop_pool().expect("nothing is armed");
             } else {
@@ -409,7 +451,7 @@ fn run_shared_with<P: Policy>(policy: P, probe: Probe, cfg: Config, ops: &[Share
             }
         } else {
             let i = k - handles;
-            let Holder::Pooled(p) = h.slots.remove(i) else {
+            let Holder::Pooled(p) = h.held.slots.remove(i) else {
                 unreachable!("every raw block is a Pooled again")
             };
             drop(p);

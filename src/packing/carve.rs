@@ -100,42 +100,30 @@ packable_device!(
     crate::backend::cuda::StreamAllocator
 );
 
-/// Stacking: a pool's blocks are its allocator's blocks.
-impl<A: Packable, P: Policy, C: Clock> Packable for DecayingPool<A, P, C> {
-    #[inline]
-    fn carve(segment: &A::Block, offset: usize) -> A::Block {
-        A::carve(segment, offset)
-    }
+/// Implements [`Packable`] for a type whose blocks are those of the
+/// allocator `A` it wraps or points to, by forwarding to `A`.
+macro_rules! packable_forward {
+    ($([$($generics:tt)*] $t:ty),* $(,)?) => { $(
+        impl<$($generics)*> Packable for $t {
+            #[inline]
+            fn carve(segment: &A::Block, offset: usize) -> A::Block {
+                A::carve(segment, offset)
+            }
 
-    #[inline]
-    fn address(block: &A::Block) -> usize {
-        A::address(block)
-    }
+            #[inline]
+            fn address(block: &A::Block) -> usize {
+                A::address(block)
+            }
+        }
+    )* };
 }
 
-impl<A: Packable + ?Sized> Packable for &mut A {
-    #[inline]
-    fn carve(segment: &A::Block, offset: usize) -> A::Block {
-        A::carve(segment, offset)
-    }
-
-    #[inline]
-    fn address(block: &A::Block) -> usize {
-        A::address(block)
-    }
-}
-
-impl<A: Packable + ?Sized> Packable for Box<A> {
-    #[inline]
-    fn carve(segment: &A::Block, offset: usize) -> A::Block {
-        A::carve(segment, offset)
-    }
-
-    #[inline]
-    fn address(block: &A::Block) -> usize {
-        A::address(block)
-    }
-}
+packable_forward!(
+    // Stacking: a pool's blocks are its allocator's blocks.
+    [A: Packable, P: Policy, C: Clock] DecayingPool<A, P, C>,
+    [A: Packable + ?Sized] &mut A,
+    [A: Packable + ?Sized] Box<A>,
+);
 
 /// Blocks that are plain addresses (`u64`): `segment + offset` (for the
 /// CUDA allocators, the test doubles and the replay's modelled allocator).

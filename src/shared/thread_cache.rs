@@ -302,9 +302,18 @@ impl<B> MagState<B> {
         self.blocks.drain(..due).map(|(b, c, _)| (b, c)).collect()
     }
 
+    /// A hit: the most recently released block of `class` for a request
+    /// of `size`, lent and counted, if the magazine has one.
+    #[inline(always)]
+    pub(super) fn take_hit(&mut self, class: usize, size: usize) -> Option<B> {
+        let block = self.take(class)?;
+        self.count_hit(class, size);
+        Some(block)
+    }
+
     /// The most recently released block of `class`, if any.
     #[inline(always)]
-    pub(super) fn take(&mut self, class: usize) -> Option<B> {
+    fn take(&mut self, class: usize) -> Option<B> {
         let i = self.blocks.iter().rposition(|&(_, c, _)| c == class)?;
         if i + 1 == self.blocks.len() {
             // The usual case: the last block released is reused.
@@ -315,7 +324,7 @@ impl<B> MagState<B> {
 
     /// Counts a hit of `class` for a request of `size` served here.
     #[inline(always)]
-    pub(super) fn count_hit(&mut self, class: usize, size: usize) {
+    fn count_hit(&mut self, class: usize, size: usize) {
         self.lent += 1;
         self.counts.hits += 1;
         // Saturating, as the pool's own counters: a class near

@@ -868,6 +868,15 @@ enum Told {
     },
 }
 
+/// The frees a user policy was told of, in order.
+fn frees(log: &RefCell<Vec<Told>>) -> Vec<Told> {
+    log.borrow()
+        .iter()
+        .copied()
+        .filter(|t| matches!(t, Told::Free { .. }))
+        .collect()
+}
+
 /// Keeps at most `max` idle bytes, and records every call it receives.
 struct MaxIdle {
     max: usize,
@@ -1084,14 +1093,8 @@ fn user_policy_hears_of_limit_and_retry_frees() {
     // 400 cached + 200 > 500: the limit frees the oldest block.
     clock.set(ms(1));
     let big = pool.allocate(200).unwrap();
-    let frees: Vec<Told> = log
-        .borrow()
-        .iter()
-        .copied()
-        .filter(|t| matches!(t, Told::Free { .. }))
-        .collect();
     assert_eq!(
-        frees,
+        frees(&log),
         vec![Told::Free {
             now: ms(1),
             size: 100,
@@ -1105,14 +1108,8 @@ fn user_policy_hears_of_limit_and_retry_frees() {
     alloc.fail_next(1);
     clock.set(ms(2));
     let other = pool.allocate(50).unwrap();
-    let frees: Vec<Told> = log
-        .borrow()
-        .iter()
-        .copied()
-        .filter(|t| matches!(t, Told::Free { .. }))
-        .collect();
     assert_eq!(
-        frees,
+        frees(&log),
         vec![
             Told::Free {
                 now: ms(2),

@@ -152,6 +152,83 @@ fn random_sequences_respect_capacity_and_free_exactly_once() {
     }
 }
 
+/// What a table whose window is the whole table does: a hit takes the
+/// newest (`Lifo`) or oldest (`Fifo`) cached block of its class, a release
+/// into a full table evicts the globally oldest block.
+struct OldestFirst {
+    slots: usize,
+    reuse: Reuse,
+    /// The cached blocks (id, class), oldest first.
+    cached: VecDeque<(u64, usize)>,
+    /// The blocks evicted, in order.
+    freed: Vec<u64>,
+}
+
+impl OldestFirst {
+    fn new(slots: usize, reuse: Reuse) -> Self {
+        OldestFirst {
+            slots,
+            reuse,
+            cached: VecDeque::new(),
+            freed: Vec::new(),
+        }
+    }
+
+    /// The block a request of `size` must hit, taken out of the cache
+    /// (`None`: a miss).
+    fn hit(&mut self, size: usize) -> Option<u64> {
+        match self.reuse {
+            Reuse::Lifo => self.cached.iter().rposition(|e| e.1 == size),
+            Reuse::Fifo => self.cached.iter().position(|e| e.1 == size),
+        }
+        .map(|i| self.cached.remove(i).unwrap().0)
+    }
+
+    /// A release of `b`: into a full table, the oldest block goes first.
+    fn release(&mut self, b: u64, size: usize) {
+        if self.cached.len() == self.slots {
+            self.freed.push(self.cached.pop_front().unwrap().0);
+        }
+        self.cached.push_back((b, size));
+    }
+
+    /// 2000 random steps on `pool` (over `alloc`), checked against the
+    /// model after each: an allocation of `100 * (1 + k)` bytes (`k` below
+    /// `kinds`), or the release of a held block. Checks the block each hit
+    /// hands out, the blocks evicted and the count cached, and validates
+    /// the pool. Returns the blocks still held.
+    fn walk(
+        &mut self,
+        pool: &mut FixedPool,
+        alloc: &CheckingAllocator,
+        seed: u64,
+        kinds: u64,
+    ) -> Vec<(u64, usize)> {
+        let (slots, reuse) = (self.slots, self.reuse);
+        let mut rng = Lcg(seed);
+        let mut held: Vec<(u64, usize)> = Vec::new();
+        for _ in 0..2000 {
+            if held.is_empty() || rng.below(2) == 0 {
+                let size = 100 * (1 + rng.below(kinds) as usize);
+                let want = self.hit(size);
+                let got = pool.allocate(size).unwrap();
+                if let Some(id) = want {
+                    assert_eq!(got, id, "slots {slots}, {reuse:?}");
+                }
+                held.push((got, size));
+            } else {
+                let (b, size) = held.swap_remove(rng.below(held.len() as u64) as usize);
+                self.release(b, size);
+                put(pool, b, size);
+            }
+            assert_eq!(freed_ids(alloc), self.freed, "slots {slots}, {reuse:?}");
+            assert_eq!(pool.stats().blocks_cached as usize, self.cached.len());
+            pool.validate();
+        }
+        held
+    }
+}
+
 /// With `slots <= WINDOW` the window is the whole table: a release into a
 /// full table evicts the globally oldest block, and a hit takes the newest
 /// (LIFO) or oldest (FIFO) block of its class. An exact model, on random
@@ -161,47 +238,17 @@ fn random_sequences_respect_capacity_and_free_exactly_once() {
 fn small_tables_evict_the_oldest_block() {
     for slots in 1..=FixedCapacity::WINDOW {
         for reuse in [Reuse::Lifo, Reuse::Fifo] {
-            let mut rng = Lcg(slots as u64 * 1009 + reuse as u64);
             let (mut pool, alloc) = fixed_pool(slots, reuse);
-            // (id, class), oldest first.
-            let mut model: VecDeque<(u64, usize)> = VecDeque::new();
-            let mut model_freed = Vec::new();
-            let mut held: Vec<(u64, usize)> = Vec::new();
-            for _ in 0..2000 {
-                if held.is_empty() || rng.below(2) == 0 {
-                    let size = 100 * (1 + rng.below(4) as usize);
-                    let want = match reuse {
-                        Reuse::Lifo => model.iter().rposition(|e| e.1 == size),
-                        Reuse::Fifo => model.iter().position(|e| e.1 == size),
-                    }
-                    .map(|i| model.remove(i).unwrap().0);
-                    let got = pool.allocate(size).unwrap();
-                    if let Some(id) = want {
-                        assert_eq!(got, id, "slots {slots}, {reuse:?}");
-                    }
-                    held.push((got, size));
-                } else {
-                    let (b, size) = held.swap_remove(rng.below(held.len() as u64) as usize);
-                    if model.len() == slots {
-                        model_freed.push(model.pop_front().unwrap().0);
-                    }
-                    model.push_back((b, size));
-                    put(&mut pool, b, size);
-                }
-                assert_eq!(freed_ids(&alloc), model_freed, "slots {slots}, {reuse:?}");
-                assert_eq!(pool.stats().blocks_cached as usize, model.len());
-            }
+            let mut model = OldestFirst::new(slots, reuse);
+            let held = model.walk(&mut pool, &alloc, slots as u64 * 1009 + reuse as u64, 4);
             // Trim frees oldest first, too.
-            for (b, size) in held.drain(..) {
-                if model.len() == slots {
-                    model_freed.push(model.pop_front().unwrap().0);
-                }
-                model.push_back((b, size));
+            for (b, size) in held {
+                model.release(b, size);
                 put(&mut pool, b, size);
             }
             pool.trim();
-            model_freed.extend(model.drain(..).map(|e| e.0));
-            assert_eq!(freed_ids(&alloc), model_freed);
+            model.freed.extend(model.cached.drain(..).map(|e| e.0));
+            assert_eq!(freed_ids(&alloc), model.freed);
             drop(pool);
             alloc.assert_all_freed();
         }
@@ -406,41 +453,14 @@ fn per_size_beyond_one_group_of_tags() {
 fn whole_table_windows_of_several_groups_evict_the_oldest_block() {
     for slots in [9usize, 12, 16, 17, 24] {
         for reuse in [Reuse::Lifo, Reuse::Fifo] {
-            let mut rng = Lcg(slots as u64 * 7919 + reuse as u64);
             let alloc = CheckingAllocator::new();
             let mut pool = DecayingPool::builder(alloc.clone())
                 .policy(FixedCapacity::new(slots).per_size(slots))
                 .reuse(reuse)
                 .build();
-            let mut model: VecDeque<(u64, usize)> = VecDeque::new();
-            let mut model_freed = Vec::new();
-            let mut held: Vec<(u64, usize)> = Vec::new();
-            for _ in 0..2000 {
-                if held.is_empty() || rng.below(2) == 0 {
-                    let size = 100 * (1 + rng.below(6) as usize);
-                    let want = match reuse {
-                        Reuse::Lifo => model.iter().rposition(|e| e.1 == size),
-                        Reuse::Fifo => model.iter().position(|e| e.1 == size),
-                    }
-                    .map(|i| model.remove(i).unwrap().0);
-                    let got = pool.allocate(size).unwrap();
-                    if let Some(id) = want {
-                        assert_eq!(got, id, "slots {slots}, {reuse:?}");
-                    }
-                    held.push((got, size));
-                } else {
-                    let (b, size) = held.swap_remove(rng.below(held.len() as u64) as usize);
-                    if model.len() == slots {
-                        model_freed.push(model.pop_front().unwrap().0);
-                    }
-                    model.push_back((b, size));
-                    put(&mut pool, b, size);
-                }
-                assert_eq!(freed_ids(&alloc), model_freed, "slots {slots}, {reuse:?}");
-                assert_eq!(pool.stats().blocks_cached as usize, model.len());
-                pool.validate();
-            }
-            for (b, size) in held.drain(..) {
+            let mut model = OldestFirst::new(slots, reuse);
+            let held = model.walk(&mut pool, &alloc, slots as u64 * 7919 + reuse as u64, 6);
+            for (b, size) in held {
                 put(&mut pool, b, size);
             }
             drop(pool);

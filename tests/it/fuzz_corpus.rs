@@ -11,8 +11,8 @@
 //! DECAYING_POOL_WRITE_CORPUS=1 cargo test --test it fuzz_corpus::write_seed_corpus -- --ignored
 //! ```
 
-use crate::support::noise;
-use std::path::{Path, PathBuf};
+use crate::support::{assert_corpus_holds, noise, replay_corpus, write_corpus};
+use std::path::Path;
 
 use decaying_pool::fuzzing::{self, Kind, Summary, FAULTS};
 use decaying_pool::FixedCapacity;
@@ -1046,37 +1046,6 @@ fn thread_cache_seeds() -> Vec<(&'static str, Cfg, Vec<Vec<u8>>)> {
 
 // --- replay -----------------------------------------------------------------
 
-fn corpus_dir(target: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("fuzz/corpus")
-        .join(target)
-}
-
-/// Runs every file of a target's corpus; returns the summaries.
-fn replay(target: &str, run: fn(&[u8]) -> Option<Summary>) -> Vec<Summary> {
-    let dir = corpus_dir(target);
-    let mut files: Vec<_> = std::fs::read_dir(&dir)
-        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
-        .map(|e| e.expect("a corpus entry").path())
-        .filter(|p| p.is_file())
-        .collect();
-    files.sort();
-    files
-        .iter()
-        .filter_map(|path| {
-            let data = std::fs::read(path).expect("a corpus file");
-            let out = std::panic::catch_unwind(|| run(&data));
-            match out {
-                Ok(summary) => summary,
-                Err(panic) => {
-                    eprintln!("corpus file {} failed", path.display());
-                    std::panic::resume_unwind(panic)
-                }
-            }
-        })
-        .collect()
-}
-
 /// The committed corpus, checked to hold the seeds, replayed; in a packaged
 /// crate, which has no `fuzz/` directory (a package of its own), the seeds
 /// themselves.
@@ -1086,28 +1055,11 @@ fn corpus_or_seeds(
     run: fn(&[u8]) -> Option<Summary>,
 ) -> Vec<Summary> {
     if Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz").is_dir() {
-        assert_holds_seeds(target, seeds);
-        replay(target, run)
+        assert_corpus_holds(target, seeds, "tests/it/fuzz_corpus.rs");
+        replay_corpus(target, run)
     } else {
         eprintln!("no fuzz/ directory (a packaged crate): replaying the {target} seeds only");
         seeds.iter().filter_map(|(_, bytes)| run(bytes)).collect()
-    }
-}
-
-fn assert_holds_seeds(target: &str, seeds: &[(String, Vec<u8>)]) {
-    for (name, bytes) in seeds {
-        let path = corpus_dir(target).join(name);
-        let on_disk = std::fs::read(&path).unwrap_or_else(|e| {
-            panic!(
-                "{}: {e} (regenerate: see tests/it/fuzz_corpus.rs)",
-                path.display()
-            )
-        });
-        assert!(
-            on_disk == *bytes,
-            "{} differs from its seed (regenerate: see tests/it/fuzz_corpus.rs)",
-            path.display()
-        );
     }
 }
 
@@ -1263,15 +1215,5 @@ fn thread_cached_runs_use_magazines() {
 #[test]
 #[ignore = "writes the seed corpus; run by hand"]
 fn write_seed_corpus() {
-    if std::env::var_os("DECAYING_POOL_WRITE_CORPUS").is_none() {
-        eprintln!("set DECAYING_POOL_WRITE_CORPUS=1 to write the seed corpus");
-        return;
-    }
-    for (target, seeds) in [("pool_ops", pool_seeds()), ("shared_ops", shared_seeds())] {
-        let dir = corpus_dir(target);
-        std::fs::create_dir_all(&dir).expect("the corpus directory");
-        for (name, bytes) in seeds {
-            std::fs::write(dir.join(name), bytes).expect("a seed file");
-        }
-    }
+    write_corpus([("pool_ops", pool_seeds()), ("shared_ops", shared_seeds())]);
 }

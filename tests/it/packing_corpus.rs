@@ -11,8 +11,7 @@
 //! DECAYING_POOL_WRITE_CORPUS=1 cargo test --test it packing_corpus::write_packed_corpus -- --ignored
 //! ```
 
-use crate::support::noise;
-use std::path::PathBuf;
+use crate::support::{assert_corpus_holds, noise, replay_corpus, write_corpus};
 
 use decaying_pool::fuzzing_packed::{self, PackedSummary};
 
@@ -350,48 +349,13 @@ fn seeds() -> Vec<(String, Vec<u8>)> {
     out
 }
 
-fn corpus_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fuzz/corpus/packed_ops")
-}
-
 #[test]
 #[cfg_attr(miri, ignore)] // reads files
 fn packed_ops_corpus_replays() {
-    let dir = corpus_dir();
-    let mut paths: Vec<PathBuf> = std::fs::read_dir(&dir)
-        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
-        .map(|e| e.expect("a corpus entry").path())
-        .collect();
-    paths.sort();
-    assert!(!paths.is_empty(), "the packed_ops corpus is empty");
-    let mut summaries: Vec<PackedSummary> = Vec::new();
-    for path in &paths {
-        let data = std::fs::read(path).expect("a corpus file");
-        let summary = std::panic::catch_unwind(|| fuzzing_packed::packed_ops(&data));
-        match summary {
-            Ok(Some(s)) => summaries.push(s),
-            Ok(None) => {}
-            Err(panic) => {
-                eprintln!("corpus file {} failed", path.display());
-                std::panic::resume_unwind(panic);
-            }
-        }
-    }
+    let summaries = replay_corpus("packed_ops", fuzzing_packed::packed_ops);
+    assert!(!summaries.is_empty(), "the packed_ops corpus is empty");
     // The committed corpus holds every seed, byte for byte.
-    for (name, bytes) in seeds() {
-        let path = dir.join(&name);
-        let on_disk = std::fs::read(&path).unwrap_or_else(|e| {
-            panic!(
-                "{}: {e} (regenerate: see tests/it/packing_corpus.rs)",
-                path.display()
-            )
-        });
-        assert!(
-            on_disk == bytes,
-            "{} differs from its seed (regenerate: see tests/it/packing_corpus.rs)",
-            path.display()
-        );
-    }
+    assert_corpus_holds("packed_ops", &seeds(), "tests/it/packing_corpus.rs");
     // And reaches every path of the layer.
     let reach = |what: &str, f: &dyn Fn(&PackedSummary) -> bool| {
         assert!(summaries.iter().any(f), "no corpus input reaches {what}");
@@ -427,13 +391,5 @@ fn packed_seeds_pass_the_harness() {
 #[test]
 #[ignore = "writes the seed corpus; run by hand"]
 fn write_packed_corpus() {
-    if std::env::var_os("DECAYING_POOL_WRITE_CORPUS").is_none() {
-        eprintln!("set DECAYING_POOL_WRITE_CORPUS=1 to write the seed corpus");
-        return;
-    }
-    let dir = corpus_dir();
-    std::fs::create_dir_all(&dir).expect("the corpus directory");
-    for (name, bytes) in seeds() {
-        std::fs::write(dir.join(name), bytes).expect("a corpus file");
-    }
+    write_corpus([("packed_ops", seeds())]);
 }

@@ -4,19 +4,31 @@
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use decaying_pool::testing::{CheckingAllocator, PanickingClock};
-use decaying_pool::{DecayingPool, ManualClock, Packing};
+use decaying_pool::{DecayingPool, FixedTime, ManualClock, PackedPool, Packing};
+
+/// A packed pool (default packing and policy) over a checking allocator
+/// that hands out addresses, on a clock that panics on demand; with the
+/// allocator and the clock.
+fn packed_pool() -> (
+    PackedPool<CheckingAllocator, FixedTime, PanickingClock>,
+    CheckingAllocator,
+    PanickingClock,
+) {
+    let alloc = CheckingAllocator::with_addresses();
+    let clock = PanickingClock::new(ManualClock::new());
+    let pool = DecayingPool::builder(alloc.clone())
+        .clock(clock.clone())
+        .packing(Packing::default())
+        .build();
+    (pool, alloc, clock)
+}
 
 /// A clock panic on each of the calls a medium allocate makes (the policy
 /// run, the segment's miss): the layer stays consistent, and every block
 /// is freed at drop.
 #[test]
 fn clock_panics_in_packed_allocate_lose_no_segment() {
-    let alloc = CheckingAllocator::with_addresses();
-    let clock = PanickingClock::new(ManualClock::new());
-    let mut pool = DecayingPool::builder(alloc.clone())
-        .clock(clock.clone())
-        .packing(Packing::default())
-        .build();
+    let (mut pool, alloc, clock) = packed_pool();
     let b = pool.allocate(100).unwrap();
     let mut panicked = 0;
     for n in 1..6 {
@@ -45,12 +57,7 @@ fn clock_panics_in_packed_allocate_lose_no_segment() {
 /// running the policy, and a panic there stranded the segment.)
 #[test]
 fn clock_panic_in_packed_release_loses_no_segment() {
-    let alloc = CheckingAllocator::with_addresses();
-    let clock = PanickingClock::new(ManualClock::new());
-    let mut pool = DecayingPool::builder(alloc.clone())
-        .clock(clock.clone())
-        .packing(Packing::default())
-        .build();
+    let (mut pool, alloc, clock) = packed_pool();
     let a = pool.allocate(100).unwrap();
     let b = pool.allocate(100).unwrap();
     clock.switch().panic_on(1);

@@ -15,7 +15,8 @@ use decaying_pool::testing::{
     PanickingPolicy, PolicySwitches,
 };
 use decaying_pool::{
-    DecayingPool, Exponential, FixedCapacity, FixedTime, ManualClock, Reuse, SharedPool,
+    DecayingPool, Exponential, FixedCapacity, FixedTime, ManualClock, Policy, RawAllocator, Reuse,
+    SharedPool,
 };
 
 /// The message of a panic payload.
@@ -41,6 +42,51 @@ fn assert_injected<R>(r: std::thread::Result<R>) {
 }
 
 const SECOND: Duration = Duration::from_secs(1);
+
+/// A pool over a checking allocator and a manual clock (at zero) whose
+/// one-second `FixedTime` policy panics on demand; with the allocator, the
+/// clock and the policy's switches.
+fn policy_panicking_pool() -> (
+    DecayingPool<CheckingAllocator, PanickingPolicy<FixedTime>, ManualClock>,
+    CheckingAllocator,
+    ManualClock,
+    PolicySwitches,
+) {
+    let alloc = CheckingAllocator::new();
+    let clock = ManualClock::new();
+    let policy = PanickingPolicy::new(FixedTime::new(SECOND));
+    let switches = policy.switches();
+    let pool = DecayingPool::builder(alloc.clone())
+        .policy(policy)
+        .clock(clock.clone())
+        .build();
+    (pool, alloc, clock, switches)
+}
+
+/// Caches a block of 10 bytes and lets it fall due (a one-second
+/// time-to-live), then releases a block of 20 bytes with a panic armed by
+/// `arm`: asserts that the release passed the injected panic on and that
+/// the pool still validates. Returns the block of 10 bytes.
+fn release_beside_a_due_block<A, P>(
+    pool: &mut DecayingPool<A, P, ManualClock>,
+    clock: &ManualClock,
+    arm: impl FnOnce(),
+) -> u64
+where
+    A: RawAllocator<Block = u64>,
+    A::Error: core::fmt::Debug,
+    P: Policy,
+{
+    let (a, b) = (pool.allocate(10).unwrap(), pool.allocate(20).unwrap());
+    // SAFETY: every block here came from this pool with this size, released once.
+    unsafe { pool.release(a, 10) };
+    clock.advance(SECOND);
+    arm();
+    // SAFETY: as above.
+    assert_injected(quiet(|| unsafe { pool.release(b, 20) }));
+    pool.validate();
+    a
+}
 
 // ---------------------------------------------------------------------------
 // A panic during `release`
@@ -83,28 +129,14 @@ fn a_release_whose_clock_panics_frees_the_block() {
 /// was looking at stays cached (it goes at the next run).
 #[test]
 fn a_release_whose_policy_panics_caches_the_block() {
-    let alloc = CheckingAllocator::new();
-    let clock = ManualClock::new();
-    let policy = PanickingPolicy::new(FixedTime::new(SECOND));
-    let switches = policy.switches();
-    let mut pool = DecayingPool::builder(alloc.clone())
-        .policy(policy)
-        .clock(clock.clone())
-        .build();
-    let (a, b) = (pool.allocate(10).unwrap(), pool.allocate(20).unwrap());
-    // SAFETY: every block here came from this pool with this size, released once.
-    unsafe { pool.release(a, 10) };
-    clock.advance(SECOND);
-    switches.must_evict.panic_on(1);
-    // SAFETY: as above.
-    assert_injected(quiet(|| unsafe { pool.release(b, 20) }));
-    pool.validate();
+    let (mut pool, alloc, clock, switches) = policy_panicking_pool();
+    release_beside_a_due_block(&mut pool, &clock, || switches.must_evict.panic_on(1));
     let s = pool.stats();
     assert_eq!(
         (s.blocks_in_use, s.blocks_cached, s.bytes_cached),
         (0, 2, 30)
     );
-    // `a` is due, `b` was cached at the release's time.
+    // The block of 10 is due, that of 20 was cached at the release's time.
     assert_eq!(pool.collect(), 1);
     assert_eq!(pool.stats().bytes_cached, 20);
     clock.advance(SECOND);
@@ -117,22 +149,8 @@ fn a_release_whose_policy_panics_caches_the_block() {
 /// `on_free` panics while the release's policy run evicts: same outcome.
 #[test]
 fn a_release_whose_on_free_panics_caches_the_block() {
-    let alloc = CheckingAllocator::new();
-    let clock = ManualClock::new();
-    let policy = PanickingPolicy::new(FixedTime::new(SECOND));
-    let switches = policy.switches();
-    let mut pool = DecayingPool::builder(alloc.clone())
-        .policy(policy)
-        .clock(clock.clone())
-        .build();
-    let (a, b) = (pool.allocate(10).unwrap(), pool.allocate(20).unwrap());
-    // SAFETY: every block here came from this pool with this size, released once.
-    unsafe { pool.release(a, 10) };
-    clock.advance(SECOND);
-    switches.on_free.panic_on(1);
-    // SAFETY: as above.
-    assert_injected(quiet(|| unsafe { pool.release(b, 20) }));
-    pool.validate();
+    let (mut pool, alloc, clock, switches) = policy_panicking_pool();
+    release_beside_a_due_block(&mut pool, &clock, || switches.on_free.panic_on(1));
     let s = pool.stats();
     assert_eq!((s.blocks_in_use, s.blocks_cached), (0, 2), "{s:?}");
     drop(pool);
@@ -150,14 +168,7 @@ fn a_release_whose_eviction_deallocate_panics_caches_the_block() {
         .policy(FixedTime::new(SECOND))
         .clock(clock.clone())
         .build();
-    let (a, b) = (pool.allocate(10).unwrap(), pool.allocate(20).unwrap());
-    // SAFETY: every block here came from this pool with this size, released once.
-    unsafe { pool.release(a, 10) };
-    clock.advance(SECOND);
-    alloc.on_deallocate().panic_on(1);
-    // SAFETY: as above.
-    assert_injected(quiet(|| unsafe { pool.release(b, 20) }));
-    pool.validate();
+    let a = release_beside_a_due_block(&mut pool, &clock, || alloc.on_deallocate().panic_on(1));
     let s = pool.stats();
     assert_eq!(
         (
@@ -179,13 +190,7 @@ fn a_release_whose_eviction_deallocate_panics_caches_the_block() {
 /// before it gave one: either way the block is where the counters say.
 #[test]
 fn panics_in_on_release_and_on_hit_keep_the_block_accounted() {
-    let alloc = CheckingAllocator::new();
-    let policy = PanickingPolicy::new(FixedTime::new(SECOND));
-    let switches = policy.switches();
-    let mut pool = DecayingPool::builder(alloc.clone())
-        .policy(policy)
-        .clock(ManualClock::new())
-        .build();
+    let (mut pool, alloc, _, switches) = policy_panicking_pool();
     let b = pool.allocate(10).unwrap();
     switches.on_release.panic_on(1);
     // SAFETY: `b` came from this pool with this size, released once.
@@ -360,12 +365,10 @@ fn five_cached<A: decaying_pool::RawAllocator<Block = u64>>(
     (pool, switches)
 }
 
-/// The first of five `deallocate` calls panics as the pool drops: the
-/// other four blocks are still freed, and the panic is passed on.
-#[test]
-fn dropping_a_pool_offers_every_block_when_a_deallocate_panics() {
-    let alloc = PanickingAllocator::new(CheckingAllocator::new());
-    let (pool, _) = five_cached(alloc.clone(), PanickingClock::default());
+/// Drops `pool` (five blocks cached over `alloc`, the last handle) with
+/// the first `deallocate` armed to panic: asserts that the panic is passed
+/// on and the other four blocks are still freed.
+fn assert_drop_offers_every_block<T>(pool: T, alloc: &PanickingAllocator<CheckingAllocator>) {
     alloc.on_deallocate().panic_on(1);
     assert_injected(quiet(move || drop(pool)));
     assert_eq!(alloc.on_deallocate().calls(), 5, "every block offered");
@@ -373,16 +376,40 @@ fn dropping_a_pool_offers_every_block_when_a_deallocate_panics() {
     assert_eq!(alloc.inner().live(), 1, "only the panicking call's block");
 }
 
+/// Drops `pool` (five blocks cached over `alloc`, the last handle) while
+/// its thread unwinds from a user's panic, with the `nth` `deallocate`
+/// armed to panic: asserts no abort, the user's panic goes on, every other
+/// block is freed.
+fn assert_drop_while_unwinding_does_not_abort<T>(
+    pool: T,
+    alloc: &PanickingAllocator<CheckingAllocator>,
+    nth: u64,
+) {
+    alloc.on_deallocate().panic_on(nth);
+    let r = quiet(move || {
+        let _pool = pool;
+        panic!("the user's panic");
+    });
+    assert_eq!(message(&*r.unwrap_err()), "the user's panic");
+    assert_eq!(alloc.on_deallocate().calls(), 5);
+    assert_eq!(alloc.inner().live(), 1);
+}
+
+/// The first of five `deallocate` calls panics as the pool drops: the
+/// other four blocks are still freed, and the panic is passed on.
+#[test]
+fn dropping_a_pool_offers_every_block_when_a_deallocate_panics() {
+    let alloc = PanickingAllocator::new(CheckingAllocator::new());
+    let (pool, _) = five_cached(alloc.clone(), PanickingClock::default());
+    assert_drop_offers_every_block(pool, &alloc);
+}
+
 /// The same through the last `SharedPool` handle.
 #[test]
 fn dropping_a_shared_pool_offers_every_block_when_a_deallocate_panics() {
     let alloc = PanickingAllocator::new(CheckingAllocator::new());
     let pool = SharedPool::new(five_cached(alloc.clone(), PanickingClock::default()).0);
-    alloc.on_deallocate().panic_on(1);
-    assert_injected(quiet(move || drop(pool)));
-    assert_eq!(alloc.on_deallocate().calls(), 5, "every block offered");
-    assert_eq!(alloc.inner().deallocs(), 4, "the other four freed");
-    assert_eq!(alloc.inner().live(), 1, "only the panicking call's block");
+    assert_drop_offers_every_block(pool, &alloc);
 }
 
 /// A pool dropped while its thread unwinds, whose `deallocate` panics:
@@ -391,14 +418,7 @@ fn dropping_a_shared_pool_offers_every_block_when_a_deallocate_panics() {
 fn dropping_a_pool_while_unwinding_does_not_abort() {
     let alloc = PanickingAllocator::new(CheckingAllocator::new());
     let (pool, _) = five_cached(alloc.clone(), PanickingClock::default());
-    alloc.on_deallocate().panic_on(2);
-    let r = quiet(move || {
-        let _pool = pool;
-        panic!("the user's panic");
-    });
-    assert_eq!(message(&*r.unwrap_err()), "the user's panic");
-    assert_eq!(alloc.on_deallocate().calls(), 5);
-    assert_eq!(alloc.inner().live(), 1);
+    assert_drop_while_unwinding_does_not_abort(pool, &alloc, 2);
 }
 
 /// The same for a `SharedPool` whose last handle drops during unwinding.
@@ -406,14 +426,7 @@ fn dropping_a_pool_while_unwinding_does_not_abort() {
 fn dropping_a_shared_pool_while_unwinding_does_not_abort() {
     let alloc = PanickingAllocator::new(CheckingAllocator::new());
     let pool = SharedPool::new(five_cached(alloc.clone(), PanickingClock::default()).0);
-    alloc.on_deallocate().panic_on(1);
-    let r = quiet(move || {
-        let _pool = pool;
-        panic!("the user's panic");
-    });
-    assert_eq!(message(&*r.unwrap_err()), "the user's panic");
-    assert_eq!(alloc.on_deallocate().calls(), 5);
-    assert_eq!(alloc.inner().live(), 1);
+    assert_drop_while_unwinding_does_not_abort(pool, &alloc, 1);
 }
 
 /// `on_free` panics as the pool drops: every block still goes back.

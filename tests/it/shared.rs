@@ -6,7 +6,7 @@
 //! promised `Send`/`Sync` bounds.
 
 use crate::support::Rng;
-use crate::support::{assert_send, quiet};
+use crate::support::{assert_send, churn, quiet};
 use core::convert::Infallible;
 use core::ptr::NonNull;
 use core::time::Duration;
@@ -19,8 +19,8 @@ use std::time::Instant;
 use decaying_pool::policy::{EvictionPolicy, Oldest};
 use decaying_pool::testing::CheckingAllocator;
 use decaying_pool::{
-    DecayingPool, Exponential, FixedCapacity, FixedTime, ManualClock, MonotonicClock, PoolError,
-    Pooled, RawAllocator, Reaper, SharedPool, SystemAllocator,
+    Builder, DecayingPool, Exponential, FixedCapacity, FixedTime, ManualClock, MonotonicClock,
+    PoolError, Pooled, RawAllocator, Reaper, SharedPool, SystemAllocator,
 };
 
 // ---------------------------------------------------------------------------
@@ -251,21 +251,7 @@ fn threads_with_the_checking_allocator_account_exactly() {
         .map(|t| {
             let pool = pool.clone();
             let clock = clock.clone();
-            thread::spawn(move || {
-                let mut rng = Rng(t * 7919 + 1);
-                let mut held = Vec::new();
-                for _ in 0..ops(3_000) {
-                    if held.len() < 8 && rng.below(2) == 0 {
-                        held.push(pool.allocate(1 + rng.below(5) as usize * 512).unwrap());
-                    } else if !held.is_empty() {
-                        let k = rng.below(held.len() as u64) as usize;
-                        held.swap_remove(k);
-                    }
-                    if rng.below(16) == 0 {
-                        clock.advance(Duration::from_millis(1));
-                    }
-                }
-            })
+            thread::spawn(move || churn(&pool, &clock, t * 7919 + 1, ops(3_000), 8, 5))
         })
         .collect();
     for w in workers {
@@ -569,16 +555,25 @@ impl RawAllocator for Panicky {
     }
 }
 
-#[test]
-fn a_panicking_deallocator_poisons_nothing_and_loses_nothing() {
+/// A fresh [`Panicky`], a manual clock at zero, and a builder over them
+/// with one-second fixed-time decay.
+fn panicky() -> (
+    Panicky,
+    ManualClock,
+    Builder<Panicky, FixedTime, ManualClock>,
+) {
     let alloc = Panicky::default();
     let clock = ManualClock::new();
-    let pool = SharedPool::new(
-        DecayingPool::builder(alloc.clone())
-            .policy(FixedTime::new(Duration::from_secs(1)))
-            .clock(clock.clone())
-            .build(),
-    );
+    let builder = DecayingPool::builder(alloc.clone())
+        .policy(FixedTime::new(Duration::from_secs(1)))
+        .clock(clock.clone());
+    (alloc, clock, builder)
+}
+
+#[test]
+fn a_panicking_deallocator_poisons_nothing_and_loses_nothing() {
+    let (alloc, clock, builder) = panicky();
+    let pool = SharedPool::new(builder.build());
 
     // 1. A panic in `trim`.
     drop(pool.allocate(10).unwrap());
@@ -644,15 +639,8 @@ fn a_panicking_deallocator_poisons_nothing_and_loses_nothing() {
 /// the limit must not stay.
 #[test]
 fn a_deallocate_panic_inside_allocate_loses_no_block_and_no_booking() {
-    let alloc = Panicky::default();
-    let clock = ManualClock::new();
-    let pool = SharedPool::new(
-        DecayingPool::builder(alloc.clone())
-            .policy(FixedTime::new(Duration::from_secs(1)))
-            .clock(clock.clone())
-            .limit(2000)
-            .build(),
-    );
+    let (alloc, clock, builder) = panicky();
+    let pool = SharedPool::new(builder.limit(2000).build());
     // A hit on 200 after the expired 100 is evicted.
     drop(pool.allocate(100).unwrap());
     clock.advance(Duration::from_millis(500));
@@ -682,14 +670,8 @@ fn a_deallocate_panic_inside_allocate_loses_no_block_and_no_booking() {
 
 #[test]
 fn a_pooled_dropped_while_unwinding_does_not_abort() {
-    let alloc = Panicky::default();
-    let clock = ManualClock::new();
-    let pool = SharedPool::new(
-        DecayingPool::builder(alloc.clone())
-            .policy(FixedTime::new(Duration::from_secs(1)))
-            .clock(clock.clone())
-            .build(),
-    );
+    let (alloc, clock, builder) = panicky();
+    let pool = SharedPool::new(builder.build());
     drop(pool.allocate(10).unwrap());
     let held = pool.allocate(20).unwrap();
     clock.advance(Duration::from_secs(1));
@@ -1154,21 +1136,7 @@ fn stats_are_exact_across_threads_with_thread_caches() {
     let workers: Vec<_> = (0..2u64)
         .map(|t| {
             let (pool, clock) = (pool.clone(), clock.clone());
-            thread::spawn(move || {
-                let mut rng = Rng(t * 7919 + 1);
-                let mut held = Vec::new();
-                for _ in 0..rounds {
-                    if held.len() < 10 && rng.below(2) == 0 {
-                        held.push(pool.allocate(1 + rng.below(4) as usize * 512).unwrap());
-                    } else if !held.is_empty() {
-                        let k = rng.below(held.len() as u64) as usize;
-                        held.swap_remove(k);
-                    }
-                    if rng.below(16) == 0 {
-                        clock.advance(Duration::from_millis(1));
-                    }
-                }
-            })
+            thread::spawn(move || churn(&pool, &clock, t * 7919 + 1, rounds, 10, 4))
         })
         .collect();
     for w in workers {
@@ -1231,14 +1199,8 @@ fn the_reaper_frees_an_exited_threads_cached_blocks() {
 
 #[test]
 fn a_panic_freeing_a_due_block_of_a_thread_cache_loses_no_block() {
-    let alloc = Panicky::default();
-    let clock = ManualClock::new();
-    let pool = SharedPool::with_thread_caches(
-        DecayingPool::builder(alloc.clone())
-            .policy(FixedTime::new(Duration::from_secs(1)))
-            .clock(clock.clone())
-            .build(),
-    );
+    let (alloc, clock, builder) = panicky();
+    let pool = SharedPool::with_thread_caches(builder.build());
     // A release whose magazine first lets a due block go.
     let old = pool.allocate(30).unwrap();
     let young = pool.allocate(40).unwrap();

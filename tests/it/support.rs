@@ -2,10 +2,11 @@
 
 use core::fmt::Display;
 use core::time::Duration;
+use std::path::{Path, PathBuf};
 
 use decaying_pool::testing::{Call, CheckingAllocator};
 use decaying_pool::{
-    Clock, DecayingPool, FixedTime, ManualClock, Policy, RawAllocator, Reuse, SizeClass,
+    Clock, DecayingPool, FixedTime, ManualClock, Policy, RawAllocator, Reuse, SharedPool, SizeClass,
 };
 
 /// `n` milliseconds.
@@ -111,6 +112,38 @@ impl Rng {
     }
 }
 
+/// One thread's random churn on a shared pool: `rounds` times, allocates
+/// `1 + k * 512` bytes (`k` below `kinds`) while it holds fewer than
+/// `most` blocks (on a coin toss), else drops a held block at random; one
+/// round in sixteen advances `clock` by a millisecond. Drops what it still
+/// holds at the end.
+pub(crate) fn churn<A, P>(
+    pool: &SharedPool<A, P, ManualClock>,
+    clock: &ManualClock,
+    seed: u64,
+    rounds: u64,
+    most: usize,
+    kinds: u64,
+) where
+    A: RawAllocator,
+    A::Error: core::fmt::Debug,
+    P: Policy,
+{
+    let mut rng = Rng(seed);
+    let mut held = Vec::new();
+    for _ in 0..rounds {
+        if held.len() < most && rng.below(2) == 0 {
+            held.push(pool.allocate(1 + rng.below(kinds) as usize * 512).unwrap());
+        } else if !held.is_empty() {
+            let k = rng.below(held.len() as u64) as usize;
+            held.swap_remove(k);
+        }
+        if rng.below(16) == 0 {
+            clock.advance(Duration::from_millis(1));
+        }
+    }
+}
+
 /// The blocks the backing allocator was given back, in order.
 pub(crate) fn freed_ids(alloc: &CheckingAllocator) -> Vec<u64> {
     alloc
@@ -129,4 +162,72 @@ pub(crate) fn noise(state: u64, len: usize) -> Vec<u8> {
     let mut lcg = Lcg(state);
     // `next` gives the state's top 31 bits; its top byte is the state's.
     (0..len).map(|_| (lcg.next() >> 23) as u8).collect()
+}
+
+/// A fuzz target's committed corpus: `fuzz/corpus/<target>`.
+pub(crate) fn corpus_dir(target: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("fuzz/corpus")
+        .join(target)
+}
+
+/// Runs every file of a target's corpus, in name order, through `run`;
+/// returns the summaries of the inputs that parse. A panic names the file
+/// and goes on.
+pub(crate) fn replay_corpus<S>(target: &str, run: fn(&[u8]) -> Option<S>) -> Vec<S> {
+    let dir = corpus_dir(target);
+    let mut files: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .map(|e| e.expect("a corpus entry").path())
+        .filter(|p| p.is_file())
+        .collect();
+    files.sort();
+    files
+        .iter()
+        .filter_map(|path| {
+            let data = std::fs::read(path).expect("a corpus file");
+            let out = std::panic::catch_unwind(|| run(&data));
+            match out {
+                Ok(summary) => summary,
+                Err(panic) => {
+                    eprintln!("corpus file {} failed", path.display());
+                    std::panic::resume_unwind(panic)
+                }
+            }
+        })
+        .collect()
+}
+
+/// Checks that a target's committed corpus holds every seed, byte for
+/// byte; `source` is the test file that builds the seeds (where to look to
+/// regenerate them).
+pub(crate) fn assert_corpus_holds(target: &str, seeds: &[(String, Vec<u8>)], source: &str) {
+    for (name, bytes) in seeds {
+        let path = corpus_dir(target).join(name);
+        let on_disk = std::fs::read(&path)
+            .unwrap_or_else(|e| panic!("{}: {e} (regenerate: see {source})", path.display()));
+        assert!(
+            on_disk == *bytes,
+            "{} differs from its seed (regenerate: see {source})",
+            path.display()
+        );
+    }
+}
+
+/// Writes each target's seeds into its corpus directory, when
+/// `DECAYING_POOL_WRITE_CORPUS` is set (else says how to ask for it).
+pub(crate) fn write_corpus<'a>(
+    targets: impl IntoIterator<Item = (&'a str, Vec<(String, Vec<u8>)>)>,
+) {
+    if std::env::var_os("DECAYING_POOL_WRITE_CORPUS").is_none() {
+        eprintln!("set DECAYING_POOL_WRITE_CORPUS=1 to write the seed corpus");
+        return;
+    }
+    for (target, seeds) in targets {
+        let dir = corpus_dir(target);
+        std::fs::create_dir_all(&dir).expect("the corpus directory");
+        for (name, bytes) in seeds {
+            std::fs::write(dir.join(name), bytes).expect("a seed file");
+        }
+    }
 }
