@@ -68,6 +68,16 @@ use thread_cache::{Found, MagCounts, Magazine, MAGAZINE};
 /// free; inside [`with`](Self::with), which holds it for as long as its
 /// closure runs, other threads' calls nap.
 ///
+/// On Linux the cache lock is also *biased* to the thread that uses the
+/// pool alone: the first thread to take it, or later one that takes it
+/// 4096 times in a row, takes and releases it with plain loads and stores,
+/// no read-modify-write. Another thread's call (a second worker, the
+/// reaper, `stats`) revokes the bias first, with one `membarrier` system
+/// call, as the thread caches' visitors do (see
+/// [`with_thread_caches`](Self::with_thread_caches)); threads that take
+/// turns at the pool keep it unbiased. Where the system call is not
+/// available, the lock is never biased.
+///
 /// A [`Pooled`] block does not keep its pool alive through a reference
 /// count of its own (one shared counter written by every thread): the
 /// blocks lent out are counted under the cache lock, which a round trip
@@ -494,7 +504,7 @@ impl<A: RawAllocator, P: Policy, C: Clock> Inner<A, P, C> {
         tc: Option<ThreadCaches<C>>,
     ) -> Self {
         Inner {
-            cache: CacheLock::new(Slot {
+            cache: CacheLock::biased(Slot {
                 cache,
                 lending: Lending {
                     lent: 0,

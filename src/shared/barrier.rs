@@ -1,5 +1,6 @@
 //! The process-wide memory barrier behind the thread caches' lock-free
-//! owner path ([`super::thread_cache`]).
+//! owner path ([`super::thread_cache`]) and the cache lock's bias
+//! ([`super::lock`]).
 //!
 //! [`heavy`] makes every thread of this process that is running at the
 //! time execute a full memory barrier (and a thread that is not running
@@ -14,7 +15,8 @@
 //! (which the ThreadSanitizer run of `.ci/verify` sets: the sanitizer does
 //! not know that the system call orders memory, so it would report the
 //! owner path's accesses as races). Where it is not available, the thread
-//! caches take a lock on every access instead.
+//! caches take a lock on every access instead, and the cache lock is never
+//! biased.
 
 /// Whether [`heavy`] can be used in this process; registers the process
 /// for it on the first call. The answer never changes afterwards.

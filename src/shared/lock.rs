@@ -10,6 +10,45 @@
 //! [`SharedPool::with`](crate::SharedPool::with)) costs its waiters little
 //! processor time, and each sees it free at most one nap late.
 //!
+//! # Bias
+//!
+//! A pool is often used by one thread at a time for long stretches, and
+//! the read-modify-write is most of what sharing it costs. A lock made
+//! with [`CacheLock::biased`] is *biased* to the first thread that takes
+//! it, the *owner*, where the thread caches' barrier is available
+//! ([`barrier::available`]: Linux, not under Miri or the ThreadSanitizer
+//! build). The owner then takes and releases it with plain loads and
+//! stores and a compiler fence, and any other thread, a *visitor*, takes
+//! the flag as before and then revokes the bias, with the same asymmetric
+//! handshake as the thread caches (`super::thread_cache`):
+//!
+//! ```text
+//! owner                                   visitor (holding `locked`)
+//! busy = true        (relaxed store)      bias = NONE        (relaxed store)
+//! compiler fence                          membarrier         (barrier::heavy)
+//! if bias != me (acquire load): undo,     wait until !busy   (acquire load)
+//!   take `locked` as a visitor does
+//! ... work on the value ...               ... work on the value ...
+//! busy = false       (release store)      locked = false     (release store)
+//! ```
+//!
+//! The system call puts a full barrier in the owner's instruction stream
+//! after the visitor's store is visible: before the owner's `busy = true`,
+//! and the owner reads the bias revoked and takes the flag instead (which
+//! the visitor holds); after it, and the visitor sees `busy` set and waits
+//! for the owner's release. The owner's writes are visible to the visitor
+//! through the acquiring load of `busy`, the visitor's to the owner
+//! through the acquiring read-modify-write of `locked` (an owner only ever
+//! gets its bias, again, under the flag).
+//!
+//! A visit costs a system call, so a bias once revoked is not given back
+//! at once: the lock has no owner until one thread takes the flag
+//! [`REBIAS_AFTER`] times in a row (no other thread in between), which
+//! then owns it. Two threads sharing the work keep it unbiased; one left
+//! alone (a reaper's `collect` on a timer, a `stats` now and then) earns
+//! it back. The system calls cost at most one per `REBIAS_AFTER`
+//! operations.
+//!
 //! A panic under the lock releases it (the guard is dropped on unwinding):
 //! there is no poisoning, as the pool recovers from panics under its locks
 //! anyway.
@@ -18,19 +57,32 @@ use core::cell::UnsafeCell;
 use core::hint::spin_loop;
 use core::marker::PhantomData;
 use core::ops::{Deref, DerefMut};
-use core::sync::atomic::{AtomicBool, Ordering};
+use core::sync::atomic::{compiler_fence, AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use core::time::Duration;
 use std::thread;
+
+use super::barrier;
 
 /// See the module documentation.
 pub(super) struct CacheLock<T> {
     locked: AtomicBool,
+    /// The owner's token ([`token`]), [`FIRST`] until a first thread
+    /// takes a biased lock, [`NONE`] between owners, or [`PLAIN`].
+    bias: AtomicUsize,
+    /// Set by the owner while it holds the lock through its fast path.
+    busy: AtomicBool,
+    /// The last thread that took the flag, and how many times in a row:
+    /// written and read under the flag.
+    streak_token: AtomicUsize,
+    streak: AtomicU32,
     value: UnsafeCell<T>,
 }
 
 // SAFETY: the lock hands out `&mut T` to one thread at a time (the flag is
 // taken with an acquiring read-modify-write and released with a releasing
-// store), so sharing the lock only moves `T` between threads: `T: Send`.
+// store; the owner of a bias excludes the flag's holders through the
+// handshake of the module documentation), so sharing the lock only moves
+// `T` between threads: `T: Send`.
 unsafe impl<T: Send> Sync for CacheLock<T> {}
 
 /// Spins before the first yield.
@@ -40,17 +92,81 @@ const YIELDS: u32 = 64;
 /// The longest nap.
 const MAX_NAP: Duration = Duration::from_micros(50);
 
+/// A biased lock no thread took yet: the first to take it owns it.
+const FIRST: usize = 1;
+/// A biased lock without an owner, since a visit revoked its bias.
+const NONE: usize = 0;
+/// A lock without bias ([`CacheLock::new`]).
+const PLAIN: usize = usize::MAX;
+/// How many times in a row one thread takes the flag of a biased lock
+/// without an owner before it owns it.
+pub(super) const REBIAS_AFTER: u32 = 4096;
+
+/// A byte whose address stands for a thread whose thread-locals are gone:
+/// it never owns a lock. (Addresses are none of [`FIRST`], [`NONE`] and
+/// [`PLAIN`].)
+static NO_THREAD: u8 = 0;
+
+/// The calling thread's token: the address of a thread-local byte, which
+/// names it among the live threads (the address of [`NO_THREAD`] when its
+/// thread-locals are gone).
+#[inline(always)]
+fn token() -> usize {
+    thread_local!(static TOKEN: u8 = const { 0 });
+    TOKEN
+        .try_with(|t| core::ptr::from_ref(t).addr())
+        .unwrap_or_else(|_| core::ptr::from_ref(&NO_THREAD).addr())
+}
+
+/// Waits with the contended lock's back-off: spin, yield, then nap.
+#[inline]
+fn back_off(round: &mut u32) {
+    *round = round.saturating_add(1);
+    if *round < SPINS {
+        spin_loop();
+    } else if *round < SPINS + YIELDS {
+        thread::yield_now();
+    } else {
+        let naps = *round - SPINS - YIELDS;
+        let nap = Duration::from_micros(1u64 << naps.min(6));
+        thread::sleep(nap.min(MAX_NAP));
+    }
+}
+
 impl<T> CacheLock<T> {
+    /// A lock without bias: every thread takes the flag.
     pub(super) const fn new(value: T) -> Self {
         CacheLock {
             locked: AtomicBool::new(false),
+            bias: AtomicUsize::new(PLAIN),
+            busy: AtomicBool::new(false),
+            streak_token: AtomicUsize::new(NONE),
+            streak: AtomicU32::new(0),
             value: UnsafeCell::new(value),
         }
+    }
+
+    /// A lock biased to the first thread that takes it, where the barrier
+    /// is available (module documentation); else as [`new`](Self::new).
+    pub(super) fn biased(value: T) -> Self {
+        let lock = Self::new(value);
+        if barrier::available() {
+            lock.bias.store(FIRST, Ordering::Relaxed);
+        }
+        lock
     }
 
     /// Takes the lock, waiting as long as it takes.
     #[inline(always)]
     pub(super) fn lock(&self) -> Guard<'_, T> {
+        let me = token();
+        if self.bias.load(Ordering::Relaxed) == me && !self.busy.load(Ordering::Relaxed) {
+            // (`busy` set by this thread: `lock` re-entered, which waits
+            // below for ever, as with the flag.)
+            if let Some(guard) = self.try_owner(me) {
+                return guard;
+            }
+        }
         if self
             .locked
             .compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed)
@@ -58,10 +174,27 @@ impl<T> CacheLock<T> {
         {
             self.lock_contended();
         }
-        Guard {
-            lock: self,
-            _not_shared: PhantomData,
+        self.holding_flag(me, true)
+            .expect("a visitor that waits gets the lock")
+    }
+
+    /// The owner's fast path: `None` when a visitor revoked the bias
+    /// meanwhile (then `busy` is clear again).
+    #[inline(always)]
+    fn try_owner(&self, me: usize) -> Option<Guard<'_, T>> {
+        self.busy.store(true, Ordering::Relaxed);
+        // Keeps the compiler from moving the load of the bias above the
+        // store of `busy`; the visitor's barrier does the processor's part.
+        compiler_fence(Ordering::SeqCst);
+        if self.bias.load(Ordering::Acquire) != me {
+            self.busy.store(false, Ordering::Release);
+            return None;
         }
+        Some(Guard {
+            lock: self,
+            owner: true,
+            _not_shared: PhantomData,
+        })
     }
 
     #[cold]
@@ -77,28 +210,98 @@ impl<T> CacheLock<T> {
             {
                 return;
             }
-            round = round.saturating_add(1);
-            if round < SPINS {
-                spin_loop();
-            } else if round < SPINS + YIELDS {
-                thread::yield_now();
-            } else {
-                let naps = round - SPINS - YIELDS;
-                let nap = Duration::from_micros(1u64 << naps.min(6));
-                thread::sleep(nap.min(MAX_NAP));
-            }
+            back_off(&mut round);
         }
     }
 
-    /// Takes the lock if it is free.
+    /// With the flag taken by the thread `me`: settles the bias (keeps
+    /// its owner out, or gives it to `me`) and returns the guard. `None`
+    /// when `wait` is false and the owner is inside its fast path (the
+    /// flag is then released and the bias left as it was).
+    #[inline(always)]
+    fn holding_flag(&self, me: usize, wait: bool) -> Option<Guard<'_, T>> {
+        let bias = self.bias.load(Ordering::Relaxed);
+        if bias == PLAIN {
+            return Some(self.flag_guard());
+        }
+        self.settle_bias(me, bias, wait)
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn settle_bias(&self, me: usize, bias: usize, wait: bool) -> Option<Guard<'_, T>> {
+        let mut round = 0u32;
+        let no_thread = core::ptr::from_ref(&NO_THREAD).addr();
+        if bias == me {
+            // The owner, come by the flag (a visit revoked its bias while
+            // it checked, or `lock` re-entered): only it sets `busy`, so
+            // this waits only on a re-entered lock, for ever, as the flag
+            // would.
+            while self.busy.load(Ordering::Acquire) {
+                if !wait {
+                    self.locked.store(false, Ordering::Release);
+                    return None;
+                }
+                back_off(&mut round);
+            }
+            return Some(self.flag_guard());
+        }
+        if bias != FIRST && bias != NONE {
+            // A visitor: keep the owner out (module documentation).
+            self.bias.store(NONE, Ordering::Relaxed);
+            barrier::heavy();
+            while self.busy.load(Ordering::Acquire) {
+                if !wait {
+                    // Back as it was: an owner that saw the bias revoked
+                    // waits for the flag, which it takes once released.
+                    self.bias.store(bias, Ordering::Release);
+                    self.locked.store(false, Ordering::Release);
+                    return None;
+                }
+                back_off(&mut round);
+            }
+        }
+        // No owner now: the first taker, or one with a long enough streak,
+        // becomes it (no fast path to exclude; the flag's release
+        // publishes the bias with the value).
+        let streak = if self.streak_token.load(Ordering::Relaxed) == me {
+            self.streak.load(Ordering::Relaxed).saturating_add(1)
+        } else {
+            self.streak_token.store(me, Ordering::Relaxed);
+            1
+        };
+        self.streak.store(streak, Ordering::Relaxed);
+        if me != no_thread && (bias == FIRST || streak >= REBIAS_AFTER) {
+            self.bias.store(me, Ordering::Relaxed);
+        }
+        Some(self.flag_guard())
+    }
+
+    #[inline(always)]
+    fn flag_guard(&self) -> Guard<'_, T> {
+        Guard {
+            lock: self,
+            owner: false,
+            _not_shared: PhantomData,
+        }
+    }
+
+    /// Takes the lock if it is free (a visitor does not wait for the
+    /// owner's fast path either).
     pub(super) fn try_lock(&self) -> Option<Guard<'_, T>> {
+        let me = token();
+        if self.bias.load(Ordering::Relaxed) == me {
+            if self.busy.load(Ordering::Relaxed) {
+                return None;
+            }
+            if let Some(guard) = self.try_owner(me) {
+                return Some(guard);
+            }
+        }
         self.locked
             .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
-            .ok()
-            .map(|_| Guard {
-                lock: self,
-                _not_shared: PhantomData,
-            })
+            .ok()?;
+        self.holding_flag(me, false)
     }
 
     /// The value, through exclusive access to the lock.
@@ -119,9 +322,12 @@ impl<T> CacheLock<T> {
 ///
 /// Neither `Send` nor `Sync` (the marker), as `std`'s guard: shared
 /// between threads it would hand out `&T` to two at once, which needs
-/// `T: Sync`, a bound the lock does not ask for.
+/// `T: Sync`, a bound the lock does not ask for. (Nor may it be sent: the
+/// owner's fast path is released by its owner.)
 pub(super) struct Guard<'a, T> {
     lock: &'a CacheLock<T>,
+    /// Held through the owner's fast path (`busy`), not the flag.
+    owner: bool,
     _not_shared: PhantomData<*mut T>,
 }
 
@@ -147,7 +353,11 @@ impl<T> DerefMut for Guard<'_, T> {
 impl<T> Drop for Guard<'_, T> {
     #[inline(always)]
     fn drop(&mut self) {
-        self.lock.locked.store(false, Ordering::Release);
+        if self.owner {
+            self.lock.busy.store(false, Ordering::Release);
+        } else {
+            self.lock.locked.store(false, Ordering::Release);
+        }
     }
 }
 
@@ -177,6 +387,208 @@ mod tests {
             w.join().unwrap();
         }
         assert_eq!(*lock.lock(), 3 * rounds);
+    }
+
+    /// Whether this process has the barrier the bias needs (else the
+    /// bias tests check that a biased lock works as a plain one).
+    fn biasable() -> bool {
+        barrier::available()
+    }
+
+    #[test]
+    fn the_owner_takes_a_biased_lock_without_the_flag() {
+        let lock = CacheLock::biased(0u64);
+        // The first taker gets the bias, through the flag.
+        let g = lock.lock();
+        assert!(!g.owner);
+        drop(g);
+        for _ in 0..3 {
+            let mut g = lock.lock();
+            *g += 1;
+            if biasable() {
+                assert!(g.owner);
+                assert!(
+                    !lock.locked.load(Ordering::Relaxed),
+                    "the flag is not taken"
+                );
+                assert!(lock.busy.load(Ordering::Relaxed));
+            } else {
+                assert!(!g.owner);
+            }
+        }
+        assert!(!lock.busy.load(Ordering::Relaxed));
+        assert_eq!(*lock.lock(), 3);
+        // An unbiased lock never is.
+        let plain = CacheLock::new(());
+        drop(plain.lock());
+        assert!(!plain.lock().owner);
+    }
+
+    #[test]
+    fn a_visit_revokes_the_bias_and_a_streak_earns_it_back() {
+        if !biasable() {
+            return;
+        }
+        let lock = CacheLock::biased(0u32);
+        drop(lock.lock());
+        let me = token();
+        assert_eq!(lock.bias.load(Ordering::Relaxed), me);
+        thread::scope(|s| {
+            s.spawn(|| {
+                let mut g = lock.lock();
+                assert!(!g.owner);
+                assert_eq!(lock.bias.load(Ordering::Relaxed), NONE, "revoked");
+                *g += 1;
+            });
+        });
+        assert_eq!(lock.bias.load(Ordering::Relaxed), NONE);
+        // The flag, in a row, until the streak gives the bias back.
+        for k in 1..=REBIAS_AFTER {
+            let mut g = lock.lock();
+            assert!(!g.owner, "owner again after {k} takes");
+            *g += 1;
+        }
+        assert_eq!(lock.bias.load(Ordering::Relaxed), me);
+        assert!(lock.lock().owner);
+        // Another thread in the middle of a streak breaks it.
+        thread::scope(|s| {
+            s.spawn(|| *lock.lock() += 1);
+        });
+        for _ in 0..REBIAS_AFTER - 1 {
+            *lock.lock() += 1;
+        }
+        thread::scope(|s| {
+            s.spawn(|| *lock.lock() += 1);
+        });
+        *lock.lock() += 1;
+        assert_eq!(
+            lock.bias.load(Ordering::Relaxed),
+            NONE,
+            "no streak: no owner"
+        );
+        assert_eq!(*lock.lock(), 2 * REBIAS_AFTER + 3);
+    }
+
+    #[test]
+    fn a_visitor_waits_for_the_owner_inside_its_fast_path() {
+        let lock = CacheLock::biased(Vec::<u32>::new());
+        drop(lock.lock());
+        let mut g = lock.lock();
+        thread::scope(|s| {
+            let visitor = s.spawn(|| {
+                let mut v = lock.lock();
+                v.push(2);
+            });
+            // However long the owner holds it, the visitor waits.
+            thread::sleep(Duration::from_millis(50));
+            g.push(1);
+            assert!(!visitor.is_finished());
+            drop(g);
+            visitor.join().unwrap();
+        });
+        assert_eq!(*lock.lock(), [1, 2]);
+    }
+
+    #[test]
+    fn try_lock_neither_waits_for_the_owner_nor_loses_its_bias() {
+        let lock = CacheLock::biased(0u8);
+        drop(lock.lock());
+        let owner = lock.bias.load(Ordering::Relaxed);
+        let g = lock.lock();
+        // The owner itself (re-entered) and another thread: both refused.
+        assert!(lock.try_lock().is_none());
+        thread::scope(|s| {
+            s.spawn(|| assert!(lock.try_lock().is_none()));
+        });
+        assert_eq!(lock.bias.load(Ordering::Relaxed), owner);
+        assert!(!lock.locked.load(Ordering::Relaxed));
+        drop(g);
+        assert!(lock.try_lock().is_some());
+    }
+
+    #[test]
+    fn owner_and_visitors_take_turns_with_the_bias_coming_and_going() {
+        // The owner works on and on; a visitor comes now and then (each
+        // visit revokes the bias, which the owner's streak earns back
+        // before the next), then shares the work (no streak: no owner).
+        let lock = CacheLock::biased(0u64);
+        drop(lock.lock());
+        let rounds: u64 = if cfg!(miri) { 50 } else { 200_000 };
+        let visits: u64 = if cfg!(miri) { 3 } else { 20 };
+        let done = AtomicBool::new(false);
+        let visitor_rounds = thread::scope(|s| {
+            s.spawn(|| {
+                for _ in 0..rounds {
+                    let mut g = lock.lock();
+                    let v = *g;
+                    spin_loop();
+                    *g = v + 1;
+                }
+                done.store(true, Ordering::Release);
+            });
+            let visitor = s.spawn(|| {
+                let mut n = 0u64;
+                for _ in 0..visits {
+                    thread::sleep(Duration::from_millis(2));
+                    let mut g = lock.lock();
+                    let v = *g;
+                    spin_loop();
+                    *g = v + 1;
+                    n += 1;
+                }
+                // Then at work beside the owner until it is done.
+                while !done.load(Ordering::Acquire) {
+                    let mut g = lock.lock();
+                    let v = *g;
+                    *g = v + 1;
+                    n += 1;
+                }
+                n
+            });
+            visitor.join().unwrap()
+        });
+        assert_eq!(*lock.lock(), rounds + visitor_rounds, "an update was lost");
+    }
+
+    #[test]
+    fn revocations_in_a_tight_loop_lose_no_update() {
+        // Every visit hands the bias back to the owner before it lets go
+        // (as the owner's streak would, sooner), so the owner meets
+        // revocations between its first check of the bias and its store of
+        // `busy` again and again: the check after the store is what keeps
+        // it out then.
+        let lock = CacheLock::biased(0u64);
+        drop(lock.lock());
+        let owner = lock.bias.load(Ordering::Relaxed);
+        let rounds: u64 = if cfg!(miri) { 50 } else { 300_000 };
+        let done = AtomicBool::new(false);
+        let visits = thread::scope(|s| {
+            let visitor = s.spawn(|| {
+                let mut n = 0u64;
+                while !done.load(Ordering::Acquire) {
+                    let mut g = lock.lock();
+                    let v = *g;
+                    spin_loop();
+                    *g = v + 1;
+                    n += 1;
+                    if biasable() {
+                        // Releasing, under the flag: the owner that reads
+                        // it back sees our writes.
+                        lock.bias.store(owner, Ordering::Release);
+                    }
+                }
+                n
+            });
+            for _ in 0..rounds {
+                let mut g = lock.lock();
+                let v = *g;
+                spin_loop();
+                *g = v + 1;
+            }
+            done.store(true, Ordering::Release);
+            visitor.join().unwrap()
+        });
+        assert_eq!(*lock.lock(), rounds + visits, "an update was lost");
     }
 
     #[test]
