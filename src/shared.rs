@@ -68,10 +68,10 @@ use thread_cache::{Found, MagCounts, Magazine, MAGAZINE};
 /// free; inside [`with`](Self::with), which holds it for as long as its
 /// closure runs, other threads' calls nap.
 ///
-/// On Linux the cache lock is also *biased* to the thread that uses the
-/// pool alone: the first thread to take it, or later one that takes it
-/// 4096 times in a row, takes and releases it with plain loads and stores,
-/// no read-modify-write. Another thread's call (a second worker, the
+/// On 64-bit Linux the cache lock is also *biased* to the thread that
+/// uses the pool alone: the first thread to take it, or later one that
+/// takes it 4096 times in a row, takes and releases it with plain loads
+/// and stores, no read-modify-write. Another thread's call (a second worker, the
 /// reaper, `stats`) revokes the bias first, with one `membarrier` system
 /// call, as the thread caches' visitors do (see
 /// [`with_thread_caches`](Self::with_thread_caches)); threads that take

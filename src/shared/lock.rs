@@ -15,9 +15,10 @@
 //! A pool is often used by one thread at a time for long stretches, and
 //! the read-modify-write is most of what sharing it costs. A lock made
 //! with [`CacheLock::biased`] is *biased* to the first thread that takes
-//! it, the *owner*, where the thread caches' barrier is available
-//! ([`barrier::available`]: Linux, not under Miri or the ThreadSanitizer
-//! build). The owner then takes and releases it with plain loads and
+//! it, the *owner*, on a 64-bit target where the thread caches' barrier
+//! is available ([`barrier::available`]: Linux, not under Miri or the
+//! ThreadSanitizer build). Threads are told apart by a token each gets
+//! once ([`token`]), never reused. The owner then takes and releases it with plain loads and
 //! stores and a compiler fence, and any other thread, a *visitor*, takes
 //! the flag as before and then revokes the bias, with the same asymmetric
 //! handshake as the thread caches (`super::thread_cache`):
@@ -53,7 +54,7 @@
 //! there is no poisoning, as the pool recovers from panics under its locks
 //! anyway.
 
-use core::cell::UnsafeCell;
+use core::cell::{Cell, UnsafeCell};
 use core::hint::spin_loop;
 use core::marker::PhantomData;
 use core::ops::{Deref, DerefMut};
@@ -66,7 +67,7 @@ use super::barrier;
 /// See the module documentation.
 pub(super) struct CacheLock<T> {
     locked: AtomicBool,
-    /// The owner's token ([`token`]), [`FIRST`] until a first thread
+    /// The owner's [`token`], [`FIRST`] until a first thread
     /// takes a biased lock, [`NONE`] between owners, or [`PLAIN`].
     bias: AtomicUsize,
     /// Set by the owner while it holds the lock through its fast path.
@@ -96,26 +97,34 @@ const MAX_NAP: Duration = Duration::from_micros(50);
 const FIRST: usize = 1;
 /// A biased lock without an owner, since a visit revoked its bias.
 const NONE: usize = 0;
-/// A lock without bias ([`CacheLock::new`]).
+/// A lock without bias ([`CacheLock::new`]). (No thread's token.)
 const PLAIN: usize = usize::MAX;
 /// How many times in a row one thread takes the flag of a biased lock
 /// without an owner before it owns it.
 pub(super) const REBIAS_AFTER: u32 = 4096;
 
-/// A byte whose address stands for a thread whose thread-locals are gone:
-/// it never owns a lock. (Addresses are none of [`FIRST`], [`NONE`] and
-/// [`PLAIN`].)
-static NO_THREAD: u8 = 0;
+/// The token of a thread whose thread-locals are gone: it never owns a
+/// lock.
+const NO_THREAD: usize = 2;
+/// The next thread's token.
+static NEXT_TOKEN: AtomicUsize = AtomicUsize::new(NO_THREAD + 1);
 
-/// The calling thread's token: the address of a thread-local byte, which
-/// names it among the live threads (the address of [`NO_THREAD`] when its
-/// thread-locals are gone).
+/// The calling thread's token, given on its first call and never given to
+/// another thread (a 64-bit count: only 64-bit targets bias their locks),
+/// or [`NO_THREAD`] once its thread-locals are gone.
 #[inline(always)]
 fn token() -> usize {
-    thread_local!(static TOKEN: u8 = const { 0 });
+    thread_local!(static TOKEN: Cell<usize> = const { Cell::new(0) });
     TOKEN
-        .try_with(|t| core::ptr::from_ref(t).addr())
-        .unwrap_or_else(|_| core::ptr::from_ref(&NO_THREAD).addr())
+        .try_with(|t| match t.get() {
+            0 => {
+                let new = NEXT_TOKEN.fetch_add(1, Ordering::Relaxed);
+                t.set(new);
+                new
+            }
+            token => token,
+        })
+        .unwrap_or(NO_THREAD)
 }
 
 /// Waits with the contended lock's back-off: spin, yield, then nap.
@@ -150,7 +159,7 @@ impl<T> CacheLock<T> {
     /// is available (module documentation); else as [`new`](Self::new).
     pub(super) fn biased(value: T) -> Self {
         let lock = Self::new(value);
-        if barrier::available() {
+        if cfg!(target_pointer_width = "64") && barrier::available() {
             lock.bias.store(FIRST, Ordering::Relaxed);
         }
         lock
@@ -231,7 +240,6 @@ impl<T> CacheLock<T> {
     #[inline(never)]
     fn settle_bias(&self, me: usize, bias: usize, wait: bool) -> Option<Guard<'_, T>> {
         let mut round = 0u32;
-        let no_thread = core::ptr::from_ref(&NO_THREAD).addr();
         if bias == me {
             // The owner, come by the flag (a visit revoked its bias while
             // it checked, or `lock` re-entered): only it sets `busy`, so
@@ -271,7 +279,7 @@ impl<T> CacheLock<T> {
             1
         };
         self.streak.store(streak, Ordering::Relaxed);
-        if me != no_thread && (bias == FIRST || streak >= REBIAS_AFTER) {
+        if me != NO_THREAD && (bias == FIRST || streak >= REBIAS_AFTER) {
             self.bias.store(me, Ordering::Relaxed);
         }
         Some(self.flag_guard())
