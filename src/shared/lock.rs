@@ -561,40 +561,43 @@ mod tests {
     #[test]
     fn revocations_in_a_tight_loop_lose_no_update() {
         // Every visit hands the bias back to the owner before it lets go
-        // (as the owner's streak would, sooner), so the owner meets
-        // revocations between its first check of the bias and its store of
-        // `busy` again and again: the check after the store is what keeps
-        // it out then.
+        // (as the owner's streak would, much later), so the owner meets
+        // revocations between its first check of the bias and its store
+        // of `busy` again and again: the check after the store is what
+        // keeps it out then. The visitor yields between visits, so that
+        // the owner gets on even on a loaded machine.
         let lock = CacheLock::biased(0u64);
         drop(lock.lock());
         let owner = lock.bias.load(Ordering::Relaxed);
-        let rounds: u64 = if cfg!(miri) { 50 } else { 300_000 };
+        let visits: u64 = if cfg!(miri) { 20 } else { 2_000 };
+        let min_rounds: u64 = if cfg!(miri) { 20 } else { 10_000 };
         let done = AtomicBool::new(false);
-        let visits = thread::scope(|s| {
-            let visitor = s.spawn(|| {
-                let mut n = 0u64;
-                while !done.load(Ordering::Acquire) {
+        let rounds = thread::scope(|s| {
+            s.spawn(|| {
+                for _ in 0..visits {
                     let mut g = lock.lock();
                     let v = *g;
                     spin_loop();
                     *g = v + 1;
-                    n += 1;
                     if biasable() {
                         // Releasing, under the flag: the owner that reads
                         // it back sees our writes.
                         lock.bias.store(owner, Ordering::Release);
                     }
+                    drop(g);
+                    thread::yield_now();
                 }
-                n
+                done.store(true, Ordering::Release);
             });
-            for _ in 0..rounds {
+            let mut rounds = 0u64;
+            while rounds < min_rounds || !done.load(Ordering::Acquire) {
                 let mut g = lock.lock();
                 let v = *g;
                 spin_loop();
                 *g = v + 1;
+                rounds += 1;
             }
-            done.store(true, Ordering::Release);
-            visitor.join().unwrap()
+            rounds
         });
         assert_eq!(*lock.lock(), rounds + visits, "an update was lost");
     }
