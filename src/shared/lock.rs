@@ -383,10 +383,7 @@ mod tests {
                 let lock = Arc::clone(&lock);
                 thread::spawn(move || {
                     for _ in 0..rounds {
-                        let mut g = lock.lock();
-                        let v = *g;
-                        spin_loop();
-                        *g = v + 1;
+                        bump(&lock);
                     }
                 })
             })
@@ -401,6 +398,16 @@ mod tests {
     /// bias tests check that a biased lock works as a plain one).
     fn biasable() -> bool {
         barrier::available()
+    }
+
+    /// Adds one to the value under the lock, as a read, a pause and a
+    /// write (an update lost to two holders at once would show).
+    fn bump(lock: &CacheLock<u64>) -> Guard<'_, u64> {
+        let mut g = lock.lock();
+        let v = *g;
+        spin_loop();
+        *g = v + 1;
+        g
     }
 
     #[test]
@@ -528,10 +535,7 @@ mod tests {
         let visitor_rounds = thread::scope(|s| {
             s.spawn(|| {
                 for _ in 0..rounds {
-                    let mut g = lock.lock();
-                    let v = *g;
-                    spin_loop();
-                    *g = v + 1;
+                    bump(&lock);
                 }
                 done.store(true, Ordering::Release);
             });
@@ -539,17 +543,12 @@ mod tests {
                 let mut n = 0u64;
                 for _ in 0..visits {
                     thread::sleep(Duration::from_millis(2));
-                    let mut g = lock.lock();
-                    let v = *g;
-                    spin_loop();
-                    *g = v + 1;
+                    bump(&lock);
                     n += 1;
                 }
                 // Then at work beside the owner until it is done.
                 while !done.load(Ordering::Acquire) {
-                    let mut g = lock.lock();
-                    let v = *g;
-                    *g = v + 1;
+                    bump(&lock);
                     n += 1;
                 }
                 n
@@ -576,10 +575,7 @@ mod tests {
         let rounds = thread::scope(|s| {
             s.spawn(|| {
                 for _ in 0..visits {
-                    let mut g = lock.lock();
-                    let v = *g;
-                    spin_loop();
-                    *g = v + 1;
+                    let g = bump(&lock);
                     if biasable() {
                         // Releasing, under the flag: the owner that reads
                         // it back sees our writes.
@@ -592,10 +588,7 @@ mod tests {
             });
             let mut rounds = 0u64;
             while rounds < min_rounds || !done.load(Ordering::Acquire) {
-                let mut g = lock.lock();
-                let v = *g;
-                spin_loop();
-                *g = v + 1;
+                bump(&lock);
                 rounds += 1;
             }
             rounds
