@@ -38,6 +38,15 @@ fn shared_pool(c: &mut Criterion) {
         })
     });
 
+    let locked = std::sync::Mutex::new(pool());
+    g.bench_function("mutex_pool", |b| {
+        b.iter(|| {
+            let block = locked.lock().unwrap().allocate(black_box(4096)).unwrap();
+            let block = black_box(block);
+            // SAFETY: from this pool with this size, released once.
+            unsafe { locked.lock().unwrap().release(block, 4096) };
+        })
+    });
     let shared = SharedPool::new(pool());
     g.bench_function("shared_pool_1_thread", |b| {
         b.iter(|| drop(black_box(shared.allocate(black_box(4096)).unwrap())))

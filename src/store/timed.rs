@@ -9,6 +9,11 @@
 //!   The release right after a hit of the same size reaches the bucket
 //!   through a pointer the hit's lookup left (see `classes::Classes`, which
 //!   keeps that pointer's invariant in its own module).
+//! - **Branch or no branch** (`Mode`): whether a LIFO hit finds its block
+//!   in the bucket or in the ring is a branch that round trips predict and
+//!   batches (several blocks of a class taken, then released) do not; a
+//!   store whose recent hits come from a ring between an eighth and seven
+//!   eighths of the time chooses with a conditional move instead.
 //! - **Eviction order**: a binary min-heap with one *token* per class that
 //!   holds blocks, keyed by a release sequence number that is never later
 //!   than the class's oldest block. The token with the smallest key whose
@@ -56,6 +61,7 @@
 //! kilobytes stay (they held 161 MB).
 
 use core::cmp::Ordering;
+use core::mem::MaybeUninit;
 use core::time::Duration;
 use std::collections::binary_heap::PeekMut;
 use std::collections::BinaryHeap;
@@ -66,6 +72,10 @@ use super::classes::{Classes, Keyed};
 use super::ring::Ring;
 use super::Store;
 use crate::policy::{sealed, EvictionPolicy, FreeReason, Oldest, Policy, Reuse};
+
+/// Hits per window after which a store decides again whether hits and
+/// releases go without a branch (`TimedStore::flat`); a power of two.
+const WINDOW: u64 = 64;
 
 /// Classes added beyond twice the number left by the last sweep before the
 /// next one.
@@ -105,44 +115,120 @@ const _: () = assert!(core::mem::size_of::<Class<usize>>() == 64);
 /// touch. The ring's flag tells whether the class has a token in the heap.
 struct Blocks<B> {
     older: Ring<Item<B>>,
-    newest: Option<Item<B>>,
+    /// The newest block, initialised when `has_newest`.
+    newest: MaybeUninit<Item<B>>,
+    has_newest: bool,
 }
 
 impl<B> Blocks<B> {
     fn new() -> Self {
         Blocks {
             older: Ring::new(),
-            newest: None,
+            newest: MaybeUninit::uninit(),
+            has_newest: false,
         }
     }
 
     #[inline(always)]
     fn is_empty(&self) -> bool {
-        self.newest.is_none() && self.older.is_empty()
+        // One test of one word: a branch on `has_newest` here would let
+        // the compiler fold the hit's choice of place into it, where it is
+        // mispredicted (see `pop_back_flat`).
+        (self.older.len() | usize::from(self.has_newest)) == 0
+    }
+
+    /// The number of blocks.
+    #[inline]
+    fn len(&self) -> usize {
+        usize::from(self.has_newest) + self.older.len()
+    }
+
+    /// The newest block, if it is in the class itself.
+    #[inline(always)]
+    fn newest(&self) -> Option<&Item<B>> {
+        // SAFETY: `newest` is initialised while `has_newest`.
+        self.has_newest
+            .then(|| unsafe { self.newest.assume_init_ref() })
+    }
+
+    /// Takes the newest block out of the class itself.
+    #[inline(always)]
+    fn take_newest(&mut self) -> Option<Item<B>> {
+        if !self.has_newest {
+            return None;
+        }
+        self.has_newest = false;
+        // SAFETY: `newest` was initialised (`has_newest`), and is read out
+        // once: `has_newest` is now false.
+        Some(unsafe { self.newest.assume_init_read() })
     }
 
     /// Appends the newest block.
     #[inline(always)]
     fn push_back(&mut self, item: Item<B>) {
-        if let Some(before) = self.newest.replace(item) {
+        if let Some(before) = self.take_newest() {
             self.older.push_back(before);
         }
+        self.newest = MaybeUninit::new(item);
+        self.has_newest = true;
     }
 
-    /// Removes the newest block.
+    /// Removes the newest block of a class that is not empty, wherever it
+    /// is, choosing between the class itself and its ring without a branch
+    /// (for workloads where it is sometimes in one and sometimes in the
+    /// other: see [`Mode`]).
     #[inline(always)]
-    fn pop_back(&mut self) -> Option<Item<B>> {
-        match self.newest.take() {
-            Some(item) => Some(item),
-            None => self.older.pop_back(),
+    fn pop_back_flat(&mut self) -> Item<B> {
+        debug_assert!(!self.is_empty());
+        let has = self.has_newest;
+        let len = self.older.len() - usize::from(!has);
+        let ring = self.older.slot_ptr(len).cast::<Item<B>>();
+        let here = self.newest.as_mut_ptr();
+        let from = if has { here } else { ring };
+        // SAFETY: with `has_newest`, `from` is the initialised `newest`;
+        // without, the class is not empty, so the ring holds a value and
+        // `from` is its last initialised slot. That value leaves the class
+        // below (`has_newest` false, or the ring's length one less), so it
+        // is read out once.
+        let item = unsafe { from.read() };
+        self.has_newest = false;
+        // SAFETY: `len` is the ring's length, or one less after its last
+        // value was read out above.
+        unsafe { self.older.set_len(len) };
+        item
+    }
+
+    /// [`push_back`](Self::push_back) without a branch on whether the class
+    /// holds its newest block itself (see [`Mode`]), when the ring has room;
+    /// a plain `push_back` when it has none.
+    #[inline(always)]
+    fn push_back_flat(&mut self, item: Item<B>) {
+        let len = self.older.len();
+        if len == self.older.capacity() {
+            return self.push_back(item);
         }
+        let has = self.has_newest;
+        // SAFETY: the ring has room, so the slot after its last value is in
+        // bounds and uninitialised; `newest` is copied into it whether or
+        // not it is initialised (a copy of `MaybeUninit`). The ring owns the
+        // copy only if it was initialised: its length grows by one then.
+        unsafe {
+            self.older
+                .slot_ptr(len)
+                .write(core::ptr::read(&self.newest))
+        };
+        // SAFETY: as above.
+        unsafe { self.older.set_len(len + usize::from(has)) };
+        // The old newest block (if any) now belongs to the ring: no drop.
+        self.newest = MaybeUninit::new(item);
+        self.has_newest = true;
     }
 
     /// Removes the oldest block.
     #[inline(always)]
     fn pop_front(&mut self) -> Option<Item<B>> {
         if self.older.is_empty() {
-            self.newest.take()
+            self.take_newest()
         } else {
             self.older.pop_front()
         }
@@ -151,12 +237,12 @@ impl<B> Blocks<B> {
     /// The oldest block.
     #[inline]
     fn front(&self) -> Option<&Item<B>> {
-        self.older.front().or(self.newest.as_ref())
+        self.older.front().or(self.newest())
     }
 
     /// The blocks, oldest first.
     fn iter(&self) -> impl Iterator<Item = &Item<B>> {
-        self.older.iter().chain(self.newest.iter())
+        self.older.iter().chain(self.newest())
     }
 
     /// Whether the class has a token in the heap.
@@ -168,6 +254,45 @@ impl<B> Blocks<B> {
     #[inline(always)]
     fn set_flag(&mut self, on: bool) {
         self.older.set_flag(on);
+    }
+}
+
+impl<B> Drop for Blocks<B> {
+    fn drop(&mut self) {
+        drop(self.take_newest());
+    }
+}
+
+/// How a LIFO store's hits and releases find a class's newest block: with
+/// a branch on whether it is in the class itself or in the ring (the
+/// default, free when the branch is predictable, as in round trips), or
+/// without one (`Blocks::pop_back_flat`, `Blocks::push_back_flat`) while
+/// hits find it sometimes here and sometimes there, as in batches.
+///
+/// The choice is made again every [`WINDOW`] hits while flat, and every
+/// `WINDOW / 8` hits served from a ring otherwise (hits served from the
+/// class itself cost nothing to count then): flat while between an eighth
+/// and seven eighths of the hits since the last choice found their block
+/// in the ring.
+#[derive(Default)]
+struct Mode {
+    flat: bool,
+    /// LIFO hits served from a ring.
+    in_ring: u64,
+    /// `in_ring` and the hits (`taken`) at the last choice.
+    in_ring_mark: u64,
+    taken_mark: u64,
+}
+
+impl Mode {
+    /// Chooses again; `taken` counts the hits so far, this one included.
+    #[cold]
+    #[inline(never)]
+    fn choose(&mut self, taken: u64) {
+        let hits = taken - self.taken_mark;
+        let in_ring = self.in_ring - self.in_ring_mark;
+        (self.taken_mark, self.in_ring_mark) = (taken, self.in_ring);
+        self.flat = 8 * in_ring >= hits && 8 * in_ring <= 7 * hits;
     }
 }
 
@@ -266,6 +391,9 @@ pub struct TimedStore<B, P> {
     /// The class of the top token when it is known to name that class's
     /// oldest block (the oldest of all); 0 when not known.
     top_class: usize,
+    /// Whether hits and releases choose where a class's newest block is
+    /// without a branch.
+    mode: Mode,
     reuse: Reuse,
     policy: P,
 }
@@ -291,6 +419,7 @@ impl<B, P: EvictionPolicy> TimedStore<B, P> {
             not_before: 0,
             untold: false,
             top_class: 0,
+            mode: Mode::default(),
         }
     }
 
@@ -462,7 +591,24 @@ impl<B, P: EvictionPolicy> Store<B> for TimedStore<B, P> {
         }
         core::mem::forget(replan);
         let item = match self.reuse {
-            Reuse::Lifo => cls.items.pop_back(),
+            Reuse::Lifo if self.mode.flat => {
+                self.mode.in_ring += u64::from(!cls.items.has_newest);
+                let item = cls.items.pop_back_flat();
+                if self.taken % WINDOW == WINDOW - 1 {
+                    self.mode.choose(self.taken + 1);
+                }
+                Some(item)
+            }
+            Reuse::Lifo => match cls.items.take_newest() {
+                Some(item) => Some(item),
+                None => {
+                    self.mode.in_ring += 1;
+                    if self.mode.in_ring % (WINDOW / 8) == 0 {
+                        self.mode.choose(self.taken + 1);
+                    }
+                    cls.items.older.pop_back()
+                }
+            },
             Reuse::Fifo => cls.items.pop_front(),
         };
         let Some(item) = item else {
@@ -487,11 +633,16 @@ impl<B, P: EvictionPolicy> Store<B> for TimedStore<B, P> {
         self.puts += 1;
         self.bytes += class;
         let at = now;
+        let flat = self.mode.flat;
         let cls = match self.classes.get_mut(class) {
             Some(cls) => cls,
             None => self.new_class(class),
         };
-        cls.items.push_back(Item { block, at, seq });
+        if flat {
+            cls.items.push_back_flat(Item { block, at, seq });
+        } else {
+            cls.items.push_back(Item { block, at, seq });
+        }
         if !cls.items.flag() {
             cls.items.set_flag(true);
             // The largest key yet: one comparison to place it.
@@ -594,9 +745,7 @@ impl<B, P: EvictionPolicy> Store<B> for TimedStore<B, P> {
     }
 
     fn cached_of(&self, class: usize) -> usize {
-        self.classes.get(class).map_or(0, |c| {
-            usize::from(c.items.newest.is_some()) + c.items.older.len()
-        })
+        self.classes.get(class).map_or(0, |c| c.items.len())
     }
 
     fn check(&self) {
@@ -720,5 +869,125 @@ impl<P: EvictionPolicy> Policy for P {
 
     fn into_store<B>(self, reuse: Reuse) -> Self::Store<B> {
         TimedStore::new(self, reuse)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Blocks, Item, Store, TimedStore};
+    use crate::policy::{FixedTime, Reuse};
+    use core::time::Duration;
+    use std::collections::VecDeque;
+    use std::rc::Rc;
+
+    fn item(n: u64, alive: &Rc<()>) -> Item<(u64, Rc<()>)> {
+        Item {
+            block: (n, Rc::clone(alive)),
+            at: n,
+            seq: n,
+        }
+    }
+
+    /// A class's blocks against `VecDeque` over a fixed pseudo-random mix
+    /// of releases and hits, with and without the branch (the ring both
+    /// full and not), with blocks that count their drops.
+    #[test]
+    fn a_class_keeps_release_order_with_and_without_the_branch() {
+        let alive = Rc::new(());
+        let mut blocks = Blocks::new();
+        let mut model = VecDeque::new();
+        let mut x: u64 = 11;
+        let steps = if cfg!(miri) { 2_000 } else { 20_000 };
+        for n in 0..steps {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            // More releases than hits, so the ring fills and grows too.
+            match (x >> 59) % 8 {
+                0 | 1 => {
+                    blocks.push_back(item(n, &alive));
+                    model.push_back(n);
+                }
+                2..=4 => {
+                    blocks.push_back_flat(item(n, &alive));
+                    model.push_back(n);
+                }
+                5 if !model.is_empty() => {
+                    let got = blocks.pop_back_flat();
+                    assert_eq!(got.block.0, model.pop_back().unwrap());
+                }
+                6 => {
+                    let got = blocks.take_newest().or_else(|| blocks.older.pop_back());
+                    assert_eq!(got.map(|i| i.block.0), model.pop_back());
+                }
+                _ => assert_eq!(blocks.pop_front().map(|i| i.block.0), model.pop_front()),
+            }
+            assert_eq!(blocks.len(), model.len());
+            assert_eq!(blocks.is_empty(), model.is_empty());
+            assert_eq!(blocks.front().map(|i| i.block.0), model.front().copied());
+            assert_eq!(Rc::strong_count(&alive), model.len() + 1);
+        }
+        assert!(blocks.iter().map(|i| i.block.0).eq(model.iter().copied()));
+        drop(blocks);
+        assert_eq!(Rc::strong_count(&alive), 1, "each block dropped once");
+    }
+
+    fn store() -> TimedStore<u64, FixedTime> {
+        TimedStore::new(FixedTime::new(Duration::from_secs(3600)), Reuse::Lifo)
+    }
+
+    /// Batches (16 hits over 8 classes, then their releases) turn the
+    /// branch off; round trips turn it back on; the newest block of a
+    /// class comes back first either way.
+    #[test]
+    fn batches_go_without_the_branch_and_round_trips_with_it() {
+        let mut s = store();
+        let mut model: Vec<Vec<u64>> = vec![Vec::new(); 8];
+        let class = |c: usize| 64 * (c + 1);
+        let mut next = 0;
+        for (c, stack) in model.iter_mut().enumerate() {
+            for _ in 0..16 {
+                assert!(s.put(next, class(c), 0).is_none());
+                stack.push(next);
+                next += 1;
+            }
+        }
+        let mut x: u64 = 5;
+        let mut batch = |s: &mut TimedStore<u64, FixedTime>, model: &mut Vec<Vec<u64>>| {
+            let mut held = Vec::new();
+            for _ in 0..16 {
+                x = x
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                let c = (x >> 33) as usize % 8;
+                let b = s.take(class(c), 0).expect("a cached block");
+                assert_eq!(Some(b), model[c].pop(), "the newest block of its class");
+                held.push((b, c));
+            }
+            for (b, c) in held {
+                assert!(s.put(b, class(c), 0).is_none());
+                model[c].push(b);
+            }
+        };
+        assert!(!s.mode.flat, "a new store branches");
+        for _ in 0..8 {
+            batch(&mut s, &mut model);
+        }
+        assert!(s.mode.flat, "batches choose the flat path");
+        for _ in 0..8 {
+            batch(&mut s, &mut model);
+        }
+        assert!(s.mode.flat);
+        s.check();
+        for n in 0..200 {
+            let c = n % 8;
+            let b = s.take(class(c), 0).expect("a cached block");
+            assert_eq!(Some(b), model[c].pop());
+            assert!(s.put(b, class(c), 0).is_none());
+            model[c].push(b);
+        }
+        assert!(!s.mode.flat, "round trips choose the branch again");
+        s.check();
+        assert_eq!(s.len(), 8 * 16);
     }
 }
