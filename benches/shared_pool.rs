@@ -1,5 +1,6 @@
-//! Hit round trip through `SharedPool` against the plain pool, uncontended
-//! and with two threads hammering one pool, without and with thread caches
+//! Hit round trip through `SharedPool` against the plain pool and against
+//! the plain pool behind a `std::sync::Mutex`, uncontended and with two
+//! threads hammering one pool, without and with thread caches
 //! (`SharedPool::with_thread_caches`); and a `stats` call on a pool with
 //! thread caches, which visits every thread's cache.
 //!
@@ -38,8 +39,10 @@ fn shared_pool(c: &mut Criterion) {
         })
     });
 
+    // What a program would write without `SharedPool`: the plain pool
+    // behind `std::sync::Mutex`, released by hand.
     let locked = std::sync::Mutex::new(pool());
-    g.bench_function("mutex_pool", |b| {
+    g.bench_function("mutex_pool_1_thread", |b| {
         b.iter(|| {
             let block = locked.lock().unwrap().allocate(black_box(4096)).unwrap();
             let block = black_box(block);
@@ -47,6 +50,7 @@ fn shared_pool(c: &mut Criterion) {
             unsafe { locked.lock().unwrap().release(block, 4096) };
         })
     });
+
     let shared = SharedPool::new(pool());
     g.bench_function("shared_pool_1_thread", |b| {
         b.iter(|| drop(black_box(shared.allocate(black_box(4096)).unwrap())))
