@@ -12,8 +12,8 @@
 //! - **Branch or no branch** (`Mode`): whether a LIFO hit finds its block
 //!   in the bucket or in the ring is a branch that round trips predict and
 //!   batches (several blocks of a class taken, then released) do not; a
-//!   store whose recent hits come from a ring between an eighth and seven
-//!   eighths of the time chooses with a conditional move instead.
+//!   store whose hits often switch from a bucket to a ring chooses with a
+//!   conditional move instead, for a while.
 //! - **Eviction order**: a binary min-heap with one *token* per class that
 //!   holds blocks, keyed by a release sequence number that is never later
 //!   than the class's oldest block. The token with the smallest key whose
@@ -72,10 +72,6 @@ use super::classes::{Classes, Keyed};
 use super::ring::Ring;
 use super::Store;
 use crate::policy::{sealed, EvictionPolicy, FreeReason, Oldest, Policy, Reuse};
-
-/// Hits per window after which a store decides again whether hits and
-/// releases go without a branch (`TimedStore::flat`); a power of two.
-const WINDOW: u64 = 64;
 
 /// Classes added beyond twice the number left by the last sweep before the
 /// next one.
@@ -267,32 +263,69 @@ impl<B> Drop for Blocks<B> {
 /// a branch on whether it is in the class itself or in the ring (the
 /// default, free when the branch is predictable, as in round trips), or
 /// without one (`Blocks::pop_back_flat`, `Blocks::push_back_flat`) while
-/// hits find it sometimes here and sometimes there, as in batches.
+/// the branch would often be mispredicted, as in batches.
 ///
-/// The choice is made again every [`WINDOW`] hits while flat, and every
-/// `WINDOW / 8` hits served from a ring otherwise (hits served from the
-/// class itself cost nothing to count then): flat while between an eighth
-/// and seven eighths of the hits since the last choice found their block
-/// in the ring.
+/// While branching, a store counts the hits served from a ring right after
+/// a hit served from a class itself: switches that a predictor cannot
+/// see coming when they are frequent (a round trip is always served from
+/// the class itself and counts nothing). Every [`SWITCHES`] of them it
+/// goes flat if they were at least one hit in [`SWITCHES`] since it last
+/// chose. Flat, it counts nothing, and after [`FLAT_HITS`] hits it
+/// branches again, to measure afresh.
 #[derive(Default)]
 struct Mode {
     flat: bool,
-    /// LIFO hits served from a ring.
-    in_ring: u64,
-    /// `in_ring` and the hits (`taken`) at the last choice.
-    in_ring_mark: u64,
-    taken_mark: u64,
+    /// While flat, the hit count (`taken`) at which to branch again.
+    until: u64,
+    /// While branching: switches counted, the hit count after the last
+    /// hit served from a ring, and the hit count at the last choice.
+    switches: u64,
+    after_ring: u64,
+    mark: u64,
 }
 
+/// Switches (see [`Mode`]) per choice, and the fewest per hit that make a
+/// store go flat: one in this many.
+const SWITCHES: u64 = 8;
+
+/// Hits a store stays flat before it measures again.
+const FLAT_HITS: u64 = 1024;
+
 impl Mode {
-    /// Chooses again; `taken` counts the hits so far, this one included.
+    /// A hit served from a ring while branching; `taken` counts the hits
+    /// before this one.
+    #[inline(always)]
+    fn ring_hit(&mut self, taken: u64) {
+        if taken != self.after_ring {
+            self.switches += 1;
+            if self.switches % SWITCHES == 0 {
+                self.choose(taken + 1);
+            }
+        }
+        self.after_ring = taken + 1;
+    }
+
+    /// Goes flat if the switches since the last choice were one hit in
+    /// [`SWITCHES`] or more; `taken` counts the hits, this one included.
     #[cold]
     #[inline(never)]
     fn choose(&mut self, taken: u64) {
-        let hits = taken - self.taken_mark;
-        let in_ring = self.in_ring - self.in_ring_mark;
-        (self.taken_mark, self.in_ring_mark) = (taken, self.in_ring);
-        self.flat = 8 * in_ring >= hits && 8 * in_ring <= 7 * hits;
+        let hits = taken - self.mark;
+        self.mark = taken;
+        if SWITCHES * SWITCHES >= hits {
+            self.flat = true;
+            self.until = taken + FLAT_HITS;
+        }
+    }
+
+    /// Branches again after a flat spell, to measure afresh; `taken`
+    /// counts the hits before this one.
+    #[cold]
+    #[inline(never)]
+    fn measure(&mut self, taken: u64) {
+        self.flat = false;
+        self.mark = taken;
+        self.after_ring = taken;
     }
 }
 
@@ -592,20 +625,15 @@ impl<B, P: EvictionPolicy> Store<B> for TimedStore<B, P> {
         core::mem::forget(replan);
         let item = match self.reuse {
             Reuse::Lifo if self.mode.flat => {
-                self.mode.in_ring += u64::from(!cls.items.has_newest);
-                let item = cls.items.pop_back_flat();
-                if self.taken % WINDOW == WINDOW - 1 {
-                    self.mode.choose(self.taken + 1);
+                if self.taken == self.mode.until {
+                    self.mode.measure(self.taken);
                 }
-                Some(item)
+                Some(cls.items.pop_back_flat())
             }
             Reuse::Lifo => match cls.items.take_newest() {
                 Some(item) => Some(item),
                 None => {
-                    self.mode.in_ring += 1;
-                    if self.mode.in_ring % (WINDOW / 8) == 0 {
-                        self.mode.choose(self.taken + 1);
-                    }
+                    self.mode.ring_hit(self.taken);
                     cls.items.older.pop_back()
                 }
             },
@@ -874,7 +902,7 @@ impl<P: EvictionPolicy> Policy for P {
 
 #[cfg(test)]
 mod tests {
-    use super::{Blocks, Item, Store, TimedStore};
+    use super::{Blocks, Item, Store, TimedStore, FLAT_HITS};
     use crate::policy::{FixedTime, Reuse};
     use core::time::Duration;
     use std::collections::VecDeque;
@@ -936,14 +964,11 @@ mod tests {
         TimedStore::new(FixedTime::new(Duration::from_secs(3600)), Reuse::Lifo)
     }
 
-    /// Batches (16 hits over 8 classes, then their releases) turn the
-    /// branch off; round trips turn it back on; the newest block of a
-    /// class comes back first either way.
-    #[test]
-    fn batches_go_without_the_branch_and_round_trips_with_it() {
+    /// A store with 8 classes of 16 blocks, and a stack per class of the
+    /// blocks it holds (newest last).
+    fn filled() -> (TimedStore<u64, FixedTime>, Vec<Vec<u64>>) {
         let mut s = store();
         let mut model: Vec<Vec<u64>> = vec![Vec::new(); 8];
-        let class = |c: usize| 64 * (c + 1);
         let mut next = 0;
         for (c, stack) in model.iter_mut().enumerate() {
             for _ in 0..16 {
@@ -952,42 +977,78 @@ mod tests {
                 next += 1;
             }
         }
-        let mut x: u64 = 5;
-        let mut batch = |s: &mut TimedStore<u64, FixedTime>, model: &mut Vec<Vec<u64>>| {
-            let mut held = Vec::new();
-            for _ in 0..16 {
-                x = x
-                    .wrapping_mul(6364136223846793005)
-                    .wrapping_add(1442695040888963407);
-                let c = (x >> 33) as usize % 8;
-                let b = s.take(class(c), 0).expect("a cached block");
-                assert_eq!(Some(b), model[c].pop(), "the newest block of its class");
-                held.push((b, c));
-            }
-            for (b, c) in held {
-                assert!(s.put(b, class(c), 0).is_none());
-                model[c].push(b);
-            }
-        };
-        assert!(!s.mode.flat, "a new store branches");
-        for _ in 0..8 {
-            batch(&mut s, &mut model);
-        }
-        assert!(s.mode.flat, "batches choose the flat path");
-        for _ in 0..8 {
-            batch(&mut s, &mut model);
-        }
-        assert!(s.mode.flat);
-        s.check();
-        for n in 0..200 {
-            let c = n % 8;
+        (s, model)
+    }
+
+    fn class(c: usize) -> usize {
+        64 * (c + 1)
+    }
+
+    /// Takes then releases a block of each class of `classes` in turn,
+    /// checking that each hit hands out its class's newest block.
+    fn run(s: &mut TimedStore<u64, FixedTime>, model: &mut [Vec<u64>], classes: &[usize]) {
+        let mut held = Vec::new();
+        for &c in classes {
             let b = s.take(class(c), 0).expect("a cached block");
-            assert_eq!(Some(b), model[c].pop());
+            assert_eq!(Some(b), model[c].pop(), "the newest block of its class");
+            held.push((b, c));
+        }
+        for (b, c) in held {
             assert!(s.put(b, class(c), 0).is_none());
             model[c].push(b);
         }
+    }
+
+    /// Batches (16 hits over 8 classes, then their releases) turn the
+    /// branch off; round trips turn it back on once the store measures
+    /// again; the newest block of a class comes back first either way.
+    #[test]
+    fn batches_go_without_the_branch_and_round_trips_with_it() {
+        let (mut s, mut model) = filled();
+        let mut x: u64 = 5;
+        let mut batch = || -> Vec<usize> {
+            (0..16)
+                .map(|_| {
+                    x = x
+                        .wrapping_mul(6364136223846793005)
+                        .wrapping_add(1442695040888963407);
+                    (x >> 33) as usize % 8
+                })
+                .collect()
+        };
+        assert!(!s.mode.flat, "a new store branches");
+        for _ in 0..8 {
+            run(&mut s, &mut model, &batch());
+        }
+        assert!(s.mode.flat, "batches choose the flat path");
+        s.check();
+        // A flat spell lasts `FLAT_HITS` hits; round trips count no
+        // switch when measured again.
+        for n in 0..FLAT_HITS as usize + 100 {
+            run(&mut s, &mut model, &[n % 8]);
+        }
         assert!(!s.mode.flat, "round trips choose the branch again");
+        for _ in 0..8 {
+            run(&mut s, &mut model, &batch());
+        }
+        assert!(s.mode.flat, "and batches the flat path again");
         s.check();
         assert_eq!(s.len(), 8 * 16);
+    }
+
+    /// Hits served from a ring in long runs (eight round trips, then eight
+    /// blocks of one class) keep the branch: it is predictable there,
+    /// however many hits the rings serve.
+    #[test]
+    fn runs_of_ring_hits_keep_the_branch() {
+        let (mut s, mut model) = filled();
+        for n in 0..64 {
+            for c in 0..8 {
+                run(&mut s, &mut model, &[c]);
+            }
+            run(&mut s, &mut model, &[n % 8; 8]);
+            assert!(!s.mode.flat);
+        }
+        s.check();
     }
 }
