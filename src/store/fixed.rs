@@ -831,9 +831,7 @@ mod tests {
         let mut held: Vec<(u64, usize)> = Vec::new();
         // Fewer steps under Miri (safe code; the run is for its unsafe neighbours).
         for step in 0..if cfg!(miri) { 300 } else { 5000u64 } {
-            x = x
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
+            crate::store::lcg(&mut x);
             let class = 1 + (x >> 33) as usize % 12;
             if (x >> 20) & 1 == 0 {
                 let before: Vec<usize> = store.occupied().collect();

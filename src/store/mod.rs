@@ -12,3 +12,12 @@ mod ring;
 pub mod timed;
 
 pub use crate::store_api::Store;
+
+/// Steps a test's fixed pseudo-random sequence (a 64-bit linear
+/// congruential generator, whose high bits are the random ones).
+#[cfg(test)]
+fn lcg(x: &mut u64) {
+    *x = x
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
+}

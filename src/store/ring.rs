@@ -239,9 +239,7 @@ mod tests {
         let mut model = VecDeque::new();
         let mut x: u64 = 7;
         for step in 0..20_000u32 {
-            x = x
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
+            crate::store::lcg(&mut x);
             match (x >> 60) % 4 {
                 0 | 1 => {
                     ring.push_back((step, Rc::clone(&alive)));

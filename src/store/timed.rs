@@ -927,9 +927,7 @@ mod tests {
         let mut x: u64 = 11;
         let steps = if cfg!(miri) { 2_000 } else { 20_000 };
         for n in 0..steps {
-            x = x
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
+            crate::store::lcg(&mut x);
             // More releases than hits, so the ring fills and grows too.
             match (x >> 59) % 8 {
                 0 | 1 => {
@@ -1009,9 +1007,7 @@ mod tests {
         let mut batch = || -> Vec<usize> {
             (0..16)
                 .map(|_| {
-                    x = x
-                        .wrapping_mul(6364136223846793005)
-                        .wrapping_add(1442695040888963407);
+                    crate::store::lcg(&mut x);
                     (x >> 33) as usize % 8
                 })
                 .collect()
