@@ -96,29 +96,6 @@ impl<T> Ring<T> {
         Some(unsafe { self.buf.get_unchecked(i).assume_init_read() })
     }
 
-    /// A pointer to the slot `k` places after the head, for a caller that
-    /// chooses between it and another place without a branch: in bounds
-    /// when the capacity is not zero, and then only to be read or written
-    /// as the head and length allow (a caller that does not choose the
-    /// slot must not use the pointer at all).
-    #[inline(always)]
-    pub(crate) fn slot_ptr(&mut self, k: usize) -> *mut MaybeUninit<T> {
-        self.buf.as_mut_ptr().wrapping_add(self.slot(k))
-    }
-
-    /// Sets the length to `len`.
-    ///
-    /// # Safety
-    ///
-    /// `len` is at most the capacity, and the `len` slots after the head
-    /// hold initialised values, each owned by the ring from then on; slots
-    /// past them that held values before are read out already.
-    #[inline(always)]
-    pub(crate) unsafe fn set_len(&mut self, len: usize) {
-        debug_assert!(len <= self.buf.len());
-        self.len = len as u32;
-    }
-
     /// Removes the value at the front.
     #[inline(always)]
     pub(crate) fn pop_front(&mut self) -> Option<T> {

@@ -9,11 +9,14 @@
 //!   The release right after a hit of the same size reaches the bucket
 //!   through a pointer the hit's lookup left (see `classes::Classes`, which
 //!   keeps that pointer's invariant in its own module).
-//! - **Branch or no branch** (`Mode`): whether a LIFO hit finds its block
-//!   in the bucket or in the ring is a branch that round trips predict and
-//!   batches (several blocks of a class taken, then released) do not; a
-//!   store whose hits often switch from a bucket to a ring chooses with a
-//!   conditional move instead, for a while.
+//! - **Bucket first or ring first** (`Mode`): a release puts a class's
+//!   newest block in its bucket, so a LIFO round trip touches the bucket
+//!   only; but in batches (several blocks of a class taken, then released)
+//!   the newest block is then sometimes in the bucket and sometimes in the
+//!   ring, a branch that the hits mispredict. A store whose hits often
+//!   switch from a bucket to a ring goes *ring first* for a while: a
+//!   release then appends to the class's ring (unless the class is empty),
+//!   so a class's hits all find their block in the ring.
 //! - **Eviction order**: a binary min-heap with one *token* per class that
 //!   holds blocks, keyed by a release sequence number that is never later
 //!   than the class's oldest block. The token with the smallest key whose
@@ -127,9 +130,7 @@ impl<B> Blocks<B> {
 
     #[inline(always)]
     fn is_empty(&self) -> bool {
-        // One test of one word: a branch on `has_newest` here would let
-        // the compiler fold the hit's choice of place into it, where it is
-        // mispredicted (see `pop_back_flat`).
+        // One test of one word.
         (self.older.len() | usize::from(self.has_newest)) == 0
     }
 
@@ -169,55 +170,33 @@ impl<B> Blocks<B> {
         self.has_newest = true;
     }
 
-    /// Removes the newest block of a class that is not empty, wherever it
-    /// is, choosing between the class itself and its ring without a branch
-    /// (for workloads where it is sometimes in one and sometimes in the
-    /// other: see [`Mode`]).
+    /// Removes the newest block, for a store whose classes keep their
+    /// blocks in their rings (see [`Mode`]): from the class itself only if
+    /// it holds one there (a class that was empty, or was not released to
+    /// since the store went ring first).
     #[inline(always)]
-    fn pop_back_flat(&mut self) -> Item<B> {
-        debug_assert!(!self.is_empty());
-        let has = self.has_newest;
-        let len = self.older.len() - usize::from(!has);
-        let ring = self.older.slot_ptr(len).cast::<Item<B>>();
-        let here = self.newest.as_mut_ptr();
-        let from = if has { here } else { ring };
-        // SAFETY: with `has_newest`, `from` is the initialised `newest`;
-        // without, the class is not empty, so the ring holds a value and
-        // `from` is its last initialised slot. That value leaves the class
-        // below (`has_newest` false, or the ring's length one less), so it
-        // is read out once.
-        let item = unsafe { from.read() };
-        self.has_newest = false;
-        // SAFETY: `len` is the ring's length, or one less after its last
-        // value was read out above.
-        unsafe { self.older.set_len(len) };
-        item
+    fn pop_back_ring_first(&mut self) -> Option<Item<B>> {
+        match self.take_newest() {
+            Some(item) => Some(item),
+            None => self.older.pop_back(),
+        }
     }
 
-    /// [`push_back`](Self::push_back) without a branch on whether the class
-    /// holds its newest block itself (see [`Mode`]), when the ring has room;
-    /// a plain `push_back` when it has none.
+    /// Appends the newest block in the ring, unless the class is empty
+    /// (see [`Mode`]): a class that keeps its blocks in its ring finds the
+    /// newest one there at each hit, where `push_back` would move it to the
+    /// class itself and back.
     #[inline(always)]
-    fn push_back_flat(&mut self, item: Item<B>) {
-        let len = self.older.len();
-        if len == self.older.capacity() {
-            return self.push_back(item);
+    fn push_back_ring_first(&mut self, item: Item<B>) {
+        if self.is_empty() {
+            self.newest = MaybeUninit::new(item);
+            self.has_newest = true;
+            return;
         }
-        let has = self.has_newest;
-        // SAFETY: the ring has room, so the slot after its last value is in
-        // bounds and uninitialised; `newest` is copied into it whether or
-        // not it is initialised (a copy of `MaybeUninit`). The ring owns the
-        // copy only if it was initialised: its length grows by one then.
-        unsafe {
-            self.older
-                .slot_ptr(len)
-                .write(core::ptr::read(&self.newest))
-        };
-        // SAFETY: as above.
-        unsafe { self.older.set_len(len + usize::from(has)) };
-        // The old newest block (if any) now belongs to the ring: no drop.
-        self.newest = MaybeUninit::new(item);
-        self.has_newest = true;
+        if let Some(before) = self.take_newest() {
+            self.older.push_back(before);
+        }
+        self.older.push_back(item);
     }
 
     /// Removes the oldest block.
@@ -259,25 +238,27 @@ impl<B> Drop for Blocks<B> {
     }
 }
 
-/// How a LIFO store's hits and releases find a class's newest block: with
-/// a branch on whether it is in the class itself or in the ring (the
-/// default, free when the branch is predictable, as in round trips), or
-/// without one (`Blocks::pop_back_flat`, `Blocks::push_back_flat`) while
-/// the branch would often be mispredicted, as in batches.
+/// Where a LIFO store's releases put a class's newest block: in the class
+/// itself (*bucket first*, the default: a round trip then touches the
+/// class's bucket only), or, while that would make the hits' choice
+/// between the bucket and the ring unpredictable, as in batches, in the
+/// class's ring (*ring first*: `Blocks::push_back_ring_first`, where a
+/// class's hits all find their block).
 ///
-/// While branching, a store counts the hits served from a ring right after
-/// a hit served from a class itself: switches that a predictor cannot
-/// see coming when they are frequent (a round trip is always served from
-/// the class itself and counts nothing). Every [`SWITCHES`] of them it
-/// goes flat if they were at least one hit in [`SWITCHES`] since it last
-/// chose. Flat, it counts nothing, and after [`FLAT_HITS`] hits it
-/// branches again, to measure afresh.
+/// Bucket first, a store counts the hits served from a ring right after a
+/// hit served from a class itself: switches that a predictor cannot see
+/// coming when they are frequent (a round trip is always served from the
+/// class itself and counts nothing). Every [`SWITCHES`] of them it goes
+/// ring first if they were at least one hit in [`SWITCHES`] since it last
+/// chose. Ring first, it counts nothing, and after [`RING_FIRST_HITS`]
+/// hits it goes bucket first again, to measure afresh.
 #[derive(Default)]
 struct Mode {
-    flat: bool,
-    /// While flat, the hit count (`taken`) at which to branch again.
+    ring_first: bool,
+    /// While ring first, the hit count (`taken`) at which to go bucket
+    /// first again.
     until: u64,
-    /// While branching: switches counted, the hit count after the last
+    /// While bucket first: switches counted, the hit count after the last
     /// hit served from a ring, and the hit count at the last choice.
     switches: u64,
     after_ring: u64,
@@ -285,11 +266,11 @@ struct Mode {
 }
 
 /// Switches (see [`Mode`]) per choice, and the fewest per hit that make a
-/// store go flat: one in this many.
+/// store go ring first: one in this many.
 const SWITCHES: u64 = 8;
 
-/// Hits a store stays flat before it measures again.
-const FLAT_HITS: u64 = 1024;
+/// Hits a store stays ring first before it measures again.
+const RING_FIRST_HITS: u64 = 1024;
 
 impl Mode {
     /// A hit served from a ring while branching; `taken` counts the hits
@@ -305,7 +286,7 @@ impl Mode {
         self.after_ring = taken + 1;
     }
 
-    /// Goes flat if the switches since the last choice were one hit in
+    /// Goes ring first if the switches since the last choice were one hit in
     /// [`SWITCHES`] or more; `taken` counts the hits, this one included.
     #[cold]
     #[inline(never)]
@@ -313,17 +294,17 @@ impl Mode {
         let hits = taken - self.mark;
         self.mark = taken;
         if SWITCHES * SWITCHES >= hits {
-            self.flat = true;
-            self.until = taken + FLAT_HITS;
+            self.ring_first = true;
+            self.until = taken + RING_FIRST_HITS;
         }
     }
 
-    /// Branches again after a flat spell, to measure afresh; `taken`
+    /// Goes bucket first again after a spell ring first, to measure afresh; `taken`
     /// counts the hits before this one.
     #[cold]
     #[inline(never)]
     fn measure(&mut self, taken: u64) {
-        self.flat = false;
+        self.ring_first = false;
         self.mark = taken;
         self.after_ring = taken;
     }
@@ -424,8 +405,7 @@ pub struct TimedStore<B, P> {
     /// The class of the top token when it is known to name that class's
     /// oldest block (the oldest of all); 0 when not known.
     top_class: usize,
-    /// Whether hits and releases choose where a class's newest block is
-    /// without a branch.
+    /// Where releases put a class's newest block.
     mode: Mode,
     reuse: Reuse,
     policy: P,
@@ -624,11 +604,11 @@ impl<B, P: EvictionPolicy> Store<B> for TimedStore<B, P> {
         }
         core::mem::forget(replan);
         let item = match self.reuse {
-            Reuse::Lifo if self.mode.flat => {
+            Reuse::Lifo if self.mode.ring_first => {
                 if self.taken == self.mode.until {
                     self.mode.measure(self.taken);
                 }
-                Some(cls.items.pop_back_flat())
+                cls.items.pop_back_ring_first()
             }
             Reuse::Lifo => match cls.items.take_newest() {
                 Some(item) => Some(item),
@@ -661,13 +641,13 @@ impl<B, P: EvictionPolicy> Store<B> for TimedStore<B, P> {
         self.puts += 1;
         self.bytes += class;
         let at = now;
-        let flat = self.mode.flat;
+        let ring_first = self.mode.ring_first;
         let cls = match self.classes.get_mut(class) {
             Some(cls) => cls,
             None => self.new_class(class),
         };
-        if flat {
-            cls.items.push_back_flat(Item { block, at, seq });
+        if ring_first {
+            cls.items.push_back_ring_first(Item { block, at, seq });
         } else {
             cls.items.push_back(Item { block, at, seq });
         }
@@ -902,7 +882,7 @@ impl<P: EvictionPolicy> Policy for P {
 
 #[cfg(test)]
 mod tests {
-    use super::{Blocks, Item, Store, TimedStore, FLAT_HITS};
+    use super::{Blocks, Item, Store, TimedStore, RING_FIRST_HITS};
     use crate::policy::{FixedTime, Reuse};
     use core::time::Duration;
     use std::collections::VecDeque;
@@ -917,10 +897,10 @@ mod tests {
     }
 
     /// A class's blocks against `VecDeque` over a fixed pseudo-random mix
-    /// of releases and hits, with and without the branch (the ring both
+    /// of releases and hits, bucket first and ring first (the ring both
     /// full and not), with blocks that count their drops.
     #[test]
-    fn a_class_keeps_release_order_with_and_without_the_branch() {
+    fn a_class_keeps_release_order_bucket_first_and_ring_first() {
         let alive = Rc::new(());
         let mut blocks = Blocks::new();
         let mut model = VecDeque::new();
@@ -935,12 +915,12 @@ mod tests {
                     model.push_back(n);
                 }
                 2..=4 => {
-                    blocks.push_back_flat(item(n, &alive));
+                    blocks.push_back_ring_first(item(n, &alive));
                     model.push_back(n);
                 }
-                5 if !model.is_empty() => {
-                    let got = blocks.pop_back_flat();
-                    assert_eq!(got.block.0, model.pop_back().unwrap());
+                5 => {
+                    let got = blocks.pop_back_ring_first();
+                    assert_eq!(got.map(|i| i.block.0), model.pop_back());
                 }
                 6 => {
                     let got = blocks.take_newest().or_else(|| blocks.older.pop_back());
@@ -997,11 +977,12 @@ mod tests {
         }
     }
 
-    /// Batches (16 hits over 8 classes, then their releases) turn the
-    /// branch off; round trips turn it back on once the store measures
-    /// again; the newest block of a class comes back first either way.
+    /// Batches (16 hits over 8 classes, then their releases) make a store
+    /// go ring first, where each class keeps its newest block in its ring;
+    /// round trips make it go bucket first once it measures again; the
+    /// newest block of a class comes back first either way.
     #[test]
-    fn batches_go_without_the_branch_and_round_trips_with_it() {
+    fn batches_go_ring_first_and_round_trips_bucket_first() {
         let (mut s, mut model) = filled();
         let mut x: u64 = 5;
         let mut batch = || -> Vec<usize> {
@@ -1012,38 +993,51 @@ mod tests {
                 })
                 .collect()
         };
-        assert!(!s.mode.flat, "a new store branches");
+        assert!(!s.mode.ring_first, "a new store goes bucket first");
         for _ in 0..8 {
             run(&mut s, &mut model, &batch());
         }
-        assert!(s.mode.flat, "batches choose the flat path");
+        assert!(s.mode.ring_first, "batches go ring first");
+        let in_buckets = |s: &TimedStore<u64, FixedTime>| {
+            s.classes.iter().filter(|c| c.items.has_newest).count()
+        };
+        assert_eq!(
+            in_buckets(&s),
+            0,
+            "every class hit since holds its blocks in its ring"
+        );
         s.check();
-        // A flat spell lasts `FLAT_HITS` hits; round trips count no
+        // A spell ring first lasts `RING_FIRST_HITS` hits; round trips count no
         // switch when measured again.
-        for n in 0..FLAT_HITS as usize + 100 {
+        for n in 0..RING_FIRST_HITS as usize + 100 {
             run(&mut s, &mut model, &[n % 8]);
         }
-        assert!(!s.mode.flat, "round trips choose the branch again");
+        assert!(!s.mode.ring_first, "round trips go bucket first again");
+        assert_eq!(
+            in_buckets(&s),
+            8,
+            "each class's newest block is in its bucket"
+        );
         for _ in 0..8 {
             run(&mut s, &mut model, &batch());
         }
-        assert!(s.mode.flat, "and batches the flat path again");
+        assert!(s.mode.ring_first, "and batches ring first again");
         s.check();
         assert_eq!(s.len(), 8 * 16);
     }
 
     /// Hits served from a ring in long runs (eight round trips, then eight
-    /// blocks of one class) keep the branch: it is predictable there,
-    /// however many hits the rings serve.
+    /// blocks of one class) keep a store bucket first: its hits' choice is
+    /// predictable there, however many hits the rings serve.
     #[test]
-    fn runs_of_ring_hits_keep_the_branch() {
+    fn runs_of_ring_hits_stay_bucket_first() {
         let (mut s, mut model) = filled();
         for n in 0..64 {
             for c in 0..8 {
                 run(&mut s, &mut model, &[c]);
             }
             run(&mut s, &mut model, &[n % 8; 8]);
-            assert!(!s.mode.flat);
+            assert!(!s.mode.ring_first);
         }
         s.check();
     }
