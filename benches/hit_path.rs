@@ -5,11 +5,14 @@
 //! ```text
 //! cargo bench --bench hit_path
 //! ```
+//!
+//! The run ends with the ratios side by side: each policy's estimate over
+//! the map of vectors' from the same run.
 
 use std::hint::black_box;
 use std::time::Duration;
 
-use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
+use criterion::{criterion_group, BenchmarkId, Criterion};
 use decaying_pool::{
     Clock, DecayingPool, Exponential, FixedCapacity, FixedTime, ManualClock, MonotonicClock,
     Policy, RawAllocator,
@@ -17,6 +20,7 @@ use decaying_pool::{
 
 mod common;
 use common::Null;
+mod ratios;
 
 /// What most projects write: an exact-size cache that never evicts.
 #[derive(Default)]
@@ -290,4 +294,42 @@ fn batch_pool<P: Policy>(
 }
 
 criterion_group!(benches, hit_round_trip, batch_round_trip);
-criterion_main!(benches);
+
+fn main() {
+    let started = std::time::SystemTime::now();
+    benches();
+    Criterion::default().configure_from_args().final_summary();
+    let map = "hashbrown_map_of_vecs";
+    ratios::Table {
+        title: "hit round trip: ratio to",
+        baseline: (map, "hit_round_trip/hashbrown_map_of_vecs/{}"),
+        rows: &[
+            ("fixed_time_manual", "hit_round_trip/fixed_time_manual/{}"),
+            (
+                "fixed_time_monotonic",
+                "hit_round_trip/fixed_time_monotonic/{}",
+            ),
+            ("exponential_manual", "hit_round_trip/exponential_manual/{}"),
+            (
+                "exponential_monotonic",
+                "hit_round_trip/exponential_monotonic/{}",
+            ),
+            ("fixed_capacity", "hit_round_trip/fixed_capacity/{}"),
+        ],
+        columns: &["64x1", "4096x4", "100000x2"],
+    }
+    .print(started);
+    ratios::Table {
+        title: "batch: ratio to",
+        baseline: (map, "batch_round_trip/hashbrown_map_of_vecs_{}"),
+        rows: &[
+            ("fixed_time_manual", "batch_round_trip/fixed_time_manual_{}"),
+            (
+                "exponential_manual",
+                "batch_round_trip/exponential_manual_{}",
+            ),
+        ],
+        columns: &["8x16"],
+    }
+    .print(started);
+}

@@ -7,16 +7,20 @@
 //! ```text
 //! cargo bench --bench shared_pool
 //! ```
+//!
+//! The run ends with the ratios side by side: each estimate over the plain
+//! pool's from the same run (with two threads, wall time per operation).
 
 use std::hint::black_box;
 use std::sync::Barrier;
 use std::time::{Duration, Instant};
 
-use criterion::{criterion_group, criterion_main, Criterion};
+use criterion::{criterion_group, Criterion};
 use decaying_pool::{DecayingPool, FixedTime, ManualClock, SharedPool};
 
 mod common;
 use common::Null;
+mod ratios;
 
 fn pool() -> DecayingPool<Null, FixedTime, ManualClock> {
     DecayingPool::builder(Null::default())
@@ -109,4 +113,23 @@ fn two_threads(shared: &SharedPool<Null, FixedTime, ManualClock>, iters: u64) ->
 }
 
 criterion_group!(benches, shared_pool);
-criterion_main!(benches);
+
+fn main() {
+    let started = std::time::SystemTime::now();
+    benches();
+    Criterion::default().configure_from_args().final_summary();
+    ratios::Table {
+        title: "hit round trip: ratio to",
+        baseline: ("plain DecayingPool", "shared_hit_round_trip/plain_pool"),
+        rows: &[
+            ("std::sync::Mutex", "shared_hit_round_trip/mutex_pool_{}"),
+            ("SharedPool::new", "shared_hit_round_trip/shared_pool_{}"),
+            (
+                "with_thread_caches",
+                "shared_hit_round_trip/thread_caches_{}",
+            ),
+        ],
+        columns: &["1_thread", "2_threads"],
+    }
+    .print(started);
+}
