@@ -347,8 +347,14 @@ impl<B, P: Policy, C: Clock> Cache<B, P, C> {
         };
         let now = guard.cache.now();
         guard.now = Some(now);
-        guard.cache.run_policy(now, &mut *guard.free);
-        guard.finish(now);
+        if guard.cache.store.may_evict(now) {
+            guard.collect_then_finish(now);
+        } else {
+            // Nothing here unwinds (but a clock that may), so the guard
+            // costs nothing: its block and size need not be kept where a
+            // landing pad would find them across a collection.
+            guard.finish(now);
+        }
     }
 
     /// Counts a block of `size` requested bytes out of use and caches it;
@@ -654,6 +660,16 @@ struct Releasing<'a, B, P: Policy, C: Clock, F: FnMut(B, usize) + ?Sized> {
 }
 
 impl<B, P: Policy, C: Clock, F: FnMut(B, usize) + ?Sized> Releasing<'_, B, P, C, F> {
+    /// Frees what the policy says must go at `now`, then caches the block:
+    /// out of line, so that the guard's landing pad (a policy or a backing
+    /// allocator may unwind here) costs the release nothing when nothing
+    /// may be due.
+    #[inline(never)]
+    fn collect_then_finish(self, now: u64) {
+        self.cache.run_policy(now, &mut *self.free);
+        self.finish(now);
+    }
+
     /// Caches the block at `now`; the guard is spent.
     #[inline(always)]
     fn finish(self, now: u64) {

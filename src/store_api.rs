@@ -31,6 +31,17 @@ pub trait Store<B> {
     /// Removes the oldest block if the policy says it must go at `now`.
     fn evict_due(&mut self, now: u64) -> Option<(B, usize)>;
 
+    /// Whether [`evict_due`](Store::evict_due) may free a block at `now`:
+    /// `false` only when it certainly frees none (the one comparison its
+    /// fast path makes), so that a release can skip the collection, and
+    /// the guard that keeps its block safe from a policy or a backing
+    /// allocator that unwinds there.
+    #[inline(always)]
+    fn may_evict(&self, now: u64) -> bool {
+        let _ = now;
+        true
+    }
+
     /// Debug builds, before a collection at `now`: when the policy's
     /// deadline lets the collection skip the policy, asks it anyway and
     /// panics if it wants the oldest block freed (a deadline later than

@@ -45,6 +45,11 @@ impl<B> Store<B> for AnyStore<B> {
         dispatch!(self, s => s.evict_due(now))
     }
 
+    #[inline]
+    fn may_evict(&self, now: u64) -> bool {
+        dispatch!(self, s => s.may_evict(now))
+    }
+
     fn pop_oldest(&mut self, now: u64) -> Option<(B, usize)> {
         dispatch!(self, s => s.pop_oldest(now))
     }

@@ -524,6 +524,11 @@ impl<B> Store<B> for FixedStore<B> {
         None
     }
 
+    #[inline(always)]
+    fn may_evict(&self, _now: u64) -> bool {
+        false
+    }
+
     fn pop_oldest(&mut self, _now: u64) -> Option<(B, usize)> {
         if self.len() == 0 {
             return None;

@@ -130,7 +130,7 @@ impl<T> Ring<T> {
     }
 
     /// Slots allocated.
-    #[inline(always)]
+    #[cfg(any(test, feature = "testing"))]
     pub(crate) fn capacity(&self) -> usize {
         self.buf.len()
     }

@@ -686,6 +686,11 @@ impl<B, P: EvictionPolicy> Store<B> for TimedStore<B, P> {
         self.evict_due_slow(now)
     }
 
+    #[inline(always)]
+    fn may_evict(&self, now: u64) -> bool {
+        now >= self.not_before
+    }
+
     #[cfg(debug_assertions)]
     fn check_deadline(&mut self, now: u64) {
         if now >= self.not_before {
