@@ -42,6 +42,14 @@ pub trait Store<B> {
         true
     }
 
+    /// [`evict_due`](Store::evict_due), for a caller that is itself out
+    /// of line (a release's collection, once [`may_evict`](Store::may_evict)
+    /// said yes): the store may inline its slow path there.
+    #[inline(always)]
+    fn evict_due_inline(&mut self, now: u64) -> Option<(B, usize)> {
+        self.evict_due(now)
+    }
+
     /// Debug builds, before a collection at `now`: when the policy's
     /// deadline lets the collection skip the policy, asks it anyway and
     /// panics if it wants the oldest block freed (a deadline later than

@@ -50,6 +50,11 @@ impl<B> Store<B> for AnyStore<B> {
         dispatch!(self, s => s.may_evict(now))
     }
 
+    #[inline]
+    fn evict_due_inline(&mut self, now: u64) -> Option<(B, usize)> {
+        dispatch!(self, s => s.evict_due_inline(now))
+    }
+
     fn pop_oldest(&mut self, now: u64) -> Option<(B, usize)> {
         dispatch!(self, s => s.pop_oldest(now))
     }

@@ -691,6 +691,14 @@ impl<B, P: EvictionPolicy> Store<B> for TimedStore<B, P> {
         now >= self.not_before
     }
 
+    #[inline(always)]
+    fn evict_due_inline(&mut self, now: u64) -> Option<(B, usize)> {
+        if now < self.not_before {
+            return None;
+        }
+        self.check_policy(now)
+    }
+
     #[cfg(debug_assertions)]
     fn check_deadline(&mut self, now: u64) {
         if now >= self.not_before {
@@ -850,9 +858,18 @@ impl<B, P: EvictionPolicy> Store<B> for TimedStore<B, P> {
 
 impl<B, P: EvictionPolicy> TimedStore<B, P> {
     /// The eviction check once its deadline has passed (every call, for a
-    /// policy without deadlines).
+    /// policy without deadlines): out of line, as the allocations' path
+    /// calls it.
     #[inline(never)]
     fn evict_due_slow(&mut self, now: u64) -> Option<(B, usize)> {
+        self.check_policy(now)
+    }
+
+    /// The body of [`evict_due_slow`](Self::evict_due_slow), inlined into
+    /// a release's collection (`Store::evict_due_inline`), itself out of
+    /// line.
+    #[inline(always)]
+    fn check_policy(&mut self, now: u64) -> Option<(B, usize)> {
         let (size, at) = self.oldest()?;
         let oldest = Oldest {
             released_at: Duration::from_nanos(at),
