@@ -20,7 +20,9 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use decaying_pool::{DecayingPool, Exponential, FixedCapacity, FixedTime, ManualClock, Policy};
+use decaying_pool::{
+    DecayingPool, Exponential, FixedCapacity, FixedTime, ManualClock, Policy, SizeClass,
+};
 
 /// `std::alloc::System`, keeping count of the bytes currently allocated.
 struct Counting;
@@ -117,13 +119,15 @@ fn round<P: Policy>(pool: &mut DecayingPool<Null, P, ManualClock>, requests: &[u
     }
 }
 
-/// Measures the bookkeeping of a pool with `policy` for `requests`.
-fn measure<P: Policy>(policy: P, requests: &[usize]) -> Row {
+/// Measures the bookkeeping of a pool with `policy` and `class` for
+/// `requests`.
+fn measure<P: Policy>(policy: P, class: SizeClass, requests: &[usize]) -> Row {
     let clock = ManualClock::new();
     let before = current();
     let mut pool = DecayingPool::builder(Null::default())
         .policy(policy)
         .clock(clock.clone())
+        .size_class(class)
         .build();
     round(&mut pool, requests);
     let filled = current() - before;
@@ -153,16 +157,28 @@ fn main() {
         "{:<16} {:<26} {:>10} {:>12} {:>18} {:>16}",
         "policy", "classes", "cached", "bytes/block", "after hit trip", "after trim (B)"
     );
-    for (label, classes) in [
-        ("1 size x 1000000", 1usize),
-        ("10000 sizes x 100", 10_000),
-        ("1000000 sizes x 1", 1_000_000),
+    // The last mix is the third's requests rounded to PyTorch-style size
+    // classes (four per power of two): 65 classes, the shape a program
+    // that asks for a million distinct sizes can choose (its blocks are
+    // then up to a quarter larger than asked).
+    for (label, classes, class) in [
+        ("1 size x 1000000", 1usize, SizeClass::Exact),
+        ("10000 sizes x 100", 10_000, SizeClass::Exact),
+        ("1000000 sizes x 1", 1_000_000, SizeClass::Exact),
+        (
+            "1000000 sizes, 4 per 2^k",
+            1_000_000,
+            SizeClass::PowerOfTwoDivisions(4),
+        ),
     ] {
         let reqs = requests(classes);
         for (name, row) in [
-            ("fixed_time", measure(FixedTime::new(huge), &reqs)),
-            ("exponential", measure(Exponential::new(huge), &reqs)),
-            ("fixed_capacity", measure(FixedCapacity::new(BLOCKS), &reqs)),
+            ("fixed_time", measure(FixedTime::new(huge), class, &reqs)),
+            ("exponential", measure(Exponential::new(huge), class, &reqs)),
+            (
+                "fixed_capacity",
+                measure(FixedCapacity::new(BLOCKS), class, &reqs),
+            ),
         ] {
             println!(
                 "{:<16} {:<26} {:>10} {:>12.1} {:>18.1} {:>16}",
