@@ -14,90 +14,14 @@ use std::time::Duration;
 
 use criterion::{criterion_group, BenchmarkId, Criterion};
 use decaying_pool::{
-    Clock, DecayingPool, Exponential, FixedCapacity, FixedTime, ManualClock, MonotonicClock,
-    Policy, RawAllocator,
+    Clock, DecayingPool, Exponential, FixedCapacity, FixedTime, ManualClock, MonotonicClock, Policy,
 };
 
 mod common;
 use common::Null;
 mod ratios;
-
-/// What most projects write: an exact-size cache that never evicts.
-#[derive(Default)]
-struct HandWritten {
-    map: hashbrown::HashMap<usize, Vec<usize>>,
-    backing: Null,
-}
-
-impl HandWritten {
-    /// A cache holding `per` blocks of each of `sizes`.
-    fn filled(sizes: &[usize], per: usize) -> Self {
-        let mut hand = HandWritten::default();
-        for &s in sizes {
-            let held: Vec<_> = (0..per).map(|_| hand.allocate(s)).collect();
-            for b in held {
-                hand.release(b, s);
-            }
-        }
-        hand
-    }
-
-    #[inline]
-    fn allocate(&mut self, size: usize) -> usize {
-        match self.map.get_mut(&size).and_then(Vec::pop) {
-            Some(b) => b,
-            None => self.backing.allocate(size).unwrap(),
-        }
-    }
-    #[inline]
-    fn release(&mut self, block: usize, size: usize) {
-        self.map.entry(size).or_default().push(block);
-    }
-}
-
-/// `n` pseudo-random sizes (a fixed LCG, so every run draws the same).
-fn sizes(n: usize) -> Vec<usize> {
-    let mut x: u64 = 0x2545_F491_4F6C_DD1D;
-    let mut out: Vec<usize> = Vec::with_capacity(n);
-    while out.len() < n {
-        x = x
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        let s = 256 + ((x >> 33) as usize % (1 << 24));
-        if !out.contains(&s) || n > 4096 {
-            out.push(s);
-        }
-    }
-    out.sort_unstable();
-    out.dedup();
-    out
-}
-
-/// The order requests come in: a random walk over the classes.
-fn order(classes: usize, len: usize) -> Vec<usize> {
-    let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
-    (0..len)
-        .map(|_| {
-            x = x
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            (x >> 33) as usize % classes
-        })
-        .collect()
-}
-
-fn fill<P: Policy, C: Clock>(pool: &mut DecayingPool<Null, P, C>, sizes: &[usize], per: usize) {
-    let mut held = Vec::new();
-    for &s in sizes {
-        for _ in 0..per {
-            held.push((pool.allocate(s).unwrap(), s));
-        }
-    }
-    for (b, s) in held {
-        // SAFETY: each block came from this pool with this size.
-        unsafe { pool.release(b, s) };
-    }
-}
+mod workload;
+use workload::{fill, order, sizes, HandWritten};
 
 fn bench_pool<P: Policy, C: Clock>(
     c: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,

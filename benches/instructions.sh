@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Instructions per hit round trip (and per block of a batch), counted by
+# Valgrind's cachegrind: the same on a busy machine as on a quiet one, so
+# it compares two checkouts where `cargo bench --bench hit_path` is noisy.
+# Each row runs `examples/instructions.rs` at two counts and divides the
+# difference of the totals by the difference of the counts.
+#
+#   bash benches/instructions.sh        (needs `valgrind` on the PATH)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+command -v valgrind >/dev/null || { echo "valgrind is not installed" >&2; exit 1; }
+cargo build --release --quiet --example instructions
+bin=target/release/examples/instructions
+
+# Instructions the whole run of `$bin "$@"` takes.
+total() {
+    valgrind --tool=cachegrind --cache-sim=no --cachegrind-out-file=/dev/null \
+        "$bin" "$@" 2>&1 | awk '/I *refs/ { gsub(",", "", $NF); print $NF }'
+}
+
+# Instructions per round trip of cache $1 at scale $2 (per block for batches).
+per_trip() {
+    local n=100000 per=1
+    if [ "$2" = batch ]; then n=10000 per=16; fi
+    local a b
+    a=$(total "$1" "$2" "$n")
+    b=$(total "$1" "$2" $((2 * n)))
+    echo $(((b - a) / (n * per)))
+}
+
+printf '%-16s' "instructions"
+scales=(64x1 4096x4 100000x2 batch)
+for s in "${scales[@]}"; do printf '%16s' "$s"; done
+echo
+declare -A base
+for c in map fixed_time exponential fixed_capacity; do
+    printf '%-16s' "$c"
+    for s in "${scales[@]}"; do
+        v=$(per_trip "$c" "$s")
+        if [ "$c" = map ]; then
+            base[$s]=$v
+            printf '%16s' "$v"
+        else
+            printf '%16s' "$v ($(awk -v a="$v" -v b="${base[$s]}" 'BEGIN { printf "%.2fx", a / b }'))"
+        fi
+    done
+    echo
+done
