@@ -28,21 +28,37 @@ per_trip() {
     echo $(((b - a) / (n * per)))
 }
 
-printf '%-16s' "instructions"
-scales=(64x1 4096x4 100000x2 batch)
-for s in "${scales[@]}"; do printf '%16s' "$s"; done
-echo
-declare -A base
-for c in map fixed_time exponential fixed_capacity; do
-    printf '%-16s' "$c"
-    for s in "${scales[@]}"; do
-        v=$(per_trip "$c" "$s")
-        if [ "$c" = map ]; then
-            base[$s]=$v
-            printf '%16s' "$v"
-        else
-            printf '%16s' "$v ($(awk -v a="$v" -v b="${base[$s]}" 'BEGIN { printf "%.2fx", a / b }'))"
-        fi
-    done
+# A table: the caches of the array `rows` (the first is the baseline of
+# the ratios) at the scales of the array `cols`, under the title $1.
+table() {
+    printf '%-16s' "$1"
+    for s in "${cols[@]}"; do printf '%16s' "$s"; done
     echo
-done
+    declare -A base
+    local c s v
+    for c in "${rows[@]}"; do
+        printf '%-16s' "$c"
+        for s in "${cols[@]}"; do
+            v=$(per_trip "$c" "$s")
+            if [ "$c" = "${rows[0]}" ]; then
+                base[$s]=$v
+                printf '%16s' "$v"
+            else
+                printf '%16s' "$v ($(awk -v a="$v" -v b="${base[$s]}" 'BEGIN { printf "%.2fx", a / b }'))"
+            fi
+        done
+        echo
+    done
+}
+
+# The hit path against the map of vectors.
+rows=(map fixed_time exponential fixed_capacity)
+cols=(64x1 4096x4 100000x2 batch)
+table instructions
+echo
+# Through `SharedPool` (FixedTime), against the plain pool: one class, as
+# `cargo bench --bench shared_pool`, and 64 classes, more than a thread
+# cache holds.
+rows=(fixed_time shared thread_caches)
+cols=(1x1 64x1)
+table "shared, 1 thread"

@@ -16,15 +16,20 @@
 //! cancels out. `benches/instructions.sh` does that for every row.
 //!
 //! Arguments: the cache (`map`, the hand-written map of vectors;
-//! `fixed_time`, `exponential` or `fixed_capacity`, over `ManualClock`),
-//! the scale (`64x1`, `4096x4`, `100000x2`, or `batch`: 16 blocks
-//! allocated from 8 classes of 16, then released, as the benchmark's
-//! batches) and the number of round trips (of batches for `batch`).
+//! `fixed_time`, `exponential` or `fixed_capacity`, over `ManualClock`;
+//! `shared` or `thread_caches`, a `FixedTime` pool behind
+//! `SharedPool::new` or `SharedPool::with_thread_caches`, on one thread),
+//! the scale (`CLASSESxPER`, such as `1x1`, `64x1`, `4096x4` or
+//! `100000x2`; or `batch`: 16 blocks allocated from 8 classes of 16, then
+//! released, as the benchmark's batches, not for the shared pools) and
+//! the number of round trips (of batches for `batch`).
 
 use std::hint::black_box;
 use std::time::Duration;
 
-use decaying_pool::{DecayingPool, Exponential, FixedCapacity, FixedTime, ManualClock, Policy};
+use decaying_pool::{
+    DecayingPool, Exponential, FixedCapacity, FixedTime, ManualClock, Policy, SharedPool,
+};
 
 #[path = "../benches/common/mod.rs"]
 mod common;
@@ -48,8 +53,9 @@ struct Run {
 
 /// Parses the arguments, or says how to call.
 fn parse() -> Result<Run, String> {
-    let usage = "usage: instructions <map|fixed_time|exponential|fixed_capacity> \
-                 <64x1|4096x4|100000x2|batch> <count>";
+    let usage = "usage: instructions \
+                 <map|fixed_time|exponential|fixed_capacity|shared|thread_caches> \
+                 <CLASSESxPER|batch> <count>";
     let args: Vec<String> = std::env::args().skip(1).collect();
     let [cache, scale, count] = args.as_slice() else {
         return Err(usage.into());
@@ -138,6 +144,31 @@ fn pool<P: Policy>(policy: P, run: &Run, sizes: &[usize], walk: &[usize]) {
     assert!(misses <= filled / 100, "{misses} misses while measuring");
 }
 
+/// `run.count` round trips through a `SharedPool` over `FixedTime`
+/// (`thread_caches`: with a cache per thread), filled first; checks that
+/// they hit. Each round trip allocates and drops a `Pooled` block.
+fn shared(thread_caches: bool, run: &Run, sizes: &[usize], walk: &[usize]) {
+    let mut pool = DecayingPool::builder(Null::default())
+        .policy(FixedTime::new(Duration::from_secs(3600)))
+        .clock(ManualClock::new())
+        .build();
+    fill(&mut pool, sizes, run.per);
+    let filled = pool.stats().misses;
+    let shared = if thread_caches {
+        SharedPool::with_thread_caches(pool)
+    } else {
+        SharedPool::new(pool)
+    };
+    let mut i = 0;
+    for _ in 0..run.count {
+        let s = sizes[walk[i]];
+        i = (i + 1) % walk.len();
+        drop(black_box(shared.allocate(black_box(s)).unwrap()));
+    }
+    let misses = shared.stats().misses - filled;
+    assert!(misses <= filled / 100, "{misses} misses while measuring");
+}
+
 fn main() {
     let run = match parse() {
         Ok(run) => run,
@@ -165,8 +196,14 @@ fn main() {
             &sizes,
             &walk,
         ),
+        "shared" | "thread_caches" if !run.batch => {
+            shared(run.cache == "thread_caches", &run, &sizes, &walk)
+        }
         other => {
-            eprintln!("unknown cache {other:?}: map, fixed_time, exponential or fixed_capacity");
+            eprintln!(
+                "unknown cache {other:?} (or a batch through a shared pool): map, \
+                 fixed_time, exponential, fixed_capacity, shared or thread_caches"
+            );
             std::process::exit(2);
         }
     }

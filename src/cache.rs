@@ -143,6 +143,13 @@ impl<B, P: Policy, C: Clock> Cache<B, P, C> {
         }
     }
 
+    /// Whether [`run_policy`](Self::run_policy) may free a block at `now`
+    /// ([`Store::may_evict`]): `false` only when it certainly frees none.
+    #[inline(always)]
+    pub(crate) fn may_evict(&self, now: u64) -> bool {
+        self.store.may_evict(now)
+    }
+
     /// The class of a request, or why it cannot have one.
     #[inline(always)]
     pub(crate) fn class_of<E>(&self, size: usize) -> Result<usize, PoolError<E>> {

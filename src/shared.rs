@@ -40,7 +40,7 @@ use crate::policy::{FixedTime, Policy, Reuse};
 use crate::pool::DecayingPool;
 use crate::raw::{RawAllocator, SendBlock};
 use crate::stats::{ClassStats, Stats};
-use lock::CacheLock;
+use lock::{CacheLock, Guard as LockGuard};
 use thread_cache::{Found, MagCounts, Magazine, MAGAZINE};
 
 /// A thread-safe, cheaply cloneable handle to a [`DecayingPool`].
@@ -699,7 +699,13 @@ impl<A: RawAllocator, P: Policy, C: Clock> Inner<A, P, C> {
 
     /// The hot path of a release to this thread's magazine: the block
     /// goes in if the magazine has room and nothing due, else it comes
-    /// back (and [`Pooled`]'s drop takes the whole path).
+    /// back (and [`Pooled`]'s drop takes the whole path) with whether the
+    /// whole path may still put it in the magazine: `false` when the
+    /// magazine was seen full with nothing due, or with no handle left,
+    /// or held by a visitor, where [`release_cached`](Self::release_cached)
+    /// would only find the same and give it back again (a thread that
+    /// releases more classes than a magazine holds would otherwise look at
+    /// its magazine twice for every release that goes to the shared cache).
     ///
     /// As [`release_cached`](Self::release_cached), it reaches the pool
     /// only through `pool` and `handles`, and only while the block is
@@ -715,39 +721,39 @@ impl<A: RawAllocator, P: Policy, C: Clock> Inner<A, P, C> {
         tc: &ThreadCaches<C>,
         size: usize,
         block: A::Block,
-    ) -> Result<(), A::Block> {
+    ) -> Result<(), (A::Block, bool)> {
         let Some(class) = tc.round(size) else {
-            return Err(block);
+            return Err((block, true));
         };
         // A clock that panics: the whole path reads it again, and knows
         // what to do with the block then.
         let Ok(now) = catch_unwind(AssertUnwindSafe(|| tc.clock.now_nanos())) else {
-            return Err(block);
+            return Err((block, true));
         };
         let ttl = tc.ttl;
         // SAFETY: `pool` is alive while the block is counted lent (the
         // caller's promise), and its magazines hold its blocks.
         let mag = unsafe { thread_cache::last::<A::Block>(pool.cast()) };
         if mag.is_null() {
-            return Err(block);
+            return Err((block, true));
         }
         // SAFETY: this thread's table keeps the magazine alive, and this
         // call neither registers a magazine nor exits the thread (`last`).
         let mag = unsafe { &*mag };
         let put = mag.owned_with(block, |m, block| {
-            // As in `release_cached`.
-            if !m.oldest_due(now, ttl)
-                && m.blocks.len() < MAGAZINE
-                && handles.load(Ordering::Acquire) > 0
-            {
+            // As in `release_cached`; due blocks are freed there.
+            if m.oldest_due(now, ttl) {
+                Err((block, true))
+            } else if m.blocks.len() < MAGAZINE && handles.load(Ordering::Acquire) > 0 {
                 m.blocks.push((block, class, now));
                 m.lent -= 1;
                 Ok(())
             } else {
-                Err(block)
+                Err((block, false))
             }
         });
-        put.unwrap_or_else(Err)
+        // A visitor holds the magazine: the shared cache takes the block.
+        put.unwrap_or_else(|block| Err((block, false)))
     }
 
     /// A release of a lent `block` of `class` at `now` to this thread's
@@ -866,6 +872,11 @@ impl<A: RawAllocator, P: Policy, C: Clock> Inner<A, P, C> {
     }
 
     /// [`allocate`](Self::allocate) past the thread caches.
+    ///
+    /// A hit with nothing due frees nothing, so it needs none of the
+    /// unwinding care of [`allocate_locked`](Self::allocate_locked): a
+    /// panic of the clock or the policy there only unlocks the cache,
+    /// with nothing taken.
     #[inline(never)]
     fn allocate_shared(
         &self,
@@ -875,22 +886,51 @@ impl<A: RawAllocator, P: Policy, C: Clock> Inner<A, P, C> {
         if let Some(r) = self.packed(|p| p.allocate(size)) {
             return r;
         }
+        let mut guard = self.cache.lock();
+        let Slot { cache, lending } = &mut *guard;
+        let cache = cache
+            .as_mut()
+            .expect("SharedPool: the pool is taken apart (re-entered from `with`?)");
+        // Read under the lock (again, after a thread cache's miss), so
+        // that the store sees its times in order.
+        let now = cache.now();
+        if !cache.may_evict(now) {
+            let class = cache.class_of(size)?;
+            if let Some(block) = cache.take(size, class, now) {
+                lending.lend(this);
+                return Ok(block);
+            }
+        }
+        self.allocate_locked(this, guard, size, now)
+    }
+
+    /// [`allocate_shared`](Self::allocate_shared) past its hit: a
+    /// collection, a miss, an error; the clock was read at `now` under
+    /// `guard`, the cache lock, which this lets go before any backing call.
+    #[inline(never)]
+    fn allocate_locked(
+        &self,
+        this: &Arc<Self>,
+        guard: LockGuard<'_, Slot<A, P, C>>,
+        size: usize,
+        now: u64,
+    ) -> Result<A::Block, PoolError<A::Error>> {
         let mut frees: Frees<A::Block> = Vec::new();
         let step = catch_unwind(AssertUnwindSafe(|| {
-            self.slot(|cache, lending| {
-                let free = &mut |block, class| frees.push((block, class));
-                // Read under the lock (again, after a thread cache's miss),
-                // so that the store sees its times in order.
-                let now = cache.now();
-                cache.run_policy(now, free);
-                let class = cache.class_of(size)?;
-                if let Some(block) = cache.take(size, class, now) {
-                    lending.lend(this);
-                    return Ok(Step::Hit(block));
-                }
-                cache.make_room(size, class, now, free)?;
-                Ok(Step::Miss { size, class, now })
-            })
+            let mut guard = guard;
+            let Slot { cache, lending } = &mut *guard;
+            let cache = cache
+                .as_mut()
+                .expect("SharedPool: the pool is taken apart (re-entered from `with`?)");
+            let free = &mut |block, class| frees.push((block, class));
+            cache.run_policy(now, free);
+            let class = cache.class_of(size)?;
+            if let Some(block) = cache.take(size, class, now) {
+                lending.lend(this);
+                return Ok(Step::Hit(block));
+            }
+            cache.make_room(size, class, now, free)?;
+            Ok(Step::Miss { size, class, now })
         }));
         let freed = catch_unwind(AssertUnwindSafe(|| self.deallocate(frees)));
         let step = match step {
@@ -2379,7 +2419,7 @@ impl<A: RawAllocator, P: Policy, C: Clock> Drop for Pooled<A, P, C> {
         // `block` came from this pool's `allocate(size)` (through
         // `SharedPool::allocate`, or `from_raw`, whose contract says so), and
         // this handle owned it alone, so it is released once.
-        let block = match &view.inner.tc {
+        let (block, magazine) = match &view.inner.tc {
             Some(tc) => {
                 let pool = Arc::as_ptr(&view.inner);
                 // SAFETY: the block is counted lent in this live pool.
@@ -2388,24 +2428,25 @@ impl<A: RawAllocator, P: Policy, C: Clock> Drop for Pooled<A, P, C> {
                 } {
                     // The pool may be gone: nothing reaches it any more.
                     Ok(()) => return,
-                    Err(block) => block,
+                    Err(back) => back,
                 }
             }
-            None => block,
+            None => (block, false),
         };
-        release_slow(view, block, size);
+        release_slow(view, block, size, magazine);
     }
 }
 
 /// The whole release of a [`Pooled`]'s block, when the hot path (a thread
-/// cache with room) did not take it.
+/// cache with room) did not take it; `magazine`: whether the thread's
+/// magazine may still take it (see [`Inner::release_cached_fast`]).
 #[inline(never)]
 fn release_slow<A: RawAllocator, P: Policy, C: Clock>(
     view: ManuallyDrop<SharedPool<A, P, C>>,
     block: A::Block,
     size: usize,
+    magazine: bool,
 ) {
-    let panicking = thread::panicking();
     if view.inner.packed.is_some() {
         // Drops the view's reference last, also when the release unwinds.
         let view = Unview(view);
@@ -2414,7 +2455,7 @@ fn release_slow<A: RawAllocator, P: Policy, C: Clock>(
             unreachable!("a packed pool stays packed")
         };
         let release = || inner.release_packed(layer, block, size);
-        if panicking {
+        if thread::panicking() {
             let _ = catch_unwind(AssertUnwindSafe(release));
         } else {
             release();
@@ -2426,7 +2467,7 @@ fn release_slow<A: RawAllocator, P: Policy, C: Clock>(
         // and nothing reaches the pool afterwards.
         let mut block = block;
         let mut mag_panic = None;
-        if let Some(tc) = &view.inner.tc {
+        if let Some(tc) = view.inner.tc.as_ref().filter(|_| magazine) {
             let class = tc.round(size);
             let ttl = tc.ttl;
             // A clock that panics: the path below reads it again, and
@@ -2443,7 +2484,8 @@ fn release_slow<A: RawAllocator, P: Policy, C: Clock>(
                     Ok(()) => {
                         // The pool may be gone: only the panic is left.
                         if let Some(panic) = mag_panic {
-                            if !panicking {
+                            // Asked only now: a panic caught on the way counts no more.
+                            if !thread::panicking() {
                                 resume_unwind(panic);
                             }
                         }
@@ -2485,7 +2527,9 @@ fn release_slow<A: RawAllocator, P: Policy, C: Clock>(
             None => cached.and(freed),
         };
         if let Err(panic) = first {
-            if !panicking {
+            // Asked only when there is a panic to pass on: a panic caught
+            // on the way no longer counts, so this is what it was on entry.
+            if !thread::panicking() {
                 resume_unwind(panic);
             }
         }
