@@ -262,6 +262,53 @@ fn a_pooled_whose_clock_panics_gives_its_block_back() {
     alloc.assert_all_freed();
 }
 
+/// The hit path of a `SharedPool` (nothing due, a block cached) with a
+/// clock, then a policy, that panics there: the cache lock is let go, the
+/// block stays cached, and the next allocate hits it on this thread and on
+/// another (a lock left held would hang it).
+#[test]
+fn a_shared_hit_whose_clock_or_policy_panics_keeps_its_block() {
+    let alloc = CheckingAllocator::new();
+    let clock = PanickingClock::new(ManualClock::new());
+    let policy = PanickingPolicy::new(FixedTime::new(SECOND));
+    let switches = policy.switches();
+    let pool = SharedPool::new(
+        DecayingPool::builder(alloc.clone())
+            .policy(policy)
+            .clock(clock.clone())
+            .build(),
+    );
+    // A miss, then a hit, whose collection plans the deadline: from then
+    // on nothing is due, and a hit takes the shortest path.
+    drop(pool.allocate(100).unwrap());
+    drop(pool.allocate(100).unwrap());
+    for switch in [clock.switch(), &switches.on_hit] {
+        switch.panic_on(1);
+        assert_injected(quiet(|| pool.allocate(100).map(drop)));
+        let s = pool.stats();
+        assert_eq!(
+            (s.blocks_in_use, s.blocks_cached, s.hits, s.misses),
+            (0, 1, 1, 1),
+            "{s:?}"
+        );
+        pool.with(|p| p.validate());
+    }
+    let other = pool.clone();
+    std::thread::spawn(move || drop(other.allocate(100).unwrap()))
+        .join()
+        .unwrap();
+    drop(pool.allocate(100).unwrap());
+    let s = pool.stats();
+    assert_eq!((s.hits, s.misses, s.blocks_cached), (3, 1, 1), "{s:?}");
+    // The panicked hits counted no block lent: the last lent block lets
+    // the pool go, with its cached blocks (else it stays, and they too).
+    let kept = pool.allocate(50).unwrap();
+    drop(pool);
+    assert_eq!(alloc.live(), 2);
+    drop(kept);
+    alloc.assert_all_freed();
+}
+
 // ---------------------------------------------------------------------------
 // A panicking miss
 
