@@ -2428,9 +2428,12 @@ impl<A: RawAllocator, P: Policy, C: Clock> Drop for Pooled<A, P, C> {
                 } {
                     // The pool may be gone: nothing reaches it any more.
                     Ok(()) => return,
-                    Err(back) => back,
+                    Err((block, true)) => (block, true),
+                    // To the shared cache (a thread-cached pool is plain).
+                    Err((block, false)) => return release_plain(view, block, size),
                 }
             }
+            None if view.inner.packed.is_none() => return release_plain(view, block, size),
             None => (block, false),
         };
         release_slow(view, block, size, magazine);
@@ -2529,6 +2532,95 @@ fn release_slow<A: RawAllocator, P: Policy, C: Clock>(
         if let Err(panic) = first {
             // Asked only when there is a panic to pass on: a panic caught
             // on the way no longer counts, so this is what it was on entry.
+            if !thread::panicking() {
+                resume_unwind(panic);
+            }
+        }
+    }
+}
+
+/// The release of a [`Pooled`]'s block of a plain pool to the shared
+/// cache (without thread caches, or past a magazine that cannot take the
+/// block), when the thread is not unwinding (else [`release_slow`], which
+/// keeps a panic from leaving a destructor that runs while unwinding): the
+/// block is cached and counted back in one step under the cache lock,
+/// unless the cache lets blocks go first, which are freed outside it
+/// while the block still keeps the pool alive. A panic of the clock, the
+/// policy or a `deallocate` leaves the rest to [`Settle`] as the release
+/// unwinds, so the hit path needs no `catch_unwind`.
+#[inline(never)]
+fn release_plain<A: RawAllocator, P: Policy, C: Clock>(
+    view: ManuallyDrop<SharedPool<A, P, C>>,
+    block: A::Block,
+    size: usize,
+) {
+    if thread::panicking() {
+        return release_slow(view, block, size, false);
+    }
+    let mut settle = Settle {
+        pool: Arc::as_ptr(&view.inner),
+        frees: Vec::new(),
+        counted: false,
+    };
+    let held = {
+        // SAFETY: the block is counted lent until `settle.counted` is set,
+        // which keeps the pool alive, and nothing below reaches the pool
+        // through `inner` once it is set.
+        let inner = unsafe { &*settle.pool };
+        let mut guard = inner.cache.lock();
+        let Slot { cache, lending } = &mut *guard;
+        let cache = cache
+            .as_mut()
+            .expect("SharedPool: the pool is taken apart (re-entered from `with`?)");
+        // The clock is read under the lock, so that the store sees its
+        // times in order.
+        let frees = &mut settle.frees;
+        cache.release_now(block, size, &mut |block, class| frees.push((block, class)));
+        if !settle.frees.is_empty() {
+            // `settle` frees them, then counts the block back.
+            drop(guard);
+            return drop(settle);
+        }
+        // The usual case: nothing to free, so the block is counted back
+        // in this same step.
+        settle.counted = true;
+        lending.give_back(&inner.handles)
+    };
+    // The pool may be gone. `settle` has nothing left to do, and owns no
+    // memory: nothing was pushed to its list.
+    debug_assert!(settle.counted && settle.frees.capacity() == 0);
+    core::mem::forget(settle);
+    // May drop the pool (`held` was its last reference).
+    drop(held);
+}
+
+/// What a [`release_plain`] leaves to do once the cache lock is let go,
+/// also when the release unwinds: while the block is not yet counted back
+/// (`counted`), free the blocks the cache let go (`frees`), then count the
+/// block back. A panic of a `deallocate` is passed on, unless the thread
+/// is unwinding (from a panic of the release itself, which goes on).
+struct Settle<A: RawAllocator, P: Policy, C: Clock> {
+    /// The pool: alive while the block is counted lent.
+    pool: *const Inner<A, P, C>,
+    frees: Frees<A::Block>,
+    counted: bool,
+}
+
+impl<A: RawAllocator, P: Policy, C: Clock> Drop for Settle<A, P, C> {
+    fn drop(&mut self) {
+        if self.counted {
+            return;
+        }
+        // SAFETY: the block is not counted back yet: the pool is alive.
+        let inner = unsafe { &*self.pool };
+        let frees = core::mem::take(&mut self.frees);
+        let freed = catch_unwind(AssertUnwindSafe(|| inner.deallocate(frees)));
+        let held = with_lending(&inner.cache, |l| l.give_back(&inner.handles));
+        self.counted = true;
+        // May drop the pool (`held` was its last reference); a pool
+        // dropped while unwinding discards the panics of its frees.
+        drop(held);
+        if let Err(panic) = freed {
             if !thread::panicking() {
                 resume_unwind(panic);
             }

@@ -265,7 +265,9 @@ fn a_pooled_whose_clock_panics_gives_its_block_back() {
 /// The hit path of a `SharedPool` (nothing due, a block cached) with a
 /// clock, then a policy, that panics there: the cache lock is let go, the
 /// block stays cached, and the next allocate hits it on this thread and on
-/// another (a lock left held would hang it).
+/// another (a lock left held would hang it). Then the release path, with
+/// a policy that panics once the block is cached: the block stays cached
+/// and is counted back.
 #[test]
 fn a_shared_hit_whose_clock_or_policy_panics_keeps_its_block() {
     let alloc = CheckingAllocator::new();
@@ -300,8 +302,15 @@ fn a_shared_hit_whose_clock_or_policy_panics_keeps_its_block() {
     drop(pool.allocate(100).unwrap());
     let s = pool.stats();
     assert_eq!((s.hits, s.misses, s.blocks_cached), (3, 1, 1), "{s:?}");
-    // The panicked hits counted no block lent: the last lent block lets
-    // the pool go, with its cached blocks (else it stays, and they too).
+    let block = pool.allocate(100).unwrap();
+    switches.on_release.panic_on(1);
+    assert_injected(quiet(move || drop(block)));
+    let s = pool.stats();
+    assert_eq!((s.blocks_in_use, s.blocks_cached), (0, 1), "{s:?}");
+    pool.with(|p| p.validate());
+    // The panicked hits and release counted no block lent: the last lent
+    // block lets the pool go, with its cached blocks (else it stays, and
+    // they too).
     let kept = pool.allocate(50).unwrap();
     drop(pool);
     assert_eq!(alloc.live(), 2);
