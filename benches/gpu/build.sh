@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Builds, here, what `benches/gpu/run.sh` runs on a machine with a CUDA
+# device: the integration tests and the examples with every feature
+# (release), copied with the traces into `.gpu/` (ignored by git), so the
+# folder can be carried to a machine that has no Rust.
+#
+#   bash benches/gpu/build.sh [TRACE...]   # default: the shared traces, if present
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+grep -qx '/.gpu/' .git/info/exclude 2>/dev/null || echo '/.gpu/' >>.git/info/exclude
+rm -rf .gpu && mkdir -p .gpu/bin .gpu/traces
+cargo build --release --all-features --examples
+it=$(cargo test --release --all-features --test it --no-run --message-format=json |
+    python3 -c 'import json, sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m["target"]["name"] == "it" and m.get("executable"):
+        print(m["executable"])')
+cp "$it" .gpu/bin/it
+for e in tensor_store cuda_costs cuda_replay; do cp "target/release/examples/$e" .gpu/bin/; done
+strip .gpu/bin/*
+if [ $# -eq 0 ]; then
+    set -- ../shared/workloads/pytorch_cs336_*.csv
+    [ -f "$1" ] || set -- cli/traces/inference.csv
+fi
+for t in "$@"; do [ -f "$t" ] && cp "$t" .gpu/traces/; done
+du -sh .gpu

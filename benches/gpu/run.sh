@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# The GPU checks, on a machine with a CUDA device and PyTorch, from the
+# repository root, after `bash benches/gpu/build.sh` built `.gpu/`: the
+# device tests, the tensor example, the allocators' costs by size, and each
+# trace replayed on the device by the pools (`cuda_replay`) and by PyTorch's
+# own allocator, default and with expandable segments (`torch_replay.py`).
+# Everything goes to $OUT/log (default /tmp/gpu-out/log).
+#
+#   bash benches/gpu/run.sh [PASSES]   # default 3
+set -u
+export PYTHONUNBUFFERED=1
+cd "$(dirname "$0")/../.."
+out=${OUT:-/tmp/gpu-out}
+mkdir -p "$out"
+passes=${1:-3}
+g=.gpu
+{
+    date -u
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+    grep -m1 'model name' /proc/cpuinfo
+    echo "== device tests"
+    timeout 180 $g/bin/it cuda:: --test-threads=1
+    echo "== tensor_store"
+    timeout 60 $g/bin/tensor_store
+    echo "== cuda_costs"
+    timeout 180 $g/bin/cuda_costs
+    for t in $g/traces/*.csv; do
+        for p in 1 "$passes"; do
+            echo "== cuda_replay $t $p"
+            timeout 90 $g/bin/cuda_replay "$t" "$p"
+            echo "== torch_replay $t $p"
+            timeout 90 python3 benches/gpu/torch_replay.py "$t" "$p"
+            PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True \
+                timeout 90 python3 benches/gpu/torch_replay.py "$t" "$p"
+        done
+        echo "== torch_replay $t 1, no caching (every request a cudaMalloc)"
+        PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout 120 python3 benches/gpu/torch_replay.py "$t" 1
+    done
+    echo "== done"
+} 2>&1 | tee "$out/log"
