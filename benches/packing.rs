@@ -12,34 +12,11 @@ use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
 use decaying_pool::{
-    Clock, DecayingPool, FixedTime, ManualClock, MonotonicClock, Packable, PackedPool, Packing,
-    Policy, RawAllocator,
+    Clock, DecayingPool, FixedTime, ManualClock, MonotonicClock, PackedPool, Packing, Policy,
 };
 
-/// A backing allocator that does nothing but hand out address ranges, so
-/// blocks can be carved (`segment + offset`).
-#[derive(Default)]
-struct NullAddresses(usize);
-
-impl RawAllocator for NullAddresses {
-    type Block = usize;
-    type Error = core::convert::Infallible;
-    fn allocate(&mut self, size: usize) -> Result<usize, Self::Error> {
-        let at = (self.0 + 4095) & !4095;
-        self.0 = at + size;
-        Ok(at + 4096)
-    }
-    unsafe fn deallocate(&mut self, _block: usize, _size: usize) {}
-}
-
-impl Packable for NullAddresses {
-    fn carve(segment: &usize, offset: usize) -> usize {
-        segment + offset
-    }
-    fn address(block: &usize) -> usize {
-        *block
-    }
-}
+mod common;
+use common::NullAddresses;
 
 /// `n` sizes drawn from `lo..hi` (a fixed LCG, so every run draws the same).
 fn sizes(n: usize, lo: usize, hi: usize, seed: u64) -> Vec<usize> {
@@ -197,6 +174,41 @@ fn round_trip(c: &mut Criterion) {
         for a in keep {
             sub.free(a);
         }
+    }
+
+    // Nothing held: each release empties the block's segment, which goes
+    // back to the exact pool, and each allocate makes a segment again (an
+    // exact-pool hit and a sub-allocator): what a segment coming and going
+    // costs. One size (its emptied sub-allocator is reused) and eight
+    // medium sizes in turn, whose segments differ in size (a fresh
+    // sub-allocator each time).
+    let mib = 1usize << 20;
+    let churn: [(&str, &[usize]); 3] = [
+        ("small", &[4096]),
+        ("medium", &[3 * mib]),
+        (
+            "medium_8_sizes",
+            &[
+                3 * mib,
+                5 * mib,
+                9 * mib,
+                13 * mib,
+                17 * mib,
+                25 * mib,
+                33 * mib,
+                48 * mib,
+            ],
+        ),
+    ];
+    for (scale, walk) in churn {
+        bench_packed(
+            &mut g,
+            "packed_segment_churn",
+            scale,
+            packed(ManualClock::new()),
+            walk,
+            0,
+        );
     }
 
     // An exact block through the packing layer (above the medium

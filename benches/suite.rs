@@ -29,11 +29,12 @@ use criterion::{
 };
 use decaying_pool::trace::{Event, Op, ReadOptions, TraceReader};
 use decaying_pool::{
-    Clock, DecayingPool, Exponential, FixedCapacity, FixedTime, ManualClock, Policy, RawAllocator,
+    Clock, DecayingPool, Exponential, FixedCapacity, FixedTime, ManualClock, Packing, Policy,
+    RawAllocator,
 };
 
 mod common;
-use common::Null;
+use common::{Null, NullAddresses};
 
 /// A time-to-live long enough that nothing decays during a benchmark.
 const LONG: Duration = Duration::from_secs(3600);
@@ -371,6 +372,35 @@ fn replay<P: Policy>(policy: P, events: &[Event]) -> u64 {
     p.stats().hits
 }
 
+/// Replays `events` through the packed pool; its hits.
+fn replay_packed(events: &[Event]) -> u64 {
+    let clock = ManualClock::new();
+    let mut p = DecayingPool::builder(NullAddresses::default())
+        .policy(FixedTime::new(Duration::from_secs(1)))
+        .clock(clock.clone())
+        .packing(Packing::default())
+        .build();
+    let mut live: HashMap<u64, (usize, usize)> = HashMap::with_capacity(1024);
+    for e in events {
+        clock.set(e.time);
+        let size = e.size as usize;
+        match e.op {
+            Op::Alloc => {
+                let b = p.allocate(size).unwrap();
+                live.insert(e.addr, (b, size));
+            }
+            Op::Free => {
+                if let Some((b, s)) = live.remove(&e.addr) {
+                    // SAFETY: `b` came from this pool with size `s` and is
+                    // released once.
+                    unsafe { p.release(b, s) };
+                }
+            }
+        }
+    }
+    p.stats().hits
+}
+
 /// `replay_throughput`: time per event replaying the training trace
 /// through each policy; skipped with a notice when the trace is absent.
 fn replay_throughput(c: &mut Criterion) {
@@ -419,6 +449,11 @@ fn replay_throughput(c: &mut Criterion) {
     });
     g.bench_function("fixed_capacity_256", |b| {
         b.iter(|| replay(FixedCapacity::new(256), black_box(&events)))
+    });
+    // The packed pool (default `Packing` over `FixedTime` 1 s, the replay
+    // tool's `packed`): segments come and go with the trace.
+    g.bench_function("packed_fixed_time_1s", |b| {
+        b.iter(|| replay_packed(black_box(&events)))
     });
     g.finish();
 }

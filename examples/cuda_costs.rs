@@ -15,9 +15,10 @@
 //! an allocation after the stream was synchronised (the driver's pool gives
 //! its memory back then, by default) and "warm" one that its pool serves.
 //! Last, the round trip of a hit of a `DecayingPool` and of a packed pool
-//! over the device. The `CostCurve` lines at the end are the measured
-//! medians in the form `CostCurve::new` takes. Without a CUDA driver and
-//! device it says so and exits.
+//! over the device, and `cuMemFree` while work is queued on the device (it
+//! waits for that work) beside a pool's release. The `CostCurve` lines at
+//! the end are the measured medians in the form `CostCurve::new` takes.
+//! Without a CUDA driver and device it says so and exits.
 
 use std::time::{Duration, Instant};
 
@@ -234,6 +235,44 @@ fn hit_round_trips(device: &DeviceAllocator) -> Result<(), Box<dyn std::error::E
     Ok(())
 }
 
+/// `cuMemFree` while the device is busy: it waits for the queued work,
+/// where a pool's release does not.
+fn free_while_busy(device: &mut DeviceAllocator) -> Result<(), Box<dyn std::error::Error>> {
+    let stream = device.context().default_stream();
+    let mut buf = stream.alloc_zeros::<u8>(4 * GIB)?;
+    let mut pool = DecayingPool::new(device.clone(), FixedTime::new(Duration::from_secs(10)));
+    let pooled = pool.allocate(2 * MIB)?;
+    let block = device.allocate(2 * MIB)?;
+    stream.synchronize()?;
+    // Time the queued work alone first.
+    let t = Instant::now();
+    for _ in 0..8 {
+        stream.memset_zeros(&mut buf)?;
+    }
+    stream.synchronize()?;
+    let work = t.elapsed();
+    for _ in 0..8 {
+        stream.memset_zeros(&mut buf)?;
+    }
+    let t = Instant::now();
+    // SAFETY: allocated above from the pool at this size; unused.
+    unsafe { pool.release(pooled, 2 * MIB) };
+    let release = t.elapsed();
+    let t = Instant::now();
+    // SAFETY: allocated above at this size, freed once; nothing uses it.
+    unsafe { device.deallocate(block, 2 * MIB) };
+    let free = t.elapsed();
+    stream.synchronize()?;
+    println!(
+        "\nwith {:.1} ms of work queued on the device (8 memsets of 4 GiB): \
+         cuMemFree of 2 MiB took {:.1} µs, the pool's release {:.2} µs",
+        work.as_secs_f64() * 1e3,
+        free.as_secs_f64() * 1e6,
+        release.as_secs_f64() * 1e6
+    );
+    Ok(())
+}
+
 fn curve_line(name: &str, medians: &[(usize, f64, f64)], free: bool) {
     let points: Vec<String> = medians
         .iter()
@@ -272,6 +311,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut stream = StreamAllocator::new(device.context().new_stream()?);
     stream_table(&mut stream);
     hit_round_trips(&device)?;
+    free_while_busy(&mut device)?;
 
     println!(
         "\nmeasured medians, as the replay's cost model takes them (us = Duration::from_micros):"

@@ -188,8 +188,11 @@ fn replay(pool: &mut dyn Pool, clock: &ManualClock, events: &[Event], passes: u3
                 }
             }
         }
-        // The pass ends: what it left live goes back.
-        for (_, (b, size)) in live.drain() {
+        // The pass ends: what it left live goes back, in ascending order
+        // of trace address, as `trace::Replayer` releases it.
+        let mut left: Vec<_> = live.drain().collect();
+        left.sort_unstable_by_key(|&(addr, _)| addr);
+        for (_, (b, size)) in left {
             // SAFETY: as above.
             unsafe { pool.release(b, size) };
         }

@@ -1,9 +1,10 @@
 //! Shared by the benchmarks and `examples/metadata.rs`.
 
-use decaying_pool::RawAllocator;
+use decaying_pool::{Packable, RawAllocator};
 
 /// A backing allocator that does nothing: hands out numbers.
 #[derive(Default)]
+#[allow(dead_code)] // the packing bench carves, so it uses `NullAddresses`
 pub(crate) struct Null(usize);
 
 impl RawAllocator for Null {
@@ -14,4 +15,30 @@ impl RawAllocator for Null {
         Ok(self.0)
     }
     unsafe fn deallocate(&mut self, _block: usize, _size: usize) {}
+}
+
+/// A backing allocator that does nothing but hand out address ranges, so
+/// blocks can be carved (`segment + offset`) by a packed pool.
+#[derive(Default)]
+#[allow(dead_code)] // not every target that includes this module packs
+pub(crate) struct NullAddresses(usize);
+
+impl RawAllocator for NullAddresses {
+    type Block = usize;
+    type Error = core::convert::Infallible;
+    fn allocate(&mut self, size: usize) -> Result<usize, Self::Error> {
+        let at = (self.0 + 4095) & !4095;
+        self.0 = at + size;
+        Ok(at + 4096)
+    }
+    unsafe fn deallocate(&mut self, _block: usize, _size: usize) {}
+}
+
+impl Packable for NullAddresses {
+    fn carve(segment: &usize, offset: usize) -> usize {
+        segment + offset
+    }
+    fn address(block: &usize) -> usize {
+        *block
+    }
 }

@@ -3,7 +3,8 @@
 # repository root, after `bash benches/gpu/build.sh` built `.gpu/`: the
 # device tests, the tensor example, the allocators' costs by size, and each
 # trace replayed on the device by the pools (`cuda_replay`) and by PyTorch's
-# own allocator, default and with expandable segments (`torch_replay.py`).
+# own allocator, default and with expandable segments (`torch_replay.py`),
+# and called from C++ (`torch_cpp.py`).
 # Everything goes to $OUT/log (default /tmp/gpu-out/log).
 #
 #   bash benches/gpu/run.sh [PASSES]   # default 3
@@ -33,6 +34,8 @@ g=.gpu
             PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True \
                 timeout 90 python3 benches/gpu/torch_replay.py "$t" "$p"
         done
+        echo "== torch_cpp $t $passes"
+        timeout 240 python3 benches/gpu/torch_cpp.py "$t" "$passes"
         echo "== torch_replay $t 1, no caching (every request a cudaMalloc)"
         PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout 120 python3 benches/gpu/torch_replay.py "$t" 1
     done

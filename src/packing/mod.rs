@@ -103,7 +103,9 @@ pub struct PackedPool<A: Packable, P: Policy = FixedTime, C: Clock = MonotonicCl
     index: [FitIndex; 2],
     /// Per kind: bytes in segments.
     kind_bytes: [usize; 2],
-    spares: Vec<Allocator>,
+    /// Emptied sub-allocators, with their segments' kind, for the next
+    /// segment of the same kind and size.
+    spares: Vec<(usize, Allocator)>,
     /// Sizes of segments given back to the pool since it last freed a
     /// cached block: a new segment of one of them is a cache hit.
     recent: Vec<usize>,
@@ -656,6 +658,18 @@ impl<A: Packable, P: Policy, C: Clock> PackedPool<A, P, C> {
     }
 
     #[inline]
+    /// The fewest units a block carved from a segment of `kind` takes: one
+    /// for small segments, the units of a request just above the small
+    /// threshold for medium ones.
+    fn min_units(&self, kind: usize) -> u32 {
+        if kind == SMALL {
+            1
+        } else {
+            let above_small = self.packing.small_threshold.saturating_add(1);
+            u32::try_from(self.units_of(above_small)).unwrap_or(u32::MAX)
+        }
+    }
+
     fn units_of(&self, size: usize) -> usize {
         let mask = (1usize << self.shift) - 1;
         (size >> self.shift) + usize::from(size & mask != 0)
@@ -797,10 +811,10 @@ impl<A: Packable, P: Policy, C: Clock> PackedPool<A, P, C> {
         let alloc = match self
             .spares
             .iter()
-            .position(|a| a.storage_report().total_free_space == seg_units)
+            .position(|(k, a)| *k == kind && a.storage_report().total_free_space == seg_units)
         {
-            Some(i) => self.spares.swap_remove(i),
-            None => sub_allocator(seg_units),
+            Some(i) => self.spares.swap_remove(i).1,
+            None => sub_allocator(seg_units, self.min_units(kind)),
         };
         let seg = Segment {
             block,
@@ -857,7 +871,7 @@ impl<A: Packable, P: Policy, C: Clock> PackedPool<A, P, C> {
         st.segment_bytes -= seg.bytes;
         st.free_segment_bytes -= seg.bytes;
         if self.spares.len() < SPARES {
-            self.spares.push(seg.alloc);
+            self.spares.push((seg.kind, seg.alloc));
         }
         if self.recent.len() == RECENT {
             self.recent.remove(0);

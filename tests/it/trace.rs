@@ -544,6 +544,39 @@ fn repeat_with_a_gap_lets_blocks_decay() {
     assert!(reps[1].idle_byte_seconds < reps[0].idle_byte_seconds);
 }
 
+/// The blocks a pass leaves live go back in ascending order of trace
+/// address, whatever the hash seed: with one slot, the block released last
+/// is the one cached, and the next pass hits on it or not.
+#[test]
+fn a_pass_releases_what_it_left_live_in_address_order() {
+    let hits_on_the_small_block = |small_addr: u64, large_addr: u64| {
+        let mut r = Replayer::new(
+            &[Config::new(PolicyKind::FixedCapacity(1))],
+            ReplayOptions::default(),
+        );
+        r.begin_pass();
+        r.event(&Event::alloc(us(0), small_addr, 4096));
+        r.event(&Event::alloc(us(1), large_addr, 8192));
+        r.begin_pass();
+        r.event(&Event::alloc(us(0), 0x99, 4096));
+        r.finish("order")[0].hits
+    };
+    // Many address pairs, so a hash-ordered release would fail at least one.
+    for k in 0..16u64 {
+        let (lo, hi) = (0x1000 + k * 0x40, 0x100_0000 + k * 0x1000);
+        assert_eq!(
+            hits_on_the_small_block(hi, lo),
+            1,
+            "pair {k}: released last"
+        );
+        assert_eq!(
+            hits_on_the_small_block(lo, hi),
+            0,
+            "pair {k}: released first"
+        );
+    }
+}
+
 #[test]
 fn a_device_too_small_fails_requests_and_skips_their_frees() {
     let gib = 1u64 << 30;

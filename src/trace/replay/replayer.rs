@@ -141,7 +141,10 @@ impl<T: SimPool> Sim for PoolSim<T> {
     }
 
     fn release_all(&mut self) {
-        let addrs: Vec<u64> = self.live.keys().copied().collect();
+        // In ascending order of trace address: the order decides what a
+        // policy keeps, and a replay must not depend on a hash seed.
+        let mut addrs: Vec<u64> = self.live.keys().copied().collect();
+        addrs.sort_unstable();
         for a in addrs {
             self.free(a);
         }
@@ -218,8 +221,10 @@ fn sim<P: Policy + 'static>(
 /// For a trace looped N times, call [`begin_pass`](Self::begin_pass)
 /// before each pass: the next pass starts [`ReplayOptions::gap`] after the
 /// last event of the previous one, and the blocks the previous pass left
-/// live are released at its end (the program's iteration ends), so they
-/// sit idle in the cache during the gap.
+/// live are released at its end (the program's iteration ends), in
+/// ascending order of their trace addresses, so they sit idle in the cache
+/// during the gap. Nothing in a replay depends on a hash seed: the same
+/// trace and options give the same reports.
 ///
 /// # Examples
 ///
