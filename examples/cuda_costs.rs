@@ -22,9 +22,9 @@
 
 use std::time::{Duration, Instant};
 
-use decaying_pool::cuda::{self, DeviceAllocator, PinnedHostAllocator, StreamAllocator};
+use decaying_pool::cuda::{self, CudaError, DeviceAllocator, PinnedHostAllocator, StreamAllocator};
 use decaying_pool::trace::CostCurve;
-use decaying_pool::{DecayingPool, FixedTime, Packing, RawAllocator};
+use decaying_pool::{DecayingPool, FixedTime, PackedPool, Packing, PoolError, RawAllocator};
 
 const KB: usize = 1000;
 const MB: usize = 1000 * KB;
@@ -217,22 +217,38 @@ fn hit_round_trips(device: &DeviceAllocator) -> Result<(), Box<dyn std::error::E
             unsafe { exact.release(std::hint::black_box(b), size) };
         }
         let e = t.elapsed().as_secs_f64() * 1e9 / f64::from(N);
-        let b = packed.allocate(size)?;
+        // Alone, the block's segment empties at each release and goes
+        // back to the exact pool: each round trip takes it again.
+        let alone = packed_round_trip(&mut packed, size, N)?;
+        // With a neighbour held, the segment stays: carve and free only.
+        let neighbour = packed.allocate(size)?;
+        let kept = packed_round_trip(&mut packed, size, N)?;
         // SAFETY: allocated just above at `size`; nothing uses it.
-        unsafe { packed.release(b, size) };
-        let t = Instant::now();
-        for _ in 0..N {
-            let b = packed.allocate(size)?;
-            // SAFETY: as above.
-            unsafe { packed.release(std::hint::black_box(b), size) };
-        }
-        let p = t.elapsed().as_secs_f64() * 1e9 / f64::from(N);
+        unsafe { packed.release(neighbour, size) };
         println!(
-            "{:>9}  DecayingPool {e:>6.1} ns   packed {p:>6.1} ns",
+            "{:>9}  DecayingPool {e:>6.1} ns   packed: segment kept {kept:>6.1} ns, segment taken each time {alone:>6.1} ns",
             size_label(size)
         );
     }
     Ok(())
+}
+
+/// ns per round trip of `size` through `packed`, `n` times in a row.
+fn packed_round_trip(
+    packed: &mut PackedPool<DeviceAllocator>,
+    size: usize,
+    n: u32,
+) -> Result<f64, PoolError<CudaError>> {
+    let b = packed.allocate(size)?;
+    // SAFETY: allocated just above at `size`; nothing uses it.
+    unsafe { packed.release(b, size) };
+    let t = Instant::now();
+    for _ in 0..n {
+        let b = packed.allocate(size)?;
+        // SAFETY: as above.
+        unsafe { packed.release(std::hint::black_box(b), size) };
+    }
+    Ok(t.elapsed().as_secs_f64() * 1e9 / f64::from(n))
 }
 
 /// `cuMemFree` while the device is busy: it waits for the queued work,

@@ -86,7 +86,7 @@ def main():
     rows, slot_of = [], {}
     for is_alloc, addr, size in read_trace(path):
         if is_alloc:
-            slot_of[addr] = len(slot_of)
+            slot_of[addr] = len(rows)  # a slot of its own
             rows.append((1, slot_of[addr], size))
         else:
             rows.append((0, slot_of.pop(addr), size))
