@@ -346,33 +346,43 @@ fn mmap_64mib(_c: &mut Criterion) {
 /// crate (absent outside the project's checkout: the group is skipped).
 const TRACE: &str = "../shared/workloads/pytorch_cs336_medium_ctx128_training.csv";
 
-/// Replays `events` through a fresh pool with `policy`, the clock set to
-/// each event's time. Returns the pool's hits.
-fn replay<P: Policy>(policy: P, events: &[Event]) -> u64 {
-    let clock = ManualClock::new();
-    let mut p = pool(policy, &clock);
+/// Replays `events` through `pool` (any pool, as a `RawAllocator`), the
+/// clock set to each event's time.
+fn replay_on<A: RawAllocator<Block = usize>>(pool: &mut A, clock: &ManualClock, events: &[Event])
+where
+    A::Error: core::fmt::Debug,
+{
     let mut live: HashMap<u64, (usize, usize)> = HashMap::with_capacity(1024);
     for e in events {
         clock.set(e.time);
         let size = e.size as usize;
         match e.op {
             Op::Alloc => {
-                let b = p.allocate(size).unwrap();
+                let b = pool.allocate(size).unwrap();
                 live.insert(e.addr, (b, size));
             }
             Op::Free => {
                 if let Some((b, s)) = live.remove(&e.addr) {
                     // SAFETY: `b` came from this pool with size `s` and is
                     // released once.
-                    unsafe { p.release(b, s) };
+                    unsafe { pool.deallocate(b, s) };
                 }
             }
         }
     }
+}
+
+/// Replays `events` through a fresh pool with `policy`. Returns the pool's
+/// hits.
+fn replay<P: Policy>(policy: P, events: &[Event]) -> u64 {
+    let clock = ManualClock::new();
+    let mut p = pool(policy, &clock);
+    replay_on(&mut p, &clock, events);
     p.stats().hits
 }
 
-/// Replays `events` through the packed pool; its hits.
+/// Replays `events` through the packed pool (default `Packing` over
+/// `FixedTime` 1 s, the replay tool's `packed`); its hits.
 fn replay_packed(events: &[Event]) -> u64 {
     let clock = ManualClock::new();
     let mut p = DecayingPool::builder(NullAddresses::default())
@@ -380,24 +390,7 @@ fn replay_packed(events: &[Event]) -> u64 {
         .clock(clock.clone())
         .packing(Packing::default())
         .build();
-    let mut live: HashMap<u64, (usize, usize)> = HashMap::with_capacity(1024);
-    for e in events {
-        clock.set(e.time);
-        let size = e.size as usize;
-        match e.op {
-            Op::Alloc => {
-                let b = p.allocate(size).unwrap();
-                live.insert(e.addr, (b, size));
-            }
-            Op::Free => {
-                if let Some((b, s)) = live.remove(&e.addr) {
-                    // SAFETY: `b` came from this pool with size `s` and is
-                    // released once.
-                    unsafe { p.release(b, s) };
-                }
-            }
-        }
-    }
+    replay_on(&mut p, &clock, events);
     p.stats().hits
 }
 

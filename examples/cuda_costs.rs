@@ -22,9 +22,9 @@
 
 use std::time::{Duration, Instant};
 
-use decaying_pool::cuda::{self, CudaError, DeviceAllocator, PinnedHostAllocator, StreamAllocator};
+use decaying_pool::cuda::{self, DeviceAllocator, PinnedHostAllocator, StreamAllocator};
 use decaying_pool::trace::CostCurve;
-use decaying_pool::{DecayingPool, FixedTime, PackedPool, Packing, PoolError, RawAllocator};
+use decaying_pool::{DecayingPool, FixedTime, Packing, RawAllocator};
 
 const KB: usize = 1000;
 const MB: usize = 1000 * KB;
@@ -207,22 +207,13 @@ fn hit_round_trips(device: &DeviceAllocator) -> Result<(), Box<dyn std::error::E
         .build();
     println!("\npool hits over the device: ns per round trip (allocate + release), {N} in a row");
     for size in [4096, MB, 64 * MB] {
-        let b = exact.allocate(size)?;
-        // SAFETY: allocated just above at `size`; nothing uses it.
-        unsafe { exact.release(b, size) };
-        let t = Instant::now();
-        for _ in 0..N {
-            let b = exact.allocate(size)?;
-            // SAFETY: as above.
-            unsafe { exact.release(std::hint::black_box(b), size) };
-        }
-        let e = t.elapsed().as_secs_f64() * 1e9 / f64::from(N);
+        let e = round_trip(&mut exact, size, N)?;
         // Alone, the block's segment empties at each release and goes
         // back to the exact pool: each round trip takes it again.
-        let alone = packed_round_trip(&mut packed, size, N)?;
+        let alone = round_trip(&mut packed, size, N)?;
         // With a neighbour held, the segment stays: carve and free only.
         let neighbour = packed.allocate(size)?;
-        let kept = packed_round_trip(&mut packed, size, N)?;
+        let kept = round_trip(&mut packed, size, N)?;
         // SAFETY: allocated just above at `size`; nothing uses it.
         unsafe { packed.release(neighbour, size) };
         println!(
@@ -233,20 +224,17 @@ fn hit_round_trips(device: &DeviceAllocator) -> Result<(), Box<dyn std::error::E
     Ok(())
 }
 
-/// ns per round trip of `size` through `packed`, `n` times in a row.
-fn packed_round_trip(
-    packed: &mut PackedPool<DeviceAllocator>,
-    size: usize,
-    n: u32,
-) -> Result<f64, PoolError<CudaError>> {
-    let b = packed.allocate(size)?;
+/// ns per round trip of `size` through `pool` (a pool, as a
+/// `RawAllocator`), `n` times in a row.
+fn round_trip<A: RawAllocator>(pool: &mut A, size: usize, n: u32) -> Result<f64, A::Error> {
+    let b = pool.allocate(size)?;
     // SAFETY: allocated just above at `size`; nothing uses it.
-    unsafe { packed.release(b, size) };
+    unsafe { pool.deallocate(b, size) };
     let t = Instant::now();
     for _ in 0..n {
-        let b = packed.allocate(size)?;
+        let b = pool.allocate(size)?;
         // SAFETY: as above.
-        unsafe { packed.release(std::hint::black_box(b), size) };
+        unsafe { pool.deallocate(std::hint::black_box(b), size) };
     }
     Ok(t.elapsed().as_secs_f64() * 1e9 / f64::from(n))
 }
