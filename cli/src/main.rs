@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, Parser, Subcommand, ValueEnum};
 use decaying_pool::trace::cli;
 use decaying_pool::trace::{
     format_table, reports_to_json, workloads, write_chrome_trace, write_svg, Config, CostModel,
@@ -126,6 +126,37 @@ struct ReplayArgs {
     /// backing time within it. Default 2x.
     #[arg(long, value_name = "SIZE|Fx", default_value = "2x", allow_hyphen_values = true, value_parser = parse_budget)]
     budget: Budget,
+    /// What the backing calls cost in the model: `published` (CUDA's
+    /// published cudaMalloc / cuMemFree figures) or `h200` (cuMemAlloc /
+    /// cuMemFree measured on an idle NVIDIA H200, 10 to 400 times less).
+    #[arg(long, value_enum, value_name = "MODEL", default_value_t = Costs::Published)]
+    costs: Costs,
+}
+
+/// The cost model of `--costs`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum Costs {
+    /// `CostModel::cuda`: the published figures.
+    Published,
+    /// `CostModel::h200`: measured on an idle H200.
+    H200,
+}
+
+impl Costs {
+    fn model(self) -> CostModel {
+        match self {
+            Costs::Published => CostModel::cuda(),
+            Costs::H200 => CostModel::h200(),
+        }
+    }
+
+    /// Where the model's figures come from, for the legend.
+    fn source(self) -> &'static str {
+        match self {
+            Costs::Published => "published CUDA figures",
+            Costs::H200 => "cuMemAlloc / cuMemFree measured on an idle H200",
+        }
+    }
 }
 
 #[derive(Args, Debug)]
@@ -552,7 +583,7 @@ fn configs(a: &ReplayArgs) -> Vec<Config> {
 }
 
 fn options(a: &ReplayArgs, capacity: Option<usize>, record: bool) -> ReplayOptions {
-    let mut cost = CostModel::cuda();
+    let mut cost = a.costs.model();
     if let Some(c) = capacity {
         cost = cost.with_capacity(c);
     }
@@ -718,7 +749,8 @@ fn replay(a: &ReplayArgs) -> Result<(), Failure> {
         "hits: requests served from the cache; b.allocs / b.frees: backing allocator calls \
          (cudaMalloc / cuMemFree);\npeak res: peak reserved bytes, ÷live: over the trace's peak \
          live bytes; idle: integral of cached bytes over time;\nbacking: modelled time in the \
-         backing allocator (published CUDA figures); failures: requests the device could not serve."
+         backing allocator ({}); failures: requests the device could not serve.",
+        a.costs.source()
     );
     Ok(())
 }

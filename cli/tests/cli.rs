@@ -86,6 +86,7 @@ fn help_exits_zero_and_documents_every_option_and_the_exit_codes() {
         "--size-class",
         "--packing",
         "--budget",
+        "--costs",
         "--device",
         "--stream",
         "--strict",
@@ -248,6 +249,7 @@ fn bad_numbers_are_rejected_with_exit_code_2() {
         ),
         (vec!["--packing", "bogus=1"], "unknown packing key `bogus`"),
         (vec!["--budget", "-2x"], "is negative"),
+        (vec!["--costs", "a100"], "invalid value 'a100' for '--costs"),
     ] {
         let mut a = vec!["replay", "--json"];
         a.extend(&args);
@@ -256,6 +258,58 @@ fn bad_numbers_are_rejected_with_exit_code_2() {
         assert!(stderr(&o).contains(want), "{args:?}: {}", stderr(&o));
         assert!(stdout(&o).is_empty());
     }
+}
+
+/// `--costs h200` charges the measured curves, `published` (the default)
+/// the published ones; the counts do not depend on the costs.
+#[test]
+fn costs_choose_the_model_and_keep_the_counts() {
+    use decaying_pool::trace::CostModel;
+    let t = Scratch::new(
+        "costs.csv",
+        "time_ns,action,addr,size\n0,alloc,0x10,1000000\n10,free,0x10,1000000\n\
+         20,alloc,0x20,64000000\n30,free,0x20,64000000\n",
+    );
+    // The first configuration's (no pool: every request a backing call).
+    let first = |out: &str, key: &str| -> f64 {
+        let i = out.find(key).unwrap_or_else(|| panic!("no {key} in {out}")) + key.len();
+        out[i..].split([',', '}']).next().unwrap().parse().unwrap()
+    };
+    let replay = |costs: &[&str]| {
+        let mut a = vec!["replay", "--json", t.path()];
+        a.extend(costs);
+        let o = run(&a);
+        assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+        let out = stdout(&o);
+        (
+            first(&out, "\"modelled_backing_seconds\":"),
+            first(&out, "\"backing_allocs\":"),
+            out,
+        )
+    };
+    let charged = |m: CostModel| {
+        [1_000_000, 64_000_000]
+            .iter()
+            .map(|&s| (m.alloc_cost(s) + m.free_cost(s)).as_secs_f64())
+            .sum::<f64>()
+    };
+    let (published, allocs, _) = replay(&[]);
+    let (h200, h200_allocs, h200_out) = replay(&["--costs", "h200"]);
+    assert!(
+        (published - charged(CostModel::cuda())).abs() < 1e-9,
+        "{published}"
+    );
+    assert!((h200 - charged(CostModel::h200())).abs() < 1e-9, "{h200}");
+    assert!(h200 * 10.0 < published, "{h200} vs {published}");
+    assert_eq!((allocs, h200_allocs), (2.0, 2.0));
+    assert_eq!(replay(&["--costs", "published"]).2, replay(&[]).2);
+    assert_ne!(h200_out, replay(&[]).2);
+    let o = run(&["replay", t.path(), "--costs", "h200"]);
+    assert!(
+        stdout(&o).contains("measured on an idle H200"),
+        "{}",
+        stdout(&o)
+    );
 }
 
 #[test]

@@ -30,6 +30,11 @@ const MB: usize = 1000 * KB;
 pub(super) const MIB: usize = 1 << 20;
 const GIB: usize = 1 << 30;
 
+/// A curve through measured points (size in bytes, nanoseconds).
+fn measured(points: &[(usize, u64)]) -> CostCurve {
+    CostCurve::new(points.iter().map(|&(s, ns)| (s, Duration::from_nanos(ns))))
+}
+
 impl CostCurve {
     /// A curve through `points` (size in bytes, cost). An empty curve costs
     /// nothing.
@@ -125,6 +130,112 @@ impl CostCurve {
         ])
     }
 
+    /// `cuMemAlloc` measured on an idle NVIDIA H200 (driver 580.159.04) by
+    /// `examples/cuda_costs.rs`, medians: 1.3 µs up to 64 KB (the driver
+    /// serves small requests from memory it holds), 18.4 µs at 1 MB, 37–38
+    /// µs from 16 MB to 64 MB, 69.3 µs at 512 MB, 75.2 µs at 1 GiB, 169.6
+    /// µs at 4 GiB. Another machine of the same kind measured up to 1.5x
+    /// these (1.9x for [`cu_mem_free_h200`](Self::cu_mem_free_h200)'s). A
+    /// busy device adds waiting the figures leave out.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use core::time::Duration;
+    /// let c = decaying_pool::trace::CostCurve::cu_mem_alloc_h200();
+    /// assert_eq!(c.cost(1_000_000), Duration::from_nanos(18_400));
+    /// assert!(c.cost(512_000_000) < decaying_pool::trace::CostCurve::cuda_malloc().cost(512_000_000) / 100);
+    /// ```
+    pub fn cu_mem_alloc_h200() -> Self {
+        measured(&[
+            (512, 1_300),
+            (64 * KB, 1_200),
+            (MB, 18_400),
+            (2 * MIB, 33_000),
+            (16 * MB, 36_900),
+            (20 * MIB, 36_000),
+            (64 * MB, 37_900),
+            (256 * MB, 59_500),
+            (512 * MB, 69_300),
+            (GIB, 75_200),
+            (GIB.saturating_mul(4), 169_600),
+        ])
+    }
+
+    /// `cuMemFree` measured on an idle NVIDIA H200, as
+    /// [`cu_mem_alloc_h200`](Self::cu_mem_alloc_h200): 1.2–1.3 µs up to 64
+    /// KB, 17.6 µs at 1 MB, 47.3 µs at 64 MB, 165 µs at 512 MB, 321.6 µs
+    /// at 1 GiB, 1.24 ms at 4 GiB. On a busy device a `cuMemFree` also
+    /// waits for the queued work (7.5 ms with 7.5 ms queued, measured).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use core::time::Duration;
+    /// let c = decaying_pool::trace::CostCurve::cu_mem_free_h200();
+    /// assert_eq!(c.cost(1 << 30), Duration::from_nanos(321_600));
+    /// ```
+    pub fn cu_mem_free_h200() -> Self {
+        measured(&[
+            (512, 1_300),
+            (64 * KB, 1_200),
+            (MB, 17_600),
+            (2 * MIB, 29_600),
+            (16 * MB, 35_100),
+            (20 * MIB, 37_300),
+            (64 * MB, 47_300),
+            (256 * MB, 100_700),
+            (512 * MB, 165_000),
+            (GIB, 321_600),
+            (GIB.saturating_mul(4), 1_239_600),
+        ])
+    }
+
+    /// `cuMemHostAlloc` (pinned host memory) measured on an H200 machine, as
+    /// [`cu_mem_alloc_h200`](Self::cu_mem_alloc_h200): 1.9–2.3 µs up to 64
+    /// KB, 282 µs at 1 MB, 13.9 ms at 32 MB, 41.6 ms at 128 MB, 197 ms at
+    /// 512 MB.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use core::time::Duration;
+    /// let c = decaying_pool::trace::CostCurve::cu_mem_host_alloc_h200();
+    /// assert_eq!(c.cost(512_000_000), Duration::from_micros(196_727));
+    /// ```
+    pub fn cu_mem_host_alloc_h200() -> Self {
+        measured(&[
+            (512, 1_900),
+            (64 * KB, 2_300),
+            (MB, 282_100),
+            (32 * MB, 13_851_900),
+            (128 * MB, 41_610_600),
+            (512 * MB, 196_727_000),
+        ])
+    }
+
+    /// `cuMemFreeHost` measured on an H200 machine: 1.5–1.6 µs up to 64
+    /// KB, 103 µs at 1 MB, 2.6 ms at 32 MB, 17.0 ms at 128 MB, 42.6 ms at
+    /// 512 MB.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use core::time::Duration;
+    /// let c = decaying_pool::trace::CostCurve::cu_mem_free_host_h200();
+    /// assert_eq!(c.cost(1_000_000), Duration::from_nanos(102_500));
+    /// ```
+    pub fn cu_mem_free_host_h200() -> Self {
+        measured(&[
+            (512, 1_500),
+            (64 * KB, 1_600),
+            (MB, 102_500),
+            (32 * MB, 2_645_700),
+            (128 * MB, 16_977_700),
+            (512 * MB, 42_568_500),
+        ])
+    }
+
     /// The cost of a call for `size` bytes.
     ///
     /// # Examples
@@ -214,6 +325,28 @@ impl CostModel {
     /// ```
     pub fn cuda() -> Self {
         CostModel::new(CostCurve::cuda_malloc(), CostCurve::cuda_free())
+    }
+
+    /// `cuMemAlloc` / `cuMemFree` as measured on an idle NVIDIA H200
+    /// ([`CostCurve::cu_mem_alloc_h200`], [`CostCurve::cu_mem_free_h200`]),
+    /// no capacity: what the calls themselves cost there, 10 to 400 times
+    /// less than the published figures of [`cuda`](Self::cuda), which the
+    /// replay keeps as its default. Neither counts a free's wait for the
+    /// work queued on a busy device.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use core::time::Duration;
+    /// let m = decaying_pool::trace::CostModel::h200();
+    /// assert_eq!(m.alloc_cost(64_000_000), Duration::from_nanos(37_900));
+    /// assert_eq!(m.capacity(), None);
+    /// ```
+    pub fn h200() -> Self {
+        CostModel::new(
+            CostCurve::cu_mem_alloc_h200(),
+            CostCurve::cu_mem_free_h200(),
+        )
     }
 
     /// The same model on a device of `bytes`: an allocation that would take
