@@ -39,8 +39,10 @@ const MEDIUM: usize = 1;
 /// Empty sub-allocators kept for the next segment of the same size.
 const SPARES: usize = 4;
 /// Sizes of recently emptied segments remembered (likely still cached in
-/// the pool).
-const RECENT: usize = 16;
+/// the pool). A training step that ends with its segments empty makes the
+/// next step take them back: on the shared training trace, three passes
+/// peak at 1.17x peak live with 64 remembered, 1.48x with 16.
+const RECENT: usize = 64;
 
 /// A [`DecayingPool`] with packing: requests up to a threshold are carved
 /// from *segments* (blocks of the pool), larger ones are the pool's exact
