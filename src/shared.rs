@@ -629,32 +629,44 @@ impl<A: RawAllocator, P: Policy, C: Clock> Inner<A, P, C> {
         size: usize,
     ) -> Option<A::Block> {
         let class = tc.round(size)?;
-        let now = tc.clock.now_nanos();
         let key = Arc::as_ptr(this).cast::<()>();
         // SAFETY: `key` is this live pool, whose magazines hold its blocks.
         let mag = unsafe { thread_cache::last::<A::Block>(key) };
         if mag.is_null() {
             // Another pool used last, or no magazine yet.
+            let now = tc.clock.now_nanos();
             return self.allocate_cached_slow(this, tc, size, class, now);
         }
         // SAFETY: this thread's table keeps the magazine alive, and this
         // call neither registers a magazine nor exits the thread before
         // it is done with it (`last`).
         let mag = unsafe { &*mag };
+        let mut word = mag.skip_word();
+        if word != 0 {
+            // Passed by, and empty: the shared cache serves this call.
+            word = mag.pass_by(word, true)?;
+        }
+        let now = tc.clock.now_nanos();
+        // `Err(None)`: a block is due; `Err(Some(empty))`: no block of the
+        // class (`empty`: none at all).
         let found = mag.owned(|m| {
             if m.oldest_due(now, tc.ttl) {
-                return Err(true);
+                return Err(None);
             }
-            m.take_hit(class, size).ok_or(false)
+            m.take_hit(class, size).ok_or(Some(m.blocks.is_empty()))
         });
         match found {
             Some(Ok(block)) => Some(block),
             // A due block first.
-            Some(Err(true)) => self.allocate_cached_slow(this, tc, size, class, now),
-            // No block of the class; or a visitor holds the magazine
-            // (`collect`, `stats` on another thread): the shared cache
-            // serves this call.
-            Some(Err(false)) | None => None,
+            Some(Err(None)) => self.allocate_cached_slow(this, tc, size, class, now),
+            // No block of the class: the shared cache serves this call.
+            Some(Err(Some(empty))) => {
+                mag.missed(word, empty);
+                None
+            }
+            // A visitor holds the magazine (`collect`, `stats` on another
+            // thread): the shared cache serves this call.
+            None => None,
         }
     }
 
@@ -725,21 +737,30 @@ impl<A: RawAllocator, P: Policy, C: Clock> Inner<A, P, C> {
         let Some(class) = tc.round(size) else {
             return Err((block, true));
         };
-        // A clock that panics: the whole path reads it again, and knows
-        // what to do with the block then.
-        let Ok(now) = catch_unwind(AssertUnwindSafe(|| tc.clock.now_nanos())) else {
-            return Err((block, true));
-        };
-        let ttl = tc.ttl;
         // SAFETY: `pool` is alive while the block is counted lent (the
         // caller's promise), and its magazines hold its blocks.
         let mag = unsafe { thread_cache::last::<A::Block>(pool.cast()) };
         if mag.is_null() {
             return Err((block, true));
         }
-        // SAFETY: this thread's table keeps the magazine alive, and this
-        // call neither registers a magazine nor exits the thread (`last`).
+        // SAFETY: this thread's table keeps the magazine alive (also once
+        // the pool is gone), and this call neither registers a magazine
+        // nor exits the thread (`last`).
         let mag = unsafe { &*mag };
+        let mut word = mag.skip_word();
+        if word != 0 {
+            match mag.pass_by(word, false) {
+                Some(w) => word = w,
+                // Passed by: the shared cache takes the block.
+                None => return Err((block, false)),
+            }
+        }
+        // A clock that panics: the whole path reads it again, and knows
+        // what to do with the block then.
+        let Ok(now) = catch_unwind(AssertUnwindSafe(|| tc.clock.now_nanos())) else {
+            return Err((block, true));
+        };
+        let ttl = tc.ttl;
         let put = mag.owned_with(block, |m, block| {
             // As in `release_cached`; due blocks are freed there.
             if m.oldest_due(now, ttl) {
@@ -752,8 +773,21 @@ impl<A: RawAllocator, P: Policy, C: Clock> Inner<A, P, C> {
                 Err((block, false))
             }
         });
-        // A visitor holds the magazine: the shared cache takes the block.
-        put.unwrap_or_else(|block| Err((block, false)))
+        match put {
+            Ok(Ok(())) => {
+                mag.stocked(Some(word));
+                Ok(())
+            }
+            Ok(Err((block, due))) => {
+                if !due {
+                    // Full (or no handle left).
+                    mag.missed(word, false);
+                }
+                Err((block, due))
+            }
+            // A visitor holds the magazine: the shared cache takes the block.
+            Err(block) => Err((block, false)),
+        }
     }
 
     /// A release of a lent `block` of `class` at `now` to this thread's
@@ -803,6 +837,7 @@ impl<A: RawAllocator, P: Policy, C: Clock> Inner<A, P, C> {
                             if let Some(b) = block.take() {
                                 m.blocks.push((b, class, now));
                                 m.lent -= 1;
+                                mag.stocked(None);
                             }
                         }
                         None
@@ -1772,6 +1807,13 @@ impl<A: RawAllocator, C: Clock + Clone + Sync> SharedPool<A, FixedTime, C> {
     /// before 4.14 or a filter that refuses it, Miri, or a build with
     /// `--cfg decaying_pool_locked_magazines`, which ThreadSanitizer needs),
     /// each magazine has a lock that its thread takes on its operations.
+    ///
+    /// A thread that uses more classes than its magazine holds (8 blocks)
+    /// misses there at most calls: after 16 misses with no release taken
+    /// in between, its next 1 024 calls pass the magazine by (releases go
+    /// to the shared cache; allocations too, once the magazine is empty),
+    /// then it tries the magazine again. Such a thread then pays little
+    /// more than through [`SharedPool::new`].
     ///
     /// [`stats`](Self::stats) adds the magazines up, so
     /// the counts stay exact, except `peak_bytes_in_use`, which counts

@@ -14,6 +14,12 @@
 //! `trim`, the limit, the out-of-memory retry and the pool's drop reach it;
 //! `collect` drops it from the list once it is empty.
 //!
+//! A thread that uses more classes than its magazine holds misses in it at
+//! most calls, and would pay for the magazine on top of the shared cache:
+//! after [`MISSES_BEFORE_SKIP`] misses with no release taken in between,
+//! it passes the magazine by for its next [`SKIPPED_OPERATIONS`] calls,
+//! then tries it again (see `Skip`).
+//!
 //! # Who touches a magazine, and how
 //!
 //! Two kinds of access reach a magazine's state ([`MagState`]):
@@ -69,7 +75,7 @@
 use core::cell::{Cell, RefCell};
 use core::hint::spin_loop;
 use core::mem::ManuallyDrop;
-use core::sync::atomic::{compiler_fence, AtomicBool, Ordering};
+use core::sync::atomic::{compiler_fence, AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Weak};
 use std::thread;
 
@@ -78,6 +84,15 @@ use super::lock::CacheLock;
 
 /// The most blocks a magazine holds.
 pub(super) const MAGAZINE: usize = 8;
+
+/// Misses (allocations the magazine has no block for, releases it is too
+/// full to take) with no release taken in between, after which its owner
+/// passes it by.
+pub(super) const MISSES_BEFORE_SKIP: u32 = 2 * MAGAZINE as u32;
+
+/// How many of its owner's operations pass a magazine by, once it missed
+/// [`MISSES_BEFORE_SKIP`] times with no release taken in between.
+pub(super) const SKIPPED_OPERATIONS: u32 = 1024;
 
 /// A magazine: its state, and the flags of the owner's lock-free access
 /// (see the module documentation). Aligned to a cache line pair, so that
@@ -92,7 +107,41 @@ pub(super) struct Magazine<B> {
     busy: AtomicBool,
     /// Set by a visitor while it works on the state (`fast` only).
     claimed: AtomicBool,
+    /// How the magazine has served its owner lately: read and written by
+    /// the owner alone, outside the protocol (see [`Skip`]).
+    skip: Skip,
 }
+
+/// Whether a magazine is worth its owner's time: a thread that uses more
+/// classes than a magazine holds misses in it at almost every allocation
+/// and finds it full at almost every release, and paid for both on top of
+/// the shared cache's own work. After [`MISSES_BEFORE_SKIP`] misses with
+/// no release taken in between, its next [`SKIPPED_OPERATIONS`]
+/// operations pass the magazine by: releases go to the shared cache at
+/// once, and allocations too once the magazine is known to be empty
+/// (until then they may still take its blocks, and free its due ones, so
+/// no block is stranded there). Then the magazine is tried again.
+///
+/// One word, which only the owner reads and writes (a relaxed atomic,
+/// plain loads and stores, only so that the magazine stays `Sync`): zero
+/// (no miss since the last release taken, not passed by, maybe stocked)
+/// on the hot path, which then tests one word per call. Visitors only
+/// take blocks out of a magazine, so [`Skip::EMPTY`] set is always true.
+#[derive(Default)]
+struct Skip(AtomicU32);
+
+impl Skip {
+    /// The magazine is known to be empty.
+    const EMPTY: u32 = 1;
+    /// One miss (the misses since the last release taken: bits 1 to 5).
+    const MISS: u32 = 1 << 1;
+    /// The bits of the misses.
+    const MISSES: u32 = 0x1f << 1;
+    /// One operation left to pass the magazine by (the bits above).
+    const LEFT: u32 = 1 << 6;
+}
+
+const _: () = assert!(MISSES_BEFORE_SKIP * Skip::MISS <= Skip::MISSES);
 
 /// A magazine's blocks and counters.
 ///
@@ -152,7 +201,63 @@ impl<B> Magazine<B> {
             fast: barrier::available(),
             busy: AtomicBool::new(false),
             claimed: AtomicBool::new(false),
+            skip: Skip::default(),
         }
+    }
+
+    /// For the owner: the magazine's skip word, zero on the hot path
+    /// (see [`Skip`]); hand it to [`pass_by`](Self::pass_by) when it is
+    /// not.
+    #[inline(always)]
+    pub(super) fn skip_word(&self) -> u32 {
+        self.skip.0.load(Ordering::Relaxed)
+    }
+
+    /// For the owner, before an allocation (`allocating`) or a release,
+    /// with a skip `word` that is not zero: the word to hand to
+    /// [`stocked`](Self::stocked) or [`missed`](Self::missed), or `None`
+    /// when the call goes straight to the shared cache (the magazine is
+    /// passed by, and for an allocation known to be empty).
+    #[inline(always)]
+    pub(super) fn pass_by(&self, word: u32, allocating: bool) -> Option<u32> {
+        if word < Skip::LEFT {
+            return Some(word);
+        }
+        let word = word - Skip::LEFT;
+        self.skip.0.store(word, Ordering::Relaxed);
+        (allocating && word & Skip::EMPTY == 0).then_some(word)
+    }
+
+    /// For the owner: the magazine took a released block, which ends a
+    /// run of misses; `word` as [`skip_word`](Self::skip_word) or
+    /// [`pass_by`](Self::pass_by) gave it, or `None` to read it. (A hit
+    /// does not end a run: the release that follows it finds room and
+    /// does, and a round trip then tests the word once, not twice.)
+    #[inline(always)]
+    pub(super) fn stocked(&self, word: Option<u32>) {
+        let word = word.unwrap_or_else(|| self.skip.0.load(Ordering::Relaxed));
+        if word & (Skip::EMPTY | Skip::MISSES) != 0 {
+            self.skip
+                .0
+                .store(word & !(Skip::EMPTY | Skip::MISSES), Ordering::Relaxed);
+        }
+    }
+
+    /// For the owner: the magazine had no block for an allocation
+    /// (`empty`: none at all), or no room for a release; `word` as
+    /// [`stocked`](Self::stocked) takes it. After
+    /// [`MISSES_BEFORE_SKIP`] of them with no release taken in between, it
+    /// is passed by for a while.
+    #[inline(never)]
+    pub(super) fn missed(&self, word: u32, empty: bool) {
+        let mut word = word + Skip::MISS;
+        if empty {
+            word |= Skip::EMPTY;
+        }
+        if (word & Skip::MISSES) >= MISSES_BEFORE_SKIP * Skip::MISS {
+            word = (word & Skip::EMPTY) | (SKIPPED_OPERATIONS * Skip::LEFT);
+        }
+        self.skip.0.store(word, Ordering::Relaxed);
     }
 
     /// Runs `f` on the state for the owner; `None` (without running it)

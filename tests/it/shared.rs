@@ -1006,6 +1006,92 @@ fn an_idle_threads_blocks_expire_on_time() {
     alloc.assert_all_freed();
 }
 
+/// On a thread of its own: allocates `wide` distinct sizes at once (more
+/// classes than a magazine holds: its magazine misses at every one), drops
+/// them, then makes `round_trips` round trips of 64 bytes.
+fn miss_wide_then_round_trips(pool: &Tc, wide: usize, round_trips: usize) {
+    let pool = pool.clone();
+    thread::spawn(move || {
+        let blocks: Vec<_> = (1..=wide).map(|i| pool.allocate(64 * i).unwrap()).collect();
+        drop(blocks);
+        for _ in 0..round_trips {
+            drop(pool.allocate(64).unwrap());
+        }
+    })
+    .join()
+    .unwrap();
+}
+
+#[test]
+fn a_thread_whose_cache_keeps_missing_passes_it_by_for_a_while() {
+    // 32 sizes at once: after 16 misses the thread passes its magazine
+    // by, so its releases go to the shared cache, where another thread
+    // finds them (the magazine would have kept the first 8 released).
+    let (pool, alloc, _clock) = tc_pool(Duration::from_secs(3600));
+    miss_wide_then_round_trips(&pool, 32, 0);
+    let s = pool.stats();
+    assert_eq!((s.misses, s.blocks_cached), (32, 32));
+    for i in 1..=8 {
+        drop(pool.allocate(64 * i).unwrap());
+    }
+    let s = pool.stats();
+    assert_eq!((s.hits, s.misses), (8, 32), "served by the shared cache");
+    assert_eq!(s.backing_allocs, alloc.allocs());
+    drop(pool);
+    alloc.assert_all_freed();
+}
+
+#[test]
+#[cfg_attr(miri, ignore)] // 2 000 round trips; the paths run in the test above
+fn a_cache_passed_by_is_tried_again_and_serves_its_thread() {
+    // Then 2 000 round trips of one size: past the 1 024 operations the
+    // magazine is passed by, it takes the block again and serves the
+    // rest, so the block ends in that thread's magazine, not in the
+    // shared cache: another thread's request of that size misses.
+    let (pool, alloc, _clock) = tc_pool(Duration::from_secs(3600));
+    miss_wide_then_round_trips(&pool, 32, 2000);
+    let s = pool.stats();
+    assert_eq!((s.hits, s.misses, s.blocks_cached), (2000, 32, 32));
+    drop(pool.allocate(64).unwrap());
+    assert_eq!(
+        pool.stats().misses,
+        33,
+        "the block is in the other thread's cache"
+    );
+    for i in 2..=32 {
+        drop(pool.allocate(64 * i).unwrap());
+    }
+    let s = pool.stats();
+    assert_eq!((s.hits, s.misses), (2031, 33));
+    assert_eq!(s.bytes_cached, alloc.live_bytes());
+    drop(pool);
+    alloc.assert_all_freed();
+}
+
+#[test]
+fn blocks_left_in_a_cache_passed_by_still_expire_on_time() {
+    // The magazine holds a block when the misses start; the thread passes
+    // it by and exits; the block still goes at its time.
+    let (pool, alloc, clock) = tc_pool(Duration::from_secs(1));
+    let worker = pool.clone();
+    thread::spawn(move || {
+        drop(worker.allocate(10).unwrap());
+        let blocks: Vec<_> = (1..=20).map(|i| worker.allocate(64 * i).unwrap()).collect();
+        drop(blocks);
+    })
+    .join()
+    .unwrap();
+    assert_eq!(pool.stats().blocks_cached, 21);
+    clock.advance(Duration::from_millis(999));
+    assert_eq!(pool.collect(), 0);
+    clock.advance(Duration::from_millis(1));
+    assert_eq!(pool.collect(), 21);
+    let s = pool.stats();
+    assert_eq!((s.evictions, s.blocks_cached, alloc.live()), (21, 0, 0));
+    drop(pool);
+    alloc.assert_all_freed();
+}
+
 #[test]
 fn a_due_block_of_the_threads_own_cache_is_not_reused() {
     let (pool, alloc, clock) = tc_pool(Duration::from_secs(1));
