@@ -761,18 +761,14 @@ impl<A: RawAllocator, P: Policy, C: Clock> Inner<A, P, C> {
             return Err((block, true));
         };
         let ttl = tc.ttl;
-        let put = mag.owned_with(block, |m, block| {
-            // As in `release_cached`; due blocks are freed there.
-            if m.oldest_due(now, ttl) {
-                Err((block, true))
-            } else if m.blocks.len() < MAGAZINE && handles.load(Ordering::Acquire) > 0 {
-                m.blocks.push((block, class, now));
-                m.lent -= 1;
-                Ok(())
-            } else {
-                Err((block, false))
-            }
-        });
+        // Inlined by force: `owned_with` calls it at two sites (with and
+        // without the magazine's lock), and the compiler would rather call
+        // it out of line, which costs the hot path a fifth of its time.
+        let put = mag.owned_with(
+            block,
+            #[inline(always)]
+            |m, block| m.put_fast(block, class, now, ttl, handles),
+        );
         match put {
             Ok(Ok(())) => {
                 mag.stocked(Some(word));
