@@ -656,7 +656,10 @@ impl<A: RawAllocator, P: Policy, C: Clock> Inner<A, P, C> {
             m.take_hit(class, size).ok_or(Some(m.blocks.is_empty()))
         });
         match found {
-            Some(Ok(block)) => Some(block),
+            Some(Ok(block)) => {
+                mag.served(word);
+                Some(block)
+            }
             // A due block first.
             Some(Err(None)) => self.allocate_cached_slow(this, tc, size, class, now),
             // No block of the class: the shared cache serves this call.
@@ -1805,8 +1808,8 @@ impl<A: RawAllocator, C: Clock + Clone + Sync> SharedPool<A, FixedTime, C> {
     /// each magazine has a lock that its thread takes on its operations.
     ///
     /// A thread that uses more classes than its magazine holds (8 blocks)
-    /// misses there at most calls: after 16 misses with no release taken
-    /// in between, its next 1 024 calls pass the magazine by (releases go
+    /// misses there at most calls: after 16 misses with no hit and no
+    /// release taken in between, its next 1 024 calls pass the magazine by (releases go
     /// to the shared cache; allocations too, once the magazine is empty),
     /// then it tries the magazine again. Such a thread then pays little
     /// more than through [`SharedPool::new`].

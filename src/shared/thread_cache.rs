@@ -16,8 +16,8 @@
 //!
 //! A thread that uses more classes than its magazine holds misses in it at
 //! most calls, and would pay for the magazine on top of the shared cache:
-//! after [`MISSES_BEFORE_SKIP`] misses with no release taken in between,
-//! it passes the magazine by for its next [`SKIPPED_OPERATIONS`] calls,
+//! after [`MISSES_BEFORE_SKIP`] misses with no hit and no release taken in
+//! between, it passes the magazine by for its next [`SKIPPED_OPERATIONS`] calls,
 //! then tries it again (see `Skip`).
 //!
 //! # Who touches a magazine, and how
@@ -86,12 +86,13 @@ use super::lock::CacheLock;
 pub(super) const MAGAZINE: usize = 8;
 
 /// Misses (allocations the magazine has no block for, releases it is too
-/// full to take) with no release taken in between, after which its owner
-/// passes it by.
+/// full to take) with no hit and no release taken in between, after which
+/// its owner passes it by.
 pub(super) const MISSES_BEFORE_SKIP: u32 = 2 * MAGAZINE as u32;
 
 /// How many of its owner's operations pass a magazine by, once it missed
-/// [`MISSES_BEFORE_SKIP`] times with no release taken in between.
+/// [`MISSES_BEFORE_SKIP`] times with no hit and no release taken in
+/// between.
 pub(super) const SKIPPED_OPERATIONS: u32 = 1024;
 
 /// A magazine: its state, and the flags of the owner's lock-free access
@@ -116,7 +117,9 @@ pub(super) struct Magazine<B> {
 /// classes than a magazine holds misses in it at almost every allocation
 /// and finds it full at almost every release, and paid for both on top of
 /// the shared cache's own work. After [`MISSES_BEFORE_SKIP`] misses with
-/// no release taken in between, its next [`SKIPPED_OPERATIONS`]
+/// no hit and no release taken in between (each hit restarts the count:
+/// under contention a hit saves a turn of the shared lock, worth more than
+/// the magazine costs), its next [`SKIPPED_OPERATIONS`]
 /// operations pass the magazine by: releases go to the shared cache at
 /// once, and allocations too once the magazine is known to be empty
 /// (until then they may still take its blocks, and free its due ones, so
@@ -124,7 +127,8 @@ pub(super) struct Magazine<B> {
 ///
 /// One word, which only the owner reads and writes (a relaxed atomic,
 /// plain loads and stores, only so that the magazine stays `Sync`): zero
-/// (no miss since the last release taken, not passed by, maybe stocked)
+/// (no miss since the last hit or release taken, not passed by, maybe
+/// stocked)
 /// on the hot path, which then tests one word per call. Visitors only
 /// take blocks out of a magazine, so [`Skip::EMPTY`] set is always true.
 #[derive(Default)]
@@ -133,7 +137,8 @@ struct Skip(AtomicU32);
 impl Skip {
     /// The magazine is known to be empty.
     const EMPTY: u32 = 1;
-    /// One miss (the misses since the last release taken: bits 1 to 5).
+    /// One miss (the misses since the last hit or release taken: bits 1
+    /// to 5).
     const MISS: u32 = 1 << 1;
     /// The bits of the misses.
     const MISSES: u32 = 0x1f << 1;
@@ -215,7 +220,8 @@ impl<B> Magazine<B> {
 
     /// For the owner, before an allocation (`allocating`) or a release,
     /// with a skip `word` that is not zero: the word to hand to
-    /// [`stocked`](Self::stocked) or [`missed`](Self::missed), or `None`
+    /// [`served`](Self::served), [`stocked`](Self::stocked) or
+    /// [`missed`](Self::missed), or `None`
     /// when the call goes straight to the shared cache (the magazine is
     /// passed by, and for an allocation known to be empty).
     #[inline(always)]
@@ -228,11 +234,21 @@ impl<B> Magazine<B> {
         (allocating && word & Skip::EMPTY == 0).then_some(word)
     }
 
+    /// For the owner: the magazine served an allocation, which ends a run
+    /// of misses; `word` as [`skip_word`](Self::skip_word) or
+    /// [`pass_by`](Self::pass_by) gave it. (Whether that emptied the
+    /// magazine is left for the next miss to see: a round trip would
+    /// otherwise mark it empty and stocked again every time.)
+    #[inline(always)]
+    pub(super) fn served(&self, word: u32) {
+        if word & Skip::MISSES != 0 {
+            self.skip.0.store(word & !Skip::MISSES, Ordering::Relaxed);
+        }
+    }
+
     /// For the owner: the magazine took a released block, which ends a
-    /// run of misses; `word` as [`skip_word`](Self::skip_word) or
-    /// [`pass_by`](Self::pass_by) gave it, or `None` to read it. (A hit
-    /// does not end a run: the release that follows it finds room and
-    /// does, and a round trip then tests the word once, not twice.)
+    /// run of misses; `word` as [`served`](Self::served) takes it, or
+    /// `None` to read it.
     #[inline(always)]
     pub(super) fn stocked(&self, word: Option<u32>) {
         let word = word.unwrap_or_else(|| self.skip.0.load(Ordering::Relaxed));
@@ -246,8 +262,8 @@ impl<B> Magazine<B> {
     /// For the owner: the magazine had no block for an allocation
     /// (`empty`: none at all), or no room for a release; `word` as
     /// [`stocked`](Self::stocked) takes it. After
-    /// [`MISSES_BEFORE_SKIP`] of them with no release taken in between, it
-    /// is passed by for a while.
+    /// [`MISSES_BEFORE_SKIP`] of them with no hit and no release taken in
+    /// between, it is passed by for a while.
     #[inline(never)]
     pub(super) fn missed(&self, word: u32, empty: bool) {
         let mut word = word + Skip::MISS;
