@@ -12,7 +12,7 @@
 use std::hint::black_box;
 use std::time::Duration;
 
-use criterion::{criterion_group, BenchmarkId, Criterion};
+use criterion::{BenchmarkId, Criterion, criterion_group};
 use decaying_pool::{
     Clock, DecayingPool, Exponential, FixedCapacity, FixedTime, ManualClock, MonotonicClock, Policy,
 };
@@ -21,7 +21,7 @@ mod common;
 use common::Null;
 mod ratios;
 mod workload;
-use workload::{fill, order, sizes, HandWritten};
+use workload::{HandWritten, fill, order, sizes};
 
 fn bench_pool<P: Policy, C: Clock>(
     c: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,

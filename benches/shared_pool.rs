@@ -18,7 +18,7 @@ use std::hint::black_box;
 use std::sync::Barrier;
 use std::time::{Duration, Instant};
 
-use criterion::{criterion_group, Criterion};
+use criterion::{Criterion, criterion_group};
 use decaying_pool::{DecayingPool, FixedTime, ManualClock, SharedPool};
 
 // (Its hand-written cache is the hit path benchmark's, not used here.)

@@ -25,7 +25,7 @@ use std::time::Duration;
 
 use criterion::measurement::WallTime;
 use criterion::{
-    criterion_group, criterion_main, BatchSize, BenchmarkGroup, BenchmarkId, Criterion, Throughput,
+    BatchSize, BenchmarkGroup, BenchmarkId, Criterion, Throughput, criterion_group, criterion_main,
 };
 use decaying_pool::trace::{Event, Op, ReadOptions, TraceReader};
 use decaying_pool::{

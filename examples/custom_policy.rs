@@ -9,7 +9,7 @@ use core::time::Duration;
 
 use decaying_pool::policy::{EvictionPolicy, Oldest};
 use decaying_pool::trace::{
-    format_table, Config, PolicyKind, ReplayOptions, Replayer, TraceReader,
+    Config, PolicyKind, ReplayOptions, Replayer, TraceReader, format_table,
 };
 
 /// Keeps at most this many idle bytes.

@@ -37,7 +37,7 @@ mod common;
 mod workload;
 
 use common::Null;
-use workload::{fill, order, sizes, HandWritten};
+use workload::{HandWritten, fill, order, sizes};
 
 /// Blocks a batch allocates before it releases them.
 const BATCH: usize = 16;

@@ -12,7 +12,7 @@ use core::any::Any;
 use core::cell::Cell;
 use core::mem::ManuallyDrop;
 use core::ptr;
-use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::panic::{AssertUnwindSafe, catch_unwind};
 
 use crate::class::SizeClass;
 use crate::clock::Clock;

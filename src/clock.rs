@@ -1,8 +1,8 @@
 //! Time sources for decay.
 
 use core::time::Duration;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 /// A monotonic time source with an arbitrary origin.
 ///
@@ -162,8 +162,8 @@ fn system_nanos() -> u64 {
 /// the ticker.
 mod ticker {
     use core::time::Duration;
-    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
     use std::sync::OnceLock;
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
     use std::thread::{self, Thread};
 
     /// How often the ticker publishes.

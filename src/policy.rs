@@ -1290,7 +1290,7 @@ pub trait Policy: sealed::Sealed {
 
 #[cfg(test)]
 mod tests {
-    use super::{float, EvictionPolicy, Exponential, Oldest};
+    use super::{EvictionPolicy, Exponential, Oldest, float};
     use core::time::Duration;
 
     /// A hit's ratio, applied by the next operation, rounds as it did

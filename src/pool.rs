@@ -1,7 +1,7 @@
 //! The pool: a cache of idle blocks in front of a costly allocator.
 
 use core::fmt;
-use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
+use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
 
 use crate::cache::{Cache, FirstPanic, Retry};
 use crate::class::SizeClass;

@@ -147,7 +147,9 @@ macro_rules! send_block {
         unsafe impl SendBlock for $t {}
     )* };
 }
-send_block!(u8, u16, u32, u64, u128, usize, i8, i16, i32, i64, i128, isize);
+send_block!(
+    u8, u16, u32, u64, u128, usize, i8, i16, i32, i64, i128, isize
+);
 
 // SAFETY: a pointer handed out by an allocator is an address; the trait's
 // contract on the allocator covers releasing it from another thread.

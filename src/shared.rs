@@ -22,7 +22,7 @@ use core::mem::ManuallyDrop;
 use core::ops::Deref;
 use core::sync::atomic::{AtomicUsize, Ordering};
 use core::time::Duration;
-use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
+use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
 use std::sync::{Arc, Condvar, Mutex, PoisonError, Weak};
 use std::thread::{self, JoinHandle};
 
@@ -41,7 +41,7 @@ use crate::pool::DecayingPool;
 use crate::raw::{RawAllocator, SendBlock};
 use crate::stats::{ClassStats, Stats};
 use lock::{CacheLock, Guard as LockGuard};
-use thread_cache::{Found, MagCounts, Magazine, MAGAZINE};
+use thread_cache::{Found, MAGAZINE, MagCounts, Magazine};
 
 /// A thread-safe, cheaply cloneable handle to a [`DecayingPool`].
 ///

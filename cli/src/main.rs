@@ -12,9 +12,9 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use decaying_pool::trace::cli;
 use decaying_pool::trace::{
-    format_table, reports_to_json, workloads, write_chrome_trace, write_svg, Config, CostModel,
-    Event, Op, PolicyKind, ReadOptions, ReadStats, Recorder, ReplayOptions, Replayer, Report,
-    TraceReader, TraceWriter,
+    Config, CostModel, Event, Op, PolicyKind, ReadOptions, ReadStats, Recorder, ReplayOptions,
+    Replayer, Report, TraceReader, TraceWriter, format_table, reports_to_json, workloads,
+    write_chrome_trace, write_svg,
 };
 use decaying_pool::{Packing, SizeClass};
 use indicatif::{ProgressBar, ProgressStyle};

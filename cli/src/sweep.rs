@@ -4,7 +4,7 @@ use std::fmt::Write as _;
 
 use decaying_pool::trace::Report;
 
-use crate::{human, Budget};
+use crate::{Budget, human};
 
 /// Whether `a` is at least as good as `b` on every objective (modelled
 /// backing time, peak reserved, idle byte-seconds) and better on one.

@@ -192,9 +192,11 @@ fn the_pickle_replays_to_the_rows_of_its_csv_conversion() {
         out.to_str().unwrap(),
     ]);
     assert_eq!(c.status.code(), Some(0), "{}", stderr(&c));
-    assert!(std::fs::read_to_string(&out)
-        .unwrap()
-        .starts_with("time_ns,action,addr,size\n"));
+    assert!(
+        std::fs::read_to_string(&out)
+            .unwrap()
+            .starts_with("time_ns,action,addr,size\n")
+    );
     let n = run(&["replay", out.to_str().unwrap()]);
     let _ = std::fs::remove_file(&out);
     assert_eq!(rows(&n), rows(&b));

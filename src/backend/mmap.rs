@@ -82,11 +82,7 @@ impl MmapAllocator {
     pub fn page_size() -> usize {
         // SAFETY: sysconf has no preconditions.
         let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-        if p > 0 {
-            p as usize
-        } else {
-            4096
-        }
+        if p > 0 { p as usize } else { 4096 }
     }
 
     fn mapped_len(size: usize) -> Option<usize> {

@@ -1,6 +1,6 @@
 use core::fmt;
 use core::ptr::NonNull;
-use std::alloc::{alloc, dealloc, Layout};
+use std::alloc::{Layout, alloc, dealloc};
 
 use crate::raw::RawAllocator;
 

@@ -40,10 +40,10 @@ use crate::policy::{FixedTime, Reuse};
 use crate::pool::DecayingPool;
 use crate::shared::{Pooled, SharedPool};
 
-use super::input::{pick, ticks, Common, Config, Kind, SharedOp, MAX_OPS};
+use super::input::{Common, Config, Kind, MAX_OPS, SharedOp, pick, ticks};
 use super::model::model_round;
 use super::shared::Held;
-use super::{new_parts, Clock, DropOrder, Injecting, Parts, Summary};
+use super::{Clock, DropOrder, Injecting, Parts, Summary, new_parts};
 
 type Shared = SharedPool<Injecting, FixedTime, Clock>;
 type Block = Pooled<Injecting, FixedTime, Clock>;

@@ -5,8 +5,8 @@ use core::time::Duration;
 
 use arbitrary::{Arbitrary, Unstructured};
 
-use crate::policy::Reuse;
 use crate::SizeClass;
+use crate::policy::Reuse;
 
 /// One tick of the harness clock: 1/512 s, so every time is an exact
 /// binary fraction of a second and `Duration::as_secs_f64` is exact.

@@ -114,18 +114,18 @@ mod pool;
 mod shared;
 
 pub use input::{
-    Common, Config, Fault, Kind, Op, PoolInput, SharedInput, SharedOp, Size, CAPACITIES, DIVISIONS,
-    FAULTS, HUGE, LIMITS, MAX_OPS, MULTIPLES, PERIODS, SIZES, SLOTS, TICK_NS,
+    CAPACITIES, Common, Config, DIVISIONS, FAULTS, Fault, HUGE, Kind, LIMITS, MAX_OPS, MULTIPLES,
+    Op, PERIODS, PoolInput, SIZES, SLOTS, SharedInput, SharedOp, Size, TICK_NS,
 };
 pub use model::model_round;
 pub use pool::{pool_ops, run_pool};
-pub use shared::{run_shared, shared_ops, SHARED_ALLOCATE_DEALLOCATE_PANICS};
+pub use shared::{SHARED_ALLOCATE_DEALLOCATE_PANICS, run_shared, shared_ops};
 
 use core::any::Any;
 use core::fmt;
 use core::time::Duration;
 use std::collections::VecDeque;
-use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
+use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
 use std::sync::{Arc, Mutex, Once};
 
 use crate::clock::ManualClock;

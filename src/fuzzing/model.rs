@@ -3,14 +3,14 @@
 //! `docs/ARCHITECTURE.md`, and the item docs of the pool, the policies and
 //! `SizeClass`), written as plainly as possible.
 
+use crate::SizeClass;
 use crate::error::PoolError;
 use crate::policy::{FixedCapacity, Reuse};
 use crate::stats::Stats;
 use crate::testing::{Call, TestError};
-use crate::SizeClass;
 
-use super::input::{ticks, Config, Fault, Kind, TICK_NS};
-use super::{lock_answers, Answer, Answers, Summary};
+use super::input::{Config, Fault, Kind, TICK_NS, ticks};
+use super::{Answer, Answers, Summary, lock_answers};
 
 /// The size-class rule, written from the `SizeClass` docs (not from
 /// `SizeClass::round`): the model's rounding.

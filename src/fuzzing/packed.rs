@@ -69,11 +69,12 @@ use core::fmt;
 use core::mem::ManuallyDrop;
 use core::time::Duration;
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
 
 use arbitrary::{Arbitrary, Unstructured};
 
+use crate::SizeClass;
 use crate::clock::ManualClock;
 use crate::error::PoolError;
 use crate::packing::{Packable, PackedPool, Packing, PackingStats};
@@ -83,7 +84,6 @@ use crate::raw::RawAllocator;
 use crate::shared::{Pooled, SharedPool};
 use crate::stats::Stats;
 use crate::testing::{Call, CheckingAllocator, FailingAllocator, TestError};
-use crate::SizeClass;
 
 /// Operations run per input at most.
 pub const MAX_PACKED_OPS: usize = 512;

@@ -9,11 +9,11 @@ use crate::policy::Policy;
 use crate::pool::DecayingPool;
 use crate::raw::RawAllocator;
 
-use super::input::{pick, Config, Op, PoolInput, Size, HUGE, MAX_OPS};
+use super::input::{Config, HUGE, MAX_OPS, Op, PoolInput, Size, pick};
 use super::model::{Live, Model};
 use super::{
-    apply_common, build, catching, check_common, new_parts, quiet_injected_panics, with_policy,
-    Clock, Injecting, Parts, Probe, Summary,
+    Clock, Injecting, Parts, Probe, Summary, apply_common, build, catching, check_common,
+    new_parts, quiet_injected_panics, with_policy,
 };
 
 /// Parses `data` as a [`PoolInput`] and runs it with [`run_pool`].

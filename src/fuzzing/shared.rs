@@ -7,11 +7,11 @@ use arbitrary::{Arbitrary, Unstructured};
 use crate::policy::{FixedCapacity, Policy};
 use crate::shared::{Pooled, SharedPool};
 
-use super::input::{pick, Config, Fault, Kind, SharedInput, SharedOp, MAX_OPS};
+use super::input::{Config, Fault, Kind, MAX_OPS, SharedInput, SharedOp, pick};
 use super::model::{Frees, Injected, Model};
 use super::{
-    apply_common, build, catching, check_common, new_parts, quiet_injected_panics, with_policy,
-    Clock, DropOrder, Injecting, Parts, Probe, Summary,
+    Clock, DropOrder, Injecting, Parts, Probe, Summary, apply_common, build, catching,
+    check_common, new_parts, quiet_injected_panics, with_policy,
 };
 
 /// Whether `shared_ops` lets a backing `deallocate` panic on a block that

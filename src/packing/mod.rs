@@ -23,8 +23,8 @@ pub use carve::Packable;
 #[cfg(any(feature = "testing", feature = "trace"))]
 pub(crate) use carve::{address_u64, carve_u64};
 pub use config::{Packing, ParsePackingError};
-use index::{bin_round_down, bin_round_up, FitIndex};
-use segment::{sub_allocator, Segment};
+use index::{FitIndex, bin_round_down, bin_round_up};
+use segment::{Segment, sub_allocator};
 pub use stats::PackingStats;
 
 use crate::clock::{Clock, MonotonicClock};

@@ -75,7 +75,7 @@
 use core::cell::{Cell, RefCell};
 use core::hint::spin_loop;
 use core::mem::ManuallyDrop;
-use core::sync::atomic::{compiler_fence, AtomicBool, AtomicU32, AtomicUsize, Ordering};
+use core::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering, compiler_fence};
 use std::sync::{Arc, Weak};
 use std::thread;
 
@@ -678,8 +678,8 @@ pub(super) fn register<T, B>(pool: &Arc<T>, mag: &Arc<Magazine<B>>) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::atomic::AtomicUsize;
     use std::sync::Barrier;
+    use std::sync::atomic::AtomicUsize;
 
     #[test]
     fn an_owner_gives_up_while_a_visitor_holds_the_magazine() {

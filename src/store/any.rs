@@ -1,7 +1,7 @@
 //! The store of [`AnyPolicy`](crate::policy::AnyPolicy): a timed store
 //! over a boxed policy, or a fixed table, chosen at run time.
 
-use super::{fixed::FixedStore, timed::TimedStore, Store};
+use super::{Store, fixed::FixedStore, timed::TimedStore};
 use crate::policy::BoxedPolicy;
 
 /// Either store; every call dispatches on the variant.

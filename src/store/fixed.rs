@@ -36,9 +36,9 @@ mod group;
 
 use core::mem::MaybeUninit;
 
-use self::group::{Group, Mask, EMPTY, WIDTH};
+use self::group::{EMPTY, Group, Mask, WIDTH};
 use super::Store;
-use crate::policy::{sealed, FixedCapacity, Policy, Reuse};
+use crate::policy::{FixedCapacity, Policy, Reuse, sealed};
 
 /// No slot.
 const NONE: usize = usize::MAX;
@@ -208,11 +208,7 @@ impl<B> FixedStore<B> {
     /// `i` (below twice the slot count) brought into the table.
     #[inline(always)]
     fn wrap(&self, i: usize) -> usize {
-        if i >= self.slots {
-            i - self.slots
-        } else {
-            i
-        }
+        if i >= self.slots { i - self.slots } else { i }
     }
 
     /// Whether slot `i` holds a block.
@@ -835,7 +831,7 @@ mod tests {
         let mut x = 7u64;
         let mut held: Vec<(u64, usize)> = Vec::new();
         // Fewer steps under Miri (safe code; the run is for its unsafe neighbours).
-        for step in 0..if cfg!(miri) { 300 } else { 5000u64 } {
+        for step in 0..if cfg!(miri) { 120 } else { 5000u64 } {
             crate::store::lcg(&mut x);
             let class = 1 + (x >> 33) as usize % 12;
             if (x >> 20) & 1 == 0 {

@@ -66,15 +66,15 @@
 use core::cmp::Ordering;
 use core::mem::MaybeUninit;
 use core::time::Duration;
-use std::collections::binary_heap::PeekMut;
 use std::collections::BinaryHeap;
+use std::collections::binary_heap::PeekMut;
 
 use hashbrown::HashMap;
 
+use super::Store;
 use super::classes::{Classes, Keyed};
 use super::ring::Ring;
-use super::Store;
-use crate::policy::{sealed, EvictionPolicy, FreeReason, Oldest, Policy, Reuse};
+use crate::policy::{EvictionPolicy, FreeReason, Oldest, Policy, Reuse, sealed};
 
 /// Classes added beyond twice the number left by the last sweep before the
 /// next one.
@@ -904,7 +904,7 @@ impl<P: EvictionPolicy> Policy for P {
 
 #[cfg(test)]
 mod tests {
-    use super::{Blocks, Item, Store, TimedStore, RING_FIRST_HITS};
+    use super::{Blocks, Item, RING_FIRST_HITS, Store, TimedStore};
     use crate::policy::{FixedTime, Reuse};
     use core::time::Duration;
     use std::collections::VecDeque;

@@ -2,7 +2,7 @@
 
 use std::io::{self, Write};
 
-use super::{json_escape, Recorder, Sample};
+use super::{Recorder, Sample, json_escape};
 
 /// Writes `recorders` as a Chrome trace-event JSON document
 /// (`{"traceEvents":[…],"displayTimeUnit":"ms"}`), which Perfetto

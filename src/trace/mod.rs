@@ -98,8 +98,8 @@ pub use pickle::{is_pickle, snapshot_to_csv};
 pub use record::{Instant, InstantKind, Recorder, Sample};
 pub use recording::{Recording, TraceAddress};
 pub use replay::{
-    format_table, reports_to_json, Config, CostCurve, CostModel, ModelledAllocator, OutOfMemory,
-    PolicyKind, ReplayOptions, Replayer, Report,
+    Config, CostCurve, CostModel, ModelledAllocator, OutOfMemory, PolicyKind, ReplayOptions,
+    Replayer, Report, format_table, reports_to_json,
 };
 pub use svg::write_svg;
 
@@ -655,7 +655,7 @@ impl<R: BufRead> TraceReader<R> {
                     other => {
                         return Err(malformed(format!(
                             "unknown action {other:?} (expected alloc or free)"
-                        )))
+                        )));
                     }
                 };
                 (

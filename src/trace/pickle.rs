@@ -6,7 +6,7 @@ use std::io::Read;
 
 use serde_pickle::{DeOptions, HashableValue, Value};
 
-use super::{TraceError, TraceErrorKind, PYTORCH_HEADER};
+use super::{PYTORCH_HEADER, TraceError, TraceErrorKind};
 
 /// Whether `bytes` (a file's first bytes) look like a pickle: protocol 2
 /// and later start with `0x80` and the protocol number.
@@ -93,13 +93,13 @@ pub fn snapshot_to_csv(input: impl Read) -> Result<Vec<u8>, TraceError> {
         Some(_) => {
             return Err(bad(
                 "not a PyTorch memory snapshot: `device_traces` is not a list",
-            ))
+            ));
         }
         None => {
             return Err(bad(
                 "not a PyTorch memory snapshot: no `device_traces` (was the snapshot \
                  taken with torch.cuda.memory._record_memory_history enabled?)",
-            ))
+            ));
         }
     };
     let mut out = Vec::new();

@@ -4,7 +4,7 @@
 use core::fmt::Write as _;
 use std::io::{self, Write};
 
-use super::{human_bytes, InstantKind, Recorder};
+use super::{InstantKind, Recorder, human_bytes};
 
 const WIDTH: f64 = 960.0;
 const LEFT: f64 = 78.0;

@@ -212,7 +212,7 @@ fn the_default_per_size_bound_is_the_documented_window() {
 mod local {
     use core::mem::MaybeUninit;
     use core::time::Duration;
-    use std::panic::{catch_unwind, AssertUnwindSafe};
+    use std::panic::{AssertUnwindSafe, catch_unwind};
 
     use decaying_pool::testing::CheckingAllocator;
     use decaying_pool::{DecayingPool, FixedTime, LocalPool, SystemAllocator};
@@ -314,7 +314,7 @@ mod local {
 #[test]
 #[cfg(debug_assertions)]
 fn a_release_with_the_wrong_size_is_caught_and_loses_nothing() {
-    use std::panic::{catch_unwind, AssertUnwindSafe};
+    use std::panic::{AssertUnwindSafe, catch_unwind};
     let alloc = decaying_pool::testing::CheckingAllocator::new();
     let mut pool = DecayingPool::new(alloc.clone(), FixedTime::new(Duration::from_secs(60)));
     let a = pool.allocate(100).unwrap();

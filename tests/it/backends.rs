@@ -203,8 +203,8 @@ fn pool_over_system_allocator_reports_errors_without_panicking() {
 #[cfg(unix)]
 mod mmap {
     use super::*;
-    use decaying_pool::backend::MmapError;
     use decaying_pool::MmapAllocator;
+    use decaying_pool::backend::MmapError;
 
     fn page() -> usize {
         MmapAllocator::page_size()

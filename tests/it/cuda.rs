@@ -6,8 +6,8 @@
 
 use core::time::Duration;
 
-use cudarc::driver::sys::CUresult;
 use cudarc::driver::DriverError;
+use cudarc::driver::sys::CUresult;
 use decaying_pool::cuda::{
     self, CudaError, DeviceAllocator, PinnedHostAllocator, SlicePool, StreamAllocator,
 };

@@ -16,7 +16,7 @@
 //! Hence `round_half_down(N * 2^(-t / h))` of `N` equal blocks released
 //! together remain at time `t`, however often the pool collects.
 
-use crate::support::{freed_ids, Lcg};
+use crate::support::{Lcg, freed_ids};
 use crate::support::{ms, put};
 use core::time::Duration;
 use std::cell::RefCell;

@@ -8,9 +8,9 @@
 //! the tests below model exactly; larger tables are checked for their
 //! invariants.
 
+use crate::support::Lcg;
 use crate::support::freed_ids;
 use crate::support::put;
-use crate::support::Lcg;
 use core::time::Duration;
 use std::collections::{HashMap, VecDeque};
 

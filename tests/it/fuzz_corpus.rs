@@ -14,8 +14,8 @@
 use crate::support::{assert_corpus_holds, noise, replay_corpus, write_corpus};
 use std::path::Path;
 
-use decaying_pool::fuzzing::{self, Kind, Summary, FAULTS};
 use decaying_pool::FixedCapacity;
+use decaying_pool::fuzzing::{self, FAULTS, Kind, Summary};
 
 // --- the input layout (see `decaying_pool::fuzzing::{Config, Op, SharedOp}`) ---
 

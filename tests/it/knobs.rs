@@ -201,9 +201,10 @@ fn stats_display_shows_humanised_figures_and_the_rounding_waste() {
     let c = exact.allocate(1000).unwrap();
     let s = exact.stats();
     assert_eq!((s.bytes_requested, s.rounding_waste()), (1000, 0));
-    assert!(s
-        .to_string()
-        .contains("1000 B requested, rounding waste 0 B (0.0%)"));
+    assert!(
+        s.to_string()
+            .contains("1000 B requested, rounding waste 0 B (0.0%)")
+    );
     put(&mut exact, c, 1000);
 }
 
@@ -549,7 +550,7 @@ fn an_observer_and_class_stats_keep_the_pool_send_and_sync() {
 
 #[test]
 fn a_panicking_observer_loses_no_block_and_keeps_the_counters_true() {
-    use std::panic::{catch_unwind, AssertUnwindSafe};
+    use std::panic::{AssertUnwindSafe, catch_unwind};
     let clock = ManualClock::new();
     let alloc = CheckingAllocator::new();
     use std::sync::atomic::{AtomicU32, Ordering::Relaxed};

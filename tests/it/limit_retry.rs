@@ -270,10 +270,12 @@ fn limit_applies_to_class_sizes() {
     assert_eq!(pool.stats().bytes_reserved, 768);
     put(&mut pool, b, 500);
     put(&mut pool, c, 250);
-    assert!(alloc
-        .calls()
-        .iter()
-        .all(|c| matches!(c, Call::Allocate { .. })));
+    assert!(
+        alloc
+            .calls()
+            .iter()
+            .all(|c| matches!(c, Call::Allocate { .. }))
+    );
     check(&pool, &alloc);
 }
 
@@ -529,7 +531,7 @@ fn no_third_attempt_when_the_first_retry_emptied_the_cache() {
 fn retry_under_a_capacity_frees_just_enough() {
     let (mut pool, fail, inner, clock) = failing(Some(700));
     cache(&mut pool, &clock, &[300, 200, 100]); // 600 of 700 used
-                                                // 600 + 250 > 700 fails; freeing 300 (>= 250) leaves 300 + 250 <= 700.
+    // 600 + 250 > 700 fails; freeing 300 (>= 250) leaves 300 + 250 <= 700.
     let b = get(&mut pool, 250);
     assert_eq!(inner.calls()[3..], [d(1, 300), a(4, 250)]);
     let s = pool.stats();
@@ -546,7 +548,7 @@ fn retry_under_a_capacity_frees_all_when_memory_is_taken_elsewhere() {
     // Someone else now holds part of the device.
     let mut other = fail.clone();
     let foreign = other.allocate(100).unwrap(); // block 4
-                                                // ... and the device shrinks: 1000 of 800 used.
+    // ... and the device shrinks: 1000 of 800 used.
     fail.set_capacity(Some(800));
     // Attempt 1: 1000 + 250 > 800. Free 1 (300 >= 250) -> 700 + 250 > 800,
     // attempt 2 fails. Free 2, 3 -> 100 + 250 <= 800, attempt 3 succeeds.

@@ -18,7 +18,7 @@
 //! per case) and shrinks a failure to a minimal sequence.
 
 use decaying_pool::fuzzing::{
-    model_round, run_pool, Common, Config, Fault, Kind, Op, PoolInput, Size, FAULTS, HUGE, SIZES,
+    Common, Config, FAULTS, Fault, HUGE, Kind, Op, PoolInput, SIZES, Size, model_round, run_pool,
 };
 use decaying_pool::{Reuse, SizeClass};
 use proptest::prelude::*;

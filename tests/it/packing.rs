@@ -8,14 +8,14 @@
 //! folder the test checks nothing.
 
 use core::time::Duration;
-use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::panic::{AssertUnwindSafe, catch_unwind};
 
 use decaying_pool::testing::{CheckingAllocator, FailingAllocator};
 use decaying_pool::{
     DecayingPool, FixedTime, ManualClock, PackedPool, Packing, PoolError, SystemAllocator,
 };
 
-use crate::support::{freed_ids, Rng};
+use crate::support::{Rng, freed_ids};
 
 const KIB: usize = 1 << 10;
 const MIB: usize = 1 << 20;
@@ -701,8 +701,8 @@ fn a_new_segment_reuses_one_lately_emptied_before_asking_for_more() {
     assert_eq!(alloc.size_of(c), Some(64 * MIB));
     // SAFETY: each block came from this pool with this size and is released once.
     unsafe { pool.release(a, 32 * MIB) }; // segment 1 empties, cached in the pool
-                                          // The footprint would ask for a 96 MiB segment; the cached 32 MiB one
-                                          // serves the request without a backing call.
+    // The footprint would ask for a 96 MiB segment; the cached 32 MiB one
+    // serves the request without a backing call.
     let e = pool.allocate(32 * MIB).unwrap();
     assert_eq!(e, a);
     assert_eq!(alloc.allocs(), 3);

@@ -21,12 +21,12 @@
 //! Here proptest draws the configurations (small thresholds and segments,
 //! so cases are cheap) and the operations, and shrinks a failure.
 
+use decaying_pool::SizeClass;
 use decaying_pool::fuzzing_packed::{
-    preset, run_packed, PackedConfig, PackedInput, PackedOp, CAP_FRACTIONS, DEVICE_CAPACITIES,
-    PACKED_CAPACITIES, PACKED_LIMITS, PACKED_PERIODS, PACKED_SIZES, PRESETS,
+    CAP_FRACTIONS, DEVICE_CAPACITIES, PACKED_CAPACITIES, PACKED_LIMITS, PACKED_PERIODS,
+    PACKED_SIZES, PRESETS, PackedConfig, PackedInput, PackedOp, preset, run_packed,
 };
 use decaying_pool::fuzzing_packed::{MAX_PACKED_OPS, PACKED_HUGE};
-use decaying_pool::SizeClass;
 use proptest::prelude::*;
 use proptest::sample::select;
 

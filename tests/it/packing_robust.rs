@@ -1,7 +1,7 @@
 //! Tests: a panic inside the pool (the clock, here) while the packing layer
 //! works loses no segment: every backing block still goes back exactly once.
 
-use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::panic::{AssertUnwindSafe, catch_unwind};
 
 use decaying_pool::testing::{CheckingAllocator, PanickingClock};
 use decaying_pool::{DecayingPool, FixedTime, ManualClock, PackedPool, Packing};

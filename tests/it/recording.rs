@@ -12,8 +12,8 @@ use core::time::Duration;
 
 use decaying_pool::testing::CheckingAllocator;
 use decaying_pool::trace::{
-    snapshot_to_csv, Config, Event, PolicyKind, ReadOptions, Recording, ReplayOptions, Replayer,
-    TraceReader,
+    Config, Event, PolicyKind, ReadOptions, Recording, ReplayOptions, Replayer, TraceReader,
+    snapshot_to_csv,
 };
 use decaying_pool::{DecayingPool, FixedTime, ManualClock, RawAllocator};
 

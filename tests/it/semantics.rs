@@ -7,7 +7,7 @@
 //! [`CheckingAllocator::calls`].
 
 use crate::support::Rng;
-use crate::support::{a, d, get, ms, pool_with, put, Pool};
+use crate::support::{Pool, a, d, get, ms, pool_with, put};
 use core::convert::Infallible;
 use core::time::Duration;
 use std::collections::{HashMap, HashSet};
@@ -469,7 +469,7 @@ fn an_expired_block_is_never_handed_out() {
         clock.set(ms(500));
         put(&mut pool, b2, 64); // at 500 ms
         clock.set(TTL); // b1 idle exactly ttl, b2 idle 500 ms
-                        // Fifo would pick b1, Lifo b2: either way b1 is gone first.
+        // Fifo would pick b1, Lifo b2: either way b1 is gone first.
         assert_eq!(get(&mut pool, 64), b2, "{reuse:?}");
         assert_eq!(
             get(&mut pool, 64),
@@ -819,8 +819,8 @@ fn stacked_errors_are_nested_and_retry_releases_into_the_inner_pool() {
     let x = outer.allocate(600).unwrap(); // block 1
     let y = outer.allocate(300).unwrap(); // block 2
     put_outer(&mut outer, y, 300); // cached in the outer pool; inner: 900 in use
-                                   // The inner pool refuses (900 + 400 > 1000), the outer pool retries: it
-                                   // releases `y` into the inner pool, whose limit then trims it.
+    // The inner pool refuses (900 + 400 > 1000), the outer pool retries: it
+    // releases `y` into the inner pool, whose limit then trims it.
     let z = outer.allocate(400).unwrap();
     assert_eq!(z, 3);
     assert_eq!(

@@ -5,7 +5,7 @@
 //! sizes the statistics count, which requests share a cached block, and
 //! `TooLarge` (never a panic) when rounding would overflow.
 
-use crate::support::{get, pool_with, put, Pool};
+use crate::support::{Pool, get, pool_with, put};
 use core::time::Duration;
 
 use decaying_pool::testing::{Call, CheckingAllocator};

@@ -12,9 +12,9 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use decaying_pool::trace::{
-    workloads, write_chrome_trace, write_svg, Config, CostModel, Event, Format, Op, PolicyKind,
-    ReadOptions, Recorder, ReplayOptions, Replayer, Report, TraceErrorKind, TraceReader,
-    TraceWriter,
+    Config, CostModel, Event, Format, Op, PolicyKind, ReadOptions, Recorder, ReplayOptions,
+    Replayer, Report, TraceErrorKind, TraceReader, TraceWriter, workloads, write_chrome_trace,
+    write_svg,
 };
 
 fn read_all(text: &str, opts: ReadOptions) -> Result<Vec<Event>, decaying_pool::trace::TraceError> {

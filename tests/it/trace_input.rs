@@ -116,9 +116,10 @@ fn capacity_refuses_negative_nan_infinite_zero_and_huge_values() {
 fn repeat_refuses_zero_negative_and_non_integers() {
     for bad in ["0", "-1", "1.5", "nan", "99999999999", ""] {
         let err = parse_repeat("--repeat", bad).expect_err(bad);
-        assert!(err
-            .to_string()
-            .starts_with(&format!("--repeat: {bad:?} is not ")));
+        assert!(
+            err.to_string()
+                .starts_with(&format!("--repeat: {bad:?} is not "))
+        );
     }
     assert_eq!(parse_repeat("--repeat", "3").unwrap(), 3);
 }

@@ -14,4 +14,4 @@ mod report;
 pub use config::{Config, PolicyKind, ReplayOptions};
 pub use cost::{CostCurve, CostModel, ModelledAllocator, OutOfMemory};
 pub use replayer::Replayer;
-pub use report::{format_table, reports_to_json, Report};
+pub use report::{Report, format_table, reports_to_json};

@@ -2,8 +2,8 @@
 
 use std::fmt::Write as _;
 
-use crate::trace::{human_bytes, json_escape, Recorder};
 use crate::Stats;
+use crate::trace::{Recorder, human_bytes, json_escape};
 
 use super::cost::MIB;
 
