@@ -2472,8 +2472,9 @@ impl<A: RawAllocator, P: Policy, C: Clock> Drop for Pooled<A, P, C> {
                     Ok(()) => return,
                     Err((block, true)) => (block, true),
                     // To the shared cache (a thread-cached pool is plain),
-                    // out of line: not the hot path of such a pool.
-                    Err((block, false)) => return release_plain_past_magazine(view, block, size),
+                    // inlined: the hot path of a thread whose magazine is
+                    // passed by (it kept missing).
+                    Err((block, false)) => return release_plain(view, block, size),
                 }
             }
             None if view.inner.packed.is_none() => return release_plain(view, block, size),
@@ -2636,17 +2637,6 @@ fn release_plain<A: RawAllocator, P: Policy, C: Clock>(
     core::mem::forget(settle);
     // May drop the pool (`held` was its last reference).
     drop(held);
-}
-
-/// [`release_plain`] out of line, for a thread-cached pool's block that
-/// its magazine cannot take.
-#[inline(never)]
-fn release_plain_past_magazine<A: RawAllocator, P: Policy, C: Clock>(
-    view: ManuallyDrop<SharedPool<A, P, C>>,
-    block: A::Block,
-    size: usize,
-) {
-    release_plain(view, block, size);
 }
 
 /// What a [`release_plain`] leaves to do once the cache lock is let go,
