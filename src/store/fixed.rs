@@ -2,8 +2,14 @@
 //!
 //! One open-addressing table of `slots` entries, allocated once and never
 //! grown. A class hashes to a home slot and a 7-bit tag; its blocks live in
-//! the probe window of `min(slots, per_size)` slots from home (wrapping;
-//! `per_size` is `FixedCapacity::WINDOW` unless the policy says otherwise).
+//! the probe window of `window = min(slots, per_size)` slots from home
+//! (`per_size` is `FixedCapacity::WINDOW` unless the policy says
+//! otherwise). Homes are drawn from the first `slots - window + 1` slots,
+//! so that no window runs past the last slot: a slot's index is then home
+//! plus its place in the window, with no wrapping to compute on each
+//! candidate. (The first and last `window - 1` slots belong to fewer
+//! windows than the others; in a table of `window` slots or fewer, every
+//! class has the one window of the whole table.)
 //! Every lookup scans the whole window, so removing an entry simply empties
 //! it: no tombstones, no backward shift, and every operation costs at most
 //! one window scan, O(1) in the worst case.
@@ -13,8 +19,8 @@
 //! compared eight at a time in one `u64` (as hashbrown compares its control
 //! bytes without SIMD). A window of eight slots is one unaligned word load
 //! and a few word operations; only the entries whose tag matches are read.
-//! The tag array ends with a copy of its first eight bytes, so a window
-//! that wraps the table's end is still one load. The tag is also the only
+//! The tag array ends with eight bytes of padding that stay empty, so the
+//! last group of a window is still one load. The tag is also the only
 //! record of which slots hold a block (the block itself is a
 //! `MaybeUninit`, initialised exactly when the tag is not empty). A hit
 //! leaves the slot where a release of its class would go, so the release
@@ -73,8 +79,8 @@ struct Link {
 
 /// The fixed-capacity store: see the module documentation.
 pub struct FixedStore<B> {
-    /// One tag per slot, then a copy of the first `min(WIDTH, slots)`
-    /// tags (padding past that): `slots + WIDTH` bytes, or none. A slot
+    /// One tag per slot, then `WIDTH` bytes of padding that stay
+    /// [`EMPTY`]: `slots + WIDTH` bytes, or none. A slot
     /// holds a block exactly when its tag is not [`EMPTY`].
     tags: Box<[u8]>,
     /// `slots` entries, or none.
@@ -86,6 +92,8 @@ pub struct FixedStore<B> {
     /// The number of slots (the sentinel's index).
     slots: usize,
     window: usize,
+    /// The number of home slots: `slots - window + 1`.
+    homes: usize,
     /// The window's positions in its first group.
     live: Mask,
     /// What a hit's stamps are XORed with before taking the largest: 0
@@ -177,6 +185,7 @@ impl<B> FixedStore<B> {
         let window = slots.min(window.max(1));
         FixedStore {
             window,
+            homes: slots - window + 1,
             live: Mask::first(window.min(WIDTH)),
             tags,
             entries,
@@ -201,14 +210,8 @@ impl<B> FixedStore<B> {
     #[inline(always)]
     fn locate(&self, class: usize) -> (usize, u8) {
         let h = hash(class);
-        let home = ((u128::from(h) * self.slots as u128) >> 64) as usize;
+        let home = ((u128::from(h) * self.homes as u128) >> 64) as usize;
         (home, tag_of(h))
-    }
-
-    /// `i` (below twice the slot count) brought into the table.
-    #[inline(always)]
-    fn wrap(&self, i: usize) -> usize {
-        if i >= self.slots { i - self.slots } else { i }
     }
 
     /// Whether slot `i` holds a block.
@@ -224,11 +227,11 @@ impl<B> FixedStore<B> {
 
     /// The slots of the window starting at `home` (not on the hot path).
     fn window(&self, home: usize) -> impl Iterator<Item = usize> + '_ {
-        (0..self.window).map(move |k| self.wrap(home + k))
+        home..home + self.window
     }
 
-    /// The tags of slots `at..at + WIDTH` (the copy past the end for those
-    /// beyond the last slot).
+    /// The tags of slots `at..at + WIDTH` (the padding's for those beyond
+    /// the last slot).
     ///
     /// # Safety
     ///
@@ -295,16 +298,15 @@ impl<B> FixedStore<B> {
     #[inline(always)]
     fn groups(&self, home: usize) -> impl Iterator<Item = (usize, usize, Group, Mask)> + '_ {
         (0..self.window).step_by(WIDTH).map(move |start| {
-            let at = self.wrap(home + start);
+            let at = home + start;
             let live = Mask::first((self.window - start).min(WIDTH));
-            // SAFETY: `wrap` brings `home + start` (below twice the slot
-            // count: `home` is a slot, `start` below the window) into the
-            // table.
+            // SAFETY: `home + start` is a slot of the window (`start` is
+            // below the window, which ends at or before the last slot).
             (start, at, unsafe { self.group(at) }, live)
         })
     }
 
-    /// Sets the tag of slot `i`, and its copy past the end if it has one.
+    /// Sets the tag of slot `i`.
     ///
     /// # Safety
     ///
@@ -312,14 +314,8 @@ impl<B> FixedStore<B> {
     #[inline(always)]
     unsafe fn set_tag(&mut self, i: usize, tag: u8) {
         debug_assert!(i < self.slots);
-        // Without a branch: a slot with no copy writes its own tag twice.
-        let copy = if i < WIDTH { self.slots + i } else { i };
-        // SAFETY: `i < slots`, and `slots + i < slots + WIDTH` is the copy
-        // of a slot below `WIDTH`: both inside the tag array.
-        unsafe {
-            *self.tags.get_unchecked_mut(i) = tag;
-            *self.tags.get_unchecked_mut(copy) = tag;
-        }
+        // SAFETY: `i < slots`, inside the tag array.
+        unsafe { *self.tags.get_unchecked_mut(i) = tag };
     }
 
     /// Empties occupied slot `i`, returning its block and class.
@@ -392,8 +388,9 @@ impl<B> FixedStore<B> {
         let group = unsafe { self.group(home) };
         let (mut best, mut best_key) = (NONE, 0u64);
         for k in group.match_tag(tag).and(self.live) {
-            let i = self.wrap(home + k);
-            // SAFETY: `wrap` brings `home + k` below `slots`.
+            let i = home + k;
+            // SAFETY: `k` is a position of the window (`live`), which ends
+            // at or before the last slot.
             let (e, link) = unsafe { (self.entry(i), self.link(i)) };
             // The tag may match another class (seven bits of hash, or a
             // borrow in the comparison): the entry decides. Chosen without
@@ -413,8 +410,9 @@ impl<B> FixedStore<B> {
         let (mut best, mut best_key) = (NONE, 0u64);
         for (_, at, group, live) in self.groups(home) {
             for k in group.match_tag(tag).and(live) {
-                let i = self.wrap(at + k);
-                // SAFETY: `wrap` brings `at + k` below `slots`.
+                let i = at + k;
+                // SAFETY: `k` is a position of the window in this group
+                // (`live`), which ends at or before the last slot.
                 let (e, link) = unsafe { (self.entry(i), self.link(i)) };
                 let key = link.stamp ^ self.flip;
                 if (e.class == class) & (key >= best_key) {
@@ -581,14 +579,15 @@ impl<B> Store<B> for FixedStore<B> {
         assert_eq!(self.entries.len(), n, "entry array length");
         assert_eq!(self.links.len(), n + 1, "link array length");
         assert_eq!(self.tags.len(), n + WIDTH, "tag array length");
-        for j in 0..WIDTH.min(n) {
-            assert_eq!(self.tags[n + j], self.tags[j], "copy of tag {j}");
+        for j in 0..WIDTH {
+            assert_eq!(self.tags[n + j], EMPTY, "padding tag {j}");
         }
         assert!(
             (1..=n).contains(&self.window),
             "window of {} slots in a table of {n}",
             self.window
         );
+        assert_eq!(self.homes, n - self.window + 1, "home slots");
         let (mut len, mut bytes) = (0usize, 0usize);
         for i in self.occupied() {
             let e = &self.entries[i];
@@ -647,7 +646,7 @@ impl<B> FixedStore<B> {
         let mut free = None;
         for (_, at, group, live) in self.groups(home) {
             if let Some(k) = group.match_empty().and(live).lowest() {
-                free = Some(self.wrap(at + k));
+                free = Some(at + k);
                 break;
             }
         }
@@ -752,7 +751,7 @@ mod tests {
         assert_eq!(core::mem::size_of::<Entry<u64>>(), 16);
         assert_eq!(core::mem::size_of::<Link>(), 16);
         let store = FixedStore::<u64>::new(1 << 12, FixedCapacity::WINDOW, Reuse::Lifo);
-        // The entries, the links and the sentinel's, the tags and their copy.
+        // The entries, the links and the sentinel's, the tags and their padding.
         assert_eq!(
             store.footprint(),
             (1 << 12) * 16 + ((1 << 12) + 1) * 16 + (1 << 12) + WIDTH
@@ -760,44 +759,37 @@ mod tests {
     }
 
     #[test]
-    fn a_window_wraps_the_end_of_the_table() {
+    fn windows_end_at_or_before_the_last_slot() {
         let slots = 64;
-        let mut store = FixedStore::<u64>::new(slots, FixedCapacity::WINDOW, Reuse::Lifo);
-        // A class whose window runs past the last slot.
-        let class = (1..)
-            .find(|&c| store.locate(c).0 > slots - FixedCapacity::WINDOW)
-            .unwrap();
-        let home = store.locate(class).0;
-        for b in 0..FixedCapacity::WINDOW as u64 {
+        let w = FixedCapacity::WINDOW;
+        let mut store = FixedStore::<u64>::new(slots, w, Reuse::Lifo);
+        // Every home leaves room for its window; some class has the last.
+        for class in 1..5000 {
+            assert!(store.locate(class).0 + w <= slots, "class {class}");
+        }
+        let class = (1..).find(|&c| store.locate(c).0 == slots - w).unwrap();
+        for b in 0..w as u64 {
             assert_eq!(store.put(b, class, 0), None);
             store.check();
         }
-        // The window is full: its slots from home to the end, then from 0.
-        let want: Vec<usize> = (home..slots)
-            .chain(0..FixedCapacity::WINDOW - (slots - home))
-            .collect();
-        let mut used: Vec<usize> = store.occupied().collect();
-        used.sort_unstable();
-        let mut want_sorted = want.clone();
-        want_sorted.sort_unstable();
-        assert_eq!(used, want_sorted);
-        // The wrapped slots are found through the copy of the first tags.
-        assert_eq!(store.cached_of(class), FixedCapacity::WINDOW);
+        // The window is full: the last `w` slots, whose last group reads
+        // the padding past them.
+        let used: Vec<usize> = store.occupied().collect();
+        assert_eq!(used, (slots - w..slots).collect::<Vec<_>>());
+        assert_eq!(store.cached_of(class), w);
         // One more evicts the oldest, block 0.
         assert_eq!(store.put(99, class, 0), Some((0, class)));
         store.check();
-        let got: Vec<u64> = (0..FixedCapacity::WINDOW)
-            .map(|_| store.take(class, 0).unwrap())
-            .collect();
+        let got: Vec<u64> = (0..w).map(|_| store.take(class, 0).unwrap()).collect();
         assert_eq!(got, [99, 7, 6, 5, 4, 3, 2, 1]);
         assert_eq!(store.take(class, 0), None);
         store.check();
     }
 
     #[test]
-    fn a_window_of_several_groups_wraps_too() {
+    fn a_window_of_several_groups() {
         // A 20-slot window in a 24-slot table: three groups, the last one
-        // partial, wrapping the end wherever home is.
+        // partial, from one of the five homes.
         for reuse in [Reuse::Lifo, Reuse::Fifo] {
             let mut store = FixedStore::<u64>::new(24, 20, reuse);
             // Fewer classes under Miri (safe code, checked after every put).
