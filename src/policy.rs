@@ -1068,8 +1068,9 @@ impl EvictionPolicy for Exponential {
 /// [`FixedCapacity::WINDOW`] slots from there. Lookups always scan the
 /// whole window, so a hit simply empties its entry (no tombstones, no
 /// backward shift), and every operation is O(1) in the worst case. The scan
-/// reads one tag byte per slot (seven bits of the size's hash), eight at a
-/// time in one word, and only the entries whose tag matches. `collect` is a
+/// reads one tag byte per slot (six bits of the size's hash, and a mark on
+/// the newest block of each size), eight at a time in one word, and only
+/// the entries whose tag matches. `collect` is a
 /// no-op; `trim` empties the table; `FixedCapacity::new(0)` caches nothing.
 ///
 /// Each slot costs `size_of::<B>() + 25` bytes: the block, its size (8),

@@ -1,7 +1,7 @@
 //! The fixed-capacity store, used by [`FixedCapacity`](crate::FixedCapacity).
 //!
 //! One open-addressing table of `slots` entries, allocated once and never
-//! grown. A class hashes to a home slot and a 7-bit tag; its blocks live in
+//! grown. A class hashes to a home slot and a 6-bit tag; its blocks live in
 //! the probe window of `window = min(slots, per_size)` slots from home
 //! (`per_size` is `FixedCapacity::WINDOW` unless the policy says
 //! otherwise). Homes are drawn from the first `slots - window + 1` slots,
@@ -15,10 +15,22 @@
 //! one window scan, O(1) in the worst case.
 //!
 //! The scan reads tag bytes, not entries: one byte per slot, empty (0x80)
-//! or seven bits of the class's hash, kept in an array of its own and
-//! compared eight at a time in one `u64` (as hashbrown compares its control
-//! bytes without SIMD). A window of eight slots is one unaligned word load
+//! or six bits of the class's hash and a mark (below), kept in an array of
+//! its own and compared eight at a time in one `u64` (as hashbrown compares
+//! its control bytes without SIMD, but exactly: no byte matches by a borrow
+//! from its neighbour). A window of eight slots is one unaligned word load
 //! and a few word operations; only the entries whose tag matches are read.
+//!
+//! Under LIFO a hit takes its class's newest block. Rather than read every
+//! block of the class in the window to compare their stamps, the newest
+//! block of a class carries the [`NEWEST`] bit in its tag whenever it is
+//! known: a release marks the block it caches (and unmarks the block marked
+//! before, found the same way), and a hit looks for the marked block first,
+//! one match that reads one entry. A hit that takes the marked block leaves
+//! its class with none marked; the next hit of the class, unless a release
+//! comes first, then compares the stamps of all its candidates, as every
+//! FIFO hit does (no tag is marked under FIFO). A steady round trip finds
+//! its block marked each time: the release after the hit marks it again.
 //! The tag array ends with eight bytes of padding that stay empty, so the
 //! last group of a window is still one load. The tag is also the only
 //! record of which slots hold a block (the block itself is a
@@ -42,7 +54,7 @@ mod group;
 
 use core::mem::MaybeUninit;
 
-use self::group::{EMPTY, Group, Mask, WIDTH};
+use self::group::{EMPTY, Group, Mask, NEWEST, WIDTH};
 use super::Store;
 use crate::policy::{FixedCapacity, Policy, Reuse, sealed};
 
@@ -99,6 +111,9 @@ pub struct FixedStore<B> {
     /// What a hit's stamps are XORed with before taking the largest: 0
     /// under LIFO (the newest), all ones under FIFO (the oldest).
     flip: u64,
+    /// [`NEWEST`] under LIFO, where the newest block of each class carries
+    /// it in its tag when known; 0 under FIFO, where no tag does.
+    newest: u8,
     /// Where a release of class `hint_class` goes, left by the hit that
     /// just took a block of it (0, a class no block has: nowhere). Any
     /// other change to the table clears it. A hit followed by the release
@@ -159,11 +174,11 @@ fn hash(class: usize) -> u64 {
     (p as u64) ^ ((p >> 64) as u64)
 }
 
-/// The tag of a class with hash `h`: its low seven bits (the home slot
-/// comes from the high bits).
+/// The tag of a class with hash `h`: its low six bits (the home slot
+/// comes from the high bits), without the [`NEWEST`] mark.
 #[inline(always)]
 fn tag_of(h: u64) -> u8 {
-    (h & 0x7F) as u8
+    (h & u64::from(NEWEST - 1)) as u8
 }
 
 impl<B> FixedStore<B> {
@@ -194,6 +209,10 @@ impl<B> FixedStore<B> {
             flip: match reuse {
                 Reuse::Lifo => 0,
                 Reuse::Fifo => u64::MAX,
+            },
+            newest: match reuse {
+                Reuse::Lifo => NEWEST,
+                Reuse::Fifo => 0,
             },
             hint_class: 0,
             hint_slot: 0,
@@ -386,15 +405,25 @@ impl<B> FixedStore<B> {
     fn find_in_group(&self, home: usize, class: usize, tag: u8) -> usize {
         // SAFETY: `home` is a slot (`locate`).
         let group = unsafe { self.group(home) };
+        if self.newest != 0 {
+            // LIFO: the block marked newest, if its class has one.
+            for k in group.match_tag(tag | NEWEST).and(self.live) {
+                let i = home + k;
+                // SAFETY: `k` is a position of the window (`live`), which
+                // ends at or before the last slot.
+                if unsafe { self.entry(i) }.class == class {
+                    return i;
+                }
+            }
+        }
         let (mut best, mut best_key) = (NONE, 0u64);
-        for k in group.match_tag(tag).and(self.live) {
+        for k in group.match_hash(tag).and(self.live) {
             let i = home + k;
             // SAFETY: `k` is a position of the window (`live`), which ends
             // at or before the last slot.
             let (e, link) = unsafe { (self.entry(i), self.link(i)) };
-            // The tag may match another class (seven bits of hash, or a
-            // borrow in the comparison): the entry decides. Chosen without
-            // branching on the key.
+            // The tag may match another class (six bits of hash): the entry
+            // decides. Chosen without branching on the key.
             let key = link.stamp ^ self.flip;
             if (e.class == class) & (key >= best_key) {
                 (best, best_key) = (i, key);
@@ -407,9 +436,13 @@ impl<B> FixedStore<B> {
     /// groups.
     #[inline(never)]
     fn find_in_groups(&self, home: usize, class: usize, tag: u8) -> usize {
+        let marked = self.marked(home, class, tag);
+        if marked != NONE {
+            return marked;
+        }
         let (mut best, mut best_key) = (NONE, 0u64);
         for (_, at, group, live) in self.groups(home) {
-            for k in group.match_tag(tag).and(live) {
+            for k in group.match_hash(tag).and(live) {
                 let i = at + k;
                 // SAFETY: `k` is a position of the window in this group
                 // (`live`), which ends at or before the last slot.
@@ -421,6 +454,26 @@ impl<B> FixedStore<B> {
             }
         }
         best
+    }
+
+    /// The slot of the block of `class` marked newest in the window at
+    /// `home` (`NONE`: none, or FIFO).
+    #[inline(always)]
+    fn marked(&self, home: usize, class: usize, tag: u8) -> usize {
+        if self.newest == 0 {
+            return NONE;
+        }
+        for (_, at, group, live) in self.groups(home) {
+            for k in group.match_tag(tag | NEWEST).and(live) {
+                let i = at + k;
+                // SAFETY: `k` is a position of the window in this group
+                // (`live`), which ends at or before the last slot.
+                if unsafe { self.entry(i) }.class == class {
+                    return i;
+                }
+            }
+        }
+        NONE
     }
 
     /// A release into a full window: the window's oldest entry makes room.
@@ -491,7 +544,9 @@ impl<B> Store<B> for FixedStore<B> {
         // A release of this class now goes back to the slot just emptied
         // (any empty slot of the window would do): its entry and links are
         // the ones the hit just read.
-        (self.hint_class, self.hint_slot, self.hint_tag) = (class, best as u32, tag);
+        // The block released there is its class's newest, and the class
+        // has no other block marked (the hit took it, or there was none).
+        (self.hint_class, self.hint_slot, self.hint_tag) = (class, best as u32, tag | self.newest);
         self.taken += 1;
         self.taken_bytes = self.taken_bytes.saturating_add(class as u64);
         Some(block)
@@ -594,7 +649,7 @@ impl<B> Store<B> for FixedStore<B> {
             len += 1;
             bytes += e.class;
             let (home, tag) = self.locate(e.class);
-            assert_eq!(self.tags[i], tag, "tag of slot {i}");
+            assert_eq!(self.tags[i] & !self.newest, tag, "tag of slot {i}");
             assert!(
                 self.window(home).any(|w| w == i),
                 "entry {i} of class {} is outside its window",
@@ -604,6 +659,19 @@ impl<B> Store<B> for FixedStore<B> {
         }
         for i in 0..n {
             assert!(self.tags[i] <= EMPTY, "tag {:#x} of slot {i}", self.tags[i]);
+        }
+        // Under LIFO, a block marked newest is the newest of its class
+        // (which makes it the only one marked); under FIFO none is marked.
+        for i in self.occupied().filter(|&i| self.tags[i] & NEWEST != 0) {
+            let class = self.entries[i].class;
+            assert_ne!(self.newest, 0, "a block of class {class} marked under FIFO");
+            let newer = self.window(self.locate(class).0).any(|j| {
+                j != i
+                    && self.is_occupied(j)
+                    && self.entries[j].class == class
+                    && self.links[j].stamp > self.links[i].stamp
+            });
+            assert!(!newer, "a block of class {class} marked but not its newest");
         }
         assert_eq!(len, self.len(), "cached block count");
         assert_eq!(bytes, self.bytes, "cached byte count");
@@ -643,13 +711,40 @@ impl<B> FixedStore<B> {
     #[inline(always)]
     fn put_scan(&mut self, block: B, class: usize) -> Option<(B, usize)> {
         let (home, tag) = self.locate(class);
-        let mut free = None;
-        for (_, at, group, live) in self.groups(home) {
-            if let Some(k) = group.match_empty().and(live).lowest() {
-                free = Some(at + k);
-                break;
+        // The block released becomes its class's newest: the one marked
+        // so far (LIFO) loses the mark.
+        let free = if self.window <= WIDTH {
+            // One group: loaded once for both searches (the mark that is
+            // cleared does not change which slots are empty).
+            // SAFETY: `home` is a slot (`locate`).
+            let group = unsafe { self.group(home) };
+            if self.newest != 0 {
+                for k in group.match_tag(tag | NEWEST).and(self.live) {
+                    let i = home + k;
+                    // SAFETY: `k` is a position of the window (`live`),
+                    // which ends at or before the last slot.
+                    if unsafe { self.entry(i) }.class == class {
+                        // SAFETY: as above.
+                        unsafe { self.set_tag(i, tag) };
+                        break;
+                    }
+                }
             }
-        }
+            group
+                .match_empty()
+                .and(self.live)
+                .lowest()
+                .map(|k| home + k)
+        } else {
+            let marked = self.marked(home, class, tag);
+            if marked != NONE {
+                // SAFETY: `marked` is a slot of the window.
+                unsafe { self.set_tag(marked, tag) };
+            }
+            self.groups(home)
+                .find_map(|(_, at, group, live)| Some(at + group.match_empty().and(live).lowest()?))
+        };
+        let tag = tag | self.newest;
         match free {
             Some(i) => {
                 // SAFETY: `i` is a slot whose tag is empty.
@@ -793,7 +888,7 @@ mod tests {
         for reuse in [Reuse::Lifo, Reuse::Fifo] {
             let mut store = FixedStore::<u64>::new(24, 20, reuse);
             // Fewer classes under Miri (safe code, checked after every put).
-            for class in 1..if cfg!(miri) { 8 } else { 40usize } {
+            for class in 1..if cfg!(miri) { 4 } else { 40usize } {
                 for b in 0..21u64 {
                     let evicted = store.put(b, class, 0);
                     store.check();
@@ -819,11 +914,21 @@ mod tests {
         // After every hit, the slot the hint names is the one the hit
         // emptied, inside the class's window; the release of the class that
         // follows fills it.
-        let mut store = FixedStore::<u64>::new(32, FixedCapacity::WINDOW, Reuse::Fifo);
+        for reuse in [Reuse::Lifo, Reuse::Fifo] {
+            the_hint_is_the_slot_the_hit_emptied_under(reuse);
+        }
+    }
+
+    fn the_hint_is_the_slot_the_hit_emptied_under(reuse: Reuse) {
+        let mut store = FixedStore::<u64>::new(32, FixedCapacity::WINDOW, reuse);
+        let mark = match reuse {
+            Reuse::Lifo => NEWEST,
+            Reuse::Fifo => 0,
+        };
         let mut x = 7u64;
         let mut held: Vec<(u64, usize)> = Vec::new();
         // Fewer steps under Miri (safe code; the run is for its unsafe neighbours).
-        for step in 0..if cfg!(miri) { 120 } else { 5000u64 } {
+        for step in 0..if cfg!(miri) { 60 } else { 5000u64 } {
             crate::store::lcg(&mut x);
             let class = 1 + (x >> 33) as usize % 12;
             if (x >> 20) & 1 == 0 {
@@ -836,11 +941,11 @@ mod tests {
                         before.into_iter().filter(|i| !after.contains(i)).collect();
                     assert_eq!(emptied, [slot]);
                     assert!(store.window(home).any(|i| i == slot));
-                    assert_eq!((store.hint_class, store.hint_tag), (class, tag));
+                    assert_eq!((store.hint_class, store.hint_tag), (class, tag | mark));
                     if (x >> 40) & 1 == 0 {
                         // Straight back: into the same slot.
                         assert_eq!(store.put(b, class, 0), None);
-                        assert_eq!(store.tags[slot], tag);
+                        assert_eq!(store.tags[slot], tag | mark);
                         assert_eq!(store.entries[slot].class, class);
                         assert_eq!(store.links[store.slots].older as usize, slot);
                     } else {

@@ -1,18 +1,30 @@
 //! Tag bytes compared eight at a time (SWAR on a `u64`), as hashbrown
 //! compares its control bytes on targets without SIMD.
 //!
-//! A slot's tag is [`EMPTY`] (high bit set) or seven bits of its class's
-//! hash (high bit clear). A [`Group`] is eight consecutive tags read as one
-//! little-endian word: byte `k` of the word is the tag of slot `start + k`.
+//! A slot's tag is [`EMPTY`] (high bit set) or, high bit clear, six bits
+//! of its class's hash and the [`NEWEST`] bit. A [`Group`] is eight
+//! consecutive tags read as one little-endian word: byte `k` of the word is
+//! the tag of slot `start + k`.
 
 /// The tag of an empty slot.
 pub(super) const EMPTY: u8 = 0x80;
+
+/// The bit of a tag that marks the newest block of its class (see the
+/// store's documentation); the hash takes the six bits below it.
+pub(super) const NEWEST: u8 = 0x40;
 
 /// Tags in one group.
 pub(super) const WIDTH: usize = 8;
 
 const LO: u64 = 0x0101_0101_0101_0101;
 const HI: u64 = 0x8080_8080_8080_8080;
+
+/// The positions of the zero bytes of `x`, exactly (no borrow between
+/// bytes: each byte's low seven bits plus 0x7F stay below 0x100).
+#[inline(always)]
+fn zero_bytes(x: u64) -> Mask {
+    Mask(!(((x & !HI).wrapping_add(!HI)) | x) & HI)
+}
 
 /// Eight tags.
 #[derive(Clone, Copy)]
@@ -45,14 +57,19 @@ impl Group {
         Group(u64::from_le(word))
     }
 
-    /// The positions whose tag may be `tag` (a full tag, below 0x80). Every
-    /// position holding `tag` is in it; a position holding another tag may
-    /// be too (a borrow from an equal byte below it can carry into the
-    /// next), so callers check the entry itself. Never an empty position.
+    /// The positions whose tag is exactly `tag` (below 0x80): never an
+    /// empty one.
     #[inline(always)]
     pub(super) fn match_tag(self, tag: u8) -> Mask {
-        let x = self.0 ^ (LO * u64::from(tag));
-        Mask(x.wrapping_sub(LO) & !x & HI)
+        zero_bytes(self.0 ^ (LO * u64::from(tag)))
+    }
+
+    /// The positions whose tag is `tag` or `tag | NEWEST` (`tag` below
+    /// [`NEWEST`]): every block whose class hashes to `tag`, marked newest
+    /// or not. Never an empty one.
+    #[inline(always)]
+    pub(super) fn match_hash(self, tag: u8) -> Mask {
+        zero_bytes((self.0 ^ (LO * u64::from(tag))) & !(LO * u64::from(NEWEST)))
     }
 
     /// The empty positions, exactly.
@@ -137,13 +154,49 @@ mod tests {
     }
 
     #[test]
-    fn match_tag_may_only_add_positions_above_a_true_match() {
-        // The tag with its low bit flipped, right above an equal byte: the
-        // borrow makes it a false positive, which callers filter out.
-        let m: Vec<usize> = group([4, 5, 9, 9, 9, 9, 9, 9]).match_tag(4).collect();
-        assert_eq!(m, [0, 1]);
-        // No true match, no position at all.
+    fn match_tag_is_exact() {
+        // A byte right above an equal one (a false positive of the usual
+        // borrowing trick) is not matched.
+        let m: Vec<usize> = group([4, 5, 9, 4, 5, 0x44, 3, 4]).match_tag(4).collect();
+        assert_eq!(m, [0, 3, 7]);
         assert!(group([1, 2, 3, 5, 6, 7, 8, 0x7f]).match_tag(4).is_empty());
+        // Every pair of a tag and a byte.
+        // Every 5th tag and 17th byte under Miri.
+        for tag in (0..0x80u8).step_by(if cfg!(miri) { 5 } else { 1 }) {
+            for byte in (0..=0xffu8).step_by(if cfg!(miri) { 17 } else { 1 }) {
+                let g = group([byte, EMPTY, byte, tag, byte, 0, byte, 0x7f]);
+                let m: Vec<usize> = g.match_tag(tag).collect();
+                let mut want = vec![3];
+                if byte == tag {
+                    want.extend([0, 2, 4, 6]);
+                }
+                if tag == 0 {
+                    want.push(5);
+                }
+                if tag == 0x7f {
+                    want.push(7);
+                }
+                want.sort_unstable();
+                assert_eq!(m, want, "tag {tag:#x}, byte {byte:#x}");
+            }
+        }
+    }
+
+    #[test]
+    fn match_hash_ignores_the_newest_bit_only() {
+        // Every 5th tag and 17th byte under Miri.
+        for tag in (0..NEWEST).step_by(if cfg!(miri) { 5 } else { 1 }) {
+            for byte in (0..=0xffu8).step_by(if cfg!(miri) { 17 } else { 1 }) {
+                let g = group([byte, EMPTY, tag | NEWEST, tag, byte, byte, byte, byte]);
+                let m: Vec<usize> = g.match_hash(tag).collect();
+                let mut want = vec![2, 3];
+                if byte & !NEWEST == tag {
+                    want.extend([0, 4, 5, 6, 7]);
+                }
+                want.sort_unstable();
+                assert_eq!(m, want, "tag {tag:#x}, byte {byte:#x}");
+            }
+        }
     }
 
     #[test]
