@@ -225,7 +225,15 @@ impl<B> FixedStore<B> {
         }
     }
 
-    /// The home slot and the tag of a class (a table of at least one slot).
+    /// Whether the window is one group (`1..=WIDTH` slots); not in a
+    /// table of no slots, whose window is empty.
+    #[inline(always)]
+    fn one_group(&self) -> bool {
+        self.window.wrapping_sub(1) < WIDTH
+    }
+
+    /// The home slot (the first slot, 0, in a table of none) and the tag
+    /// of a class.
     #[inline(always)]
     fn locate(&self, class: usize) -> (usize, u8) {
         let h = hash(class);
@@ -486,7 +494,8 @@ impl<B> FixedStore<B> {
                 oldest = Some((i, s));
             }
         }
-        // A window has at least one slot, and a full one is all occupied.
+        // A full window is all occupied; only a table of no slots has an
+        // empty window, and then the block goes back.
         let Some((i, _)) = oldest else {
             return Some((block, class));
         };
@@ -526,11 +535,9 @@ impl<B> Store<B> for FixedStore<B> {
     // call would cost a good share of it.
     #[inline(always)]
     fn take(&mut self, class: usize, _now: u64) -> Option<B> {
-        if self.slots == 0 {
-            return None;
-        }
         let (home, tag) = self.locate(class);
-        let best = if self.window <= WIDTH {
+        // A table of no slots has no groups: `find_in_groups` finds none.
+        let best = if self.one_group() {
             self.find_in_group(home, class, tag)
         } else {
             self.find_in_groups(home, class, tag)
@@ -554,10 +561,9 @@ impl<B> Store<B> for FixedStore<B> {
 
     #[inline(always)]
     fn put(&mut self, block: B, class: usize, _now: u64) -> Option<(B, usize)> {
-        if self.slots == 0 {
-            return Some((block, class));
-        }
-        // Class 0 (no block has it) never takes the hint.
+        // Class 0 (no block has it) never takes the hint; nor does a table
+        // of no slots, where no hit leaves one (`put_scan` then gives the
+        // block back).
         if self.hint_class == class && class != 0 {
             // SAFETY: the hint names an empty slot: the hit that left it
             // emptied it or found it empty, and any other change since
@@ -713,7 +719,7 @@ impl<B> FixedStore<B> {
         let (home, tag) = self.locate(class);
         // The block released becomes its class's newest: the one marked
         // so far (LIFO) loses the mark.
-        let free = if self.window <= WIDTH {
+        let free = if self.one_group() {
             // One group: loaded once for both searches (the mark that is
             // cleared does not change which slots are empty).
             // SAFETY: `home` is a slot (`locate`).
@@ -851,6 +857,23 @@ mod tests {
             store.footprint(),
             (1 << 12) * 16 + ((1 << 12) + 1) * 16 + (1 << 12) + WIDTH
         );
+    }
+
+    #[test]
+    fn a_table_of_no_slots_gives_every_block_back() {
+        for reuse in [Reuse::Lifo, Reuse::Fifo] {
+            let mut store = FixedStore::<u64>::new(0, FixedCapacity::WINDOW, reuse);
+            for class in 1..40 {
+                assert_eq!(
+                    store.put(class as u64, class, 0),
+                    Some((class as u64, class))
+                );
+                assert_eq!(store.take(class, 0), None);
+                assert_eq!(store.pop_oldest(0), None);
+                store.check();
+            }
+            assert_eq!((store.len(), store.bytes(), store.footprint()), (0, 0, 0));
+        }
     }
 
     #[test]
