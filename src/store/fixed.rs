@@ -23,7 +23,7 @@
 //!
 //! Under LIFO a hit takes its class's newest block. Rather than read every
 //! block of the class in the window to compare their stamps, the newest
-//! block of a class carries the [`NEWEST`] bit in its tag whenever it is
+//! block of a class carries the `NEWEST` bit in its tag whenever it is
 //! known: a release marks the block it caches (and unmarks the block marked
 //! before, found the same way), and a hit looks for the marked block first,
 //! one match that reads one entry. A hit that takes the marked block leaves
