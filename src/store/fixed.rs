@@ -2,14 +2,14 @@
 //!
 //! One open-addressing table of `slots` entries, allocated once and never
 //! grown. A class hashes to a home slot and a 6-bit tag; its blocks live in
-//! the probe window of `window = min(slots, per_size)` slots from home
-//! (`per_size` is `FixedCapacity::WINDOW` unless the policy says
-//! otherwise). Homes are drawn from the first `slots - window + 1` slots,
-//! so that no window runs past the last slot: a slot's index is then home
-//! plus its place in the window, with no wrapping to compute on each
-//! candidate. (The first and last `window - 1` slots belong to fewer
-//! windows than the others; in a table of `window` slots or fewer, every
-//! class has the one window of the whole table.)
+//! the probe window of `window = min(slots, per_size)` slots from home,
+//! wrapping past the last slot to the first (`per_size` is
+//! `FixedCapacity::WINDOW` unless the policy says otherwise), so that
+//! every slot belongs to `window` windows. The hot paths take a window of
+//! one group that does not wrap (all but `window - 1` homes of a table):
+//! a slot's index is then home plus its place in the window, with no
+//! wrapping to compute on each candidate. A window that wraps, or spans
+//! several groups, takes a slower path out of line.
 //! Every lookup scans the whole window, so removing an entry simply empties
 //! it: no tombstones, no backward shift, and every operation costs at most
 //! one window scan, O(1) in the worst case.
@@ -31,8 +31,9 @@
 //! comes first, then compares the stamps of all its candidates, as every
 //! FIFO hit does (no tag is marked under FIFO). A steady round trip finds
 //! its block marked each time: the release after the hit marks it again.
-//! The tag array ends with eight bytes of padding that stay empty, so the
-//! last group of a window is still one load. The tag is also the only
+//! The tag array ends with eight bytes of padding that stay empty, so a
+//! group of a window that ends near the last slot is still one load (the
+//! positions past the window are masked off). The tag is also the only
 //! record of which slots hold a block (the block itself is a
 //! `MaybeUninit`, initialised exactly when the tag is not empty). A hit
 //! leaves the slot where a release of its class would go, so the release
@@ -104,8 +105,11 @@ pub struct FixedStore<B> {
     /// The number of slots (the sentinel's index).
     slots: usize,
     window: usize,
-    /// The number of home slots: `slots - window + 1`.
-    homes: usize,
+    /// The homes below this have a window of one group that does not
+    /// wrap (the hot paths' case): `slots - window + 1` when the window is
+    /// one group, else 0 (a window of several groups, or a table of no
+    /// slots).
+    fast_homes: usize,
     /// The window's positions in its first group.
     live: Mask,
     /// What a hit's stamps are XORed with before taking the largest: 0
@@ -200,7 +204,11 @@ impl<B> FixedStore<B> {
         let window = slots.min(window.max(1));
         FixedStore {
             window,
-            homes: slots - window + 1,
+            fast_homes: if (1..=WIDTH).contains(&window) {
+                slots - window + 1
+            } else {
+                0
+            },
             live: Mask::first(window.min(WIDTH)),
             tags,
             entries,
@@ -225,19 +233,12 @@ impl<B> FixedStore<B> {
         }
     }
 
-    /// Whether the window is one group (`1..=WIDTH` slots); not in a
-    /// table of no slots, whose window is empty.
-    #[inline(always)]
-    fn one_group(&self) -> bool {
-        self.window.wrapping_sub(1) < WIDTH
-    }
-
     /// The home slot (the first slot, 0, in a table of none) and the tag
     /// of a class.
     #[inline(always)]
     fn locate(&self, class: usize) -> (usize, u8) {
         let h = hash(class);
-        let home = ((u128::from(h) * self.homes as u128) >> 64) as usize;
+        let home = ((u128::from(h) * self.slots as u128) >> 64) as usize;
         (home, tag_of(h))
     }
 
@@ -252,9 +253,22 @@ impl<B> FixedStore<B> {
         (0..self.slots).filter(|&i| self.is_occupied(i))
     }
 
+    /// `i` (below twice the slot count) brought into the table.
+    #[inline(always)]
+    fn wrap(&self, i: usize) -> usize {
+        if i >= self.slots { i - self.slots } else { i }
+    }
+
+    /// Whether the window starting at `home` ends at or before the last
+    /// slot.
+    #[inline(always)]
+    fn unwrapped(&self, home: usize) -> bool {
+        home + self.window <= self.slots
+    }
+
     /// The slots of the window starting at `home` (not on the hot path).
     fn window(&self, home: usize) -> impl Iterator<Item = usize> + '_ {
-        home..home + self.window
+        (0..self.window).map(move |k| self.wrap(home + k))
     }
 
     /// The tags of slots `at..at + WIDTH` (the padding's for those beyond
@@ -319,16 +333,17 @@ impl<B> FixedStore<B> {
         unsafe { self.links.get_unchecked_mut(i) }
     }
 
-    /// The groups of the window starting at `home`: each as its offset in
-    /// the window, the slot of its first tag, its tags, and the positions
-    /// of the window in it.
+    /// The groups of the window starting at `home`, which does not wrap:
+    /// each as its offset in the window, the slot of its first tag, its
+    /// tags, and the positions of the window in it.
     #[inline(always)]
     fn groups(&self, home: usize) -> impl Iterator<Item = (usize, usize, Group, Mask)> + '_ {
+        debug_assert!(self.unwrapped(home));
         (0..self.window).step_by(WIDTH).map(move |start| {
             let at = home + start;
             let live = Mask::first((self.window - start).min(WIDTH));
             // SAFETY: `home + start` is a slot of the window (`start` is
-            // below the window, which ends at or before the last slot).
+            // below the window, which does not wrap).
             (start, at, unsafe { self.group(at) }, live)
         })
     }
@@ -407,8 +422,9 @@ impl<B> FixedStore<B> {
         self.bytes += class;
     }
 
-    /// A hit's lookup in a window of one group: the slot of the best entry
-    /// of `class` (`NONE`: none).
+    /// A hit's lookup in a window of one group that does not wrap (`home`
+    /// below `fast_homes`): the slot of the best entry of `class` (`NONE`:
+    /// none).
     #[inline(always)]
     fn find_in_group(&self, home: usize, class: usize, tag: u8) -> usize {
         // SAFETY: `home` is a slot (`locate`).
@@ -418,7 +434,7 @@ impl<B> FixedStore<B> {
             for k in group.match_tag(tag | NEWEST).and(self.live) {
                 let i = home + k;
                 // SAFETY: `k` is a position of the window (`live`), which
-                // ends at or before the last slot.
+                // does not wrap (caller).
                 if unsafe { self.entry(i) }.class == class {
                     return i;
                 }
@@ -427,8 +443,8 @@ impl<B> FixedStore<B> {
         let (mut best, mut best_key) = (NONE, 0u64);
         for k in group.match_hash(tag).and(self.live) {
             let i = home + k;
-            // SAFETY: `k` is a position of the window (`live`), which ends
-            // at or before the last slot.
+            // SAFETY: `k` is a position of the window (`live`), which does
+            // not wrap (caller).
             let (e, link) = unsafe { (self.entry(i), self.link(i)) };
             // The tag may match another class (six bits of hash): the entry
             // decides. Chosen without branching on the key.
@@ -440,9 +456,35 @@ impl<B> FixedStore<B> {
         best
     }
 
-    /// [`find_in_group`](Self::find_in_group) for a window of several
-    /// groups.
+    /// [`find_in_group`](Self::find_in_group) for any other window (of
+    /// several groups, or one that wraps) in a table of at least one slot.
     #[inline(never)]
+    fn find_slow(&self, home: usize, class: usize, tag: u8) -> usize {
+        if self.unwrapped(home) {
+            return self.find_in_groups(home, class, tag);
+        }
+        // Slot by slot: the block marked newest if its class has one (LIFO),
+        // else the best by stamp.
+        let (mut best, mut best_key) = (NONE, 0u64);
+        for i in self.window(home) {
+            let t = self.tags[i];
+            if t & EMPTY != 0 || t & !NEWEST != tag || self.entries[i].class != class {
+                continue;
+            }
+            if t & NEWEST != 0 {
+                return i;
+            }
+            let key = self.links[i].stamp ^ self.flip;
+            if key >= best_key {
+                (best, best_key) = (i, key);
+            }
+        }
+        best
+    }
+
+    /// [`find_in_group`](Self::find_in_group) for a window of several
+    /// groups that does not wrap.
+    #[inline(always)]
     fn find_in_groups(&self, home: usize, class: usize, tag: u8) -> usize {
         let marked = self.marked(home, class, tag);
         if marked != NONE {
@@ -453,7 +495,7 @@ impl<B> FixedStore<B> {
             for k in group.match_hash(tag).and(live) {
                 let i = at + k;
                 // SAFETY: `k` is a position of the window in this group
-                // (`live`), which ends at or before the last slot.
+                // (`live`), which does not wrap.
                 let (e, link) = unsafe { (self.entry(i), self.link(i)) };
                 let key = link.stamp ^ self.flip;
                 if (e.class == class) & (key >= best_key) {
@@ -465,7 +507,7 @@ impl<B> FixedStore<B> {
     }
 
     /// The slot of the block of `class` marked newest in the window at
-    /// `home` (`NONE`: none, or FIFO).
+    /// `home`, which does not wrap (`NONE`: none, or FIFO).
     #[inline(always)]
     fn marked(&self, home: usize, class: usize, tag: u8) -> usize {
         if self.newest == 0 {
@@ -475,7 +517,7 @@ impl<B> FixedStore<B> {
             for k in group.match_tag(tag | NEWEST).and(live) {
                 let i = at + k;
                 // SAFETY: `k` is a position of the window in this group
-                // (`live`), which ends at or before the last slot.
+                // (`live`), which does not wrap.
                 if unsafe { self.entry(i) }.class == class {
                     return i;
                 }
@@ -536,11 +578,14 @@ impl<B> Store<B> for FixedStore<B> {
     #[inline(always)]
     fn take(&mut self, class: usize, _now: u64) -> Option<B> {
         let (home, tag) = self.locate(class);
-        // A table of no slots has no groups: `find_in_groups` finds none.
-        let best = if self.one_group() {
+        // One test on the usual path; a table of no slots (which caches
+        // nothing) is told apart only past it.
+        let best = if home < self.fast_homes {
             self.find_in_group(home, class, tag)
+        } else if self.slots == 0 {
+            return None;
         } else {
-            self.find_in_groups(home, class, tag)
+            self.find_slow(home, class, tag)
         };
         if best == NONE {
             return None;
@@ -648,7 +693,12 @@ impl<B> Store<B> for FixedStore<B> {
             "window of {} slots in a table of {n}",
             self.window
         );
-        assert_eq!(self.homes, n - self.window + 1, "home slots");
+        let fast = if (1..=WIDTH).contains(&self.window) {
+            n - self.window + 1
+        } else {
+            0
+        };
+        assert_eq!(self.fast_homes, fast, "homes of the fast path");
         let (mut len, mut bytes) = (0usize, 0usize);
         for i in self.occupied() {
             let e = &self.entries[i];
@@ -719,16 +769,17 @@ impl<B> FixedStore<B> {
         let (home, tag) = self.locate(class);
         // The block released becomes its class's newest: the one marked
         // so far (LIFO) loses the mark.
-        let free = if self.one_group() {
-            // One group: loaded once for both searches (the mark that is
-            // cleared does not change which slots are empty).
+        let free = if home < self.fast_homes {
+            // One group that does not wrap: loaded once for both searches
+            // (the mark that is cleared does not change which slots are
+            // empty).
             // SAFETY: `home` is a slot (`locate`).
             let group = unsafe { self.group(home) };
             if self.newest != 0 {
                 for k in group.match_tag(tag | NEWEST).and(self.live) {
                     let i = home + k;
                     // SAFETY: `k` is a position of the window (`live`),
-                    // which ends at or before the last slot.
+                    // which does not wrap.
                     if unsafe { self.entry(i) }.class == class {
                         // SAFETY: as above.
                         unsafe { self.set_tag(i, tag) };
@@ -741,14 +792,11 @@ impl<B> FixedStore<B> {
                 .and(self.live)
                 .lowest()
                 .map(|k| home + k)
+        } else if self.slots == 0 {
+            // A table of no slots caches nothing.
+            return Some((block, class));
         } else {
-            let marked = self.marked(home, class, tag);
-            if marked != NONE {
-                // SAFETY: `marked` is a slot of the window.
-                unsafe { self.set_tag(marked, tag) };
-            }
-            self.groups(home)
-                .find_map(|(_, at, group, live)| Some(at + group.match_empty().and(live).lowest()?))
+            self.unmark_slow(home, class, tag)
         };
         let tag = tag | self.newest;
         match free {
@@ -759,6 +807,36 @@ impl<B> FixedStore<B> {
             }
             None => self.displace(home, tag, block, class),
         }
+    }
+
+    /// `put_scan`'s searches for any other window (of several groups, or
+    /// one that wraps) in a table of at least one slot: unmarks the block
+    /// of `class` marked newest, if any, and gives the window's first
+    /// empty slot, if any.
+    #[inline(never)]
+    fn unmark_slow(&mut self, home: usize, class: usize, tag: u8) -> Option<usize> {
+        if self.unwrapped(home) {
+            let marked = self.marked(home, class, tag);
+            if marked != NONE {
+                // SAFETY: `marked` is a slot of the window.
+                unsafe { self.set_tag(marked, tag) };
+            }
+            return self.groups(home).find_map(|(_, at, group, live)| {
+                Some(at + group.match_empty().and(live).lowest()?)
+            });
+        }
+        // Slot by slot.
+        let mut free = None;
+        for k in 0..self.window {
+            let i = self.wrap(home + k);
+            let t = self.tags[i];
+            if t & EMPTY != 0 {
+                free = free.or(Some(i));
+            } else if self.newest != 0 && t == tag | NEWEST && self.entries[i].class == class {
+                self.tags[i] = tag;
+            }
+        }
+        free
     }
 }
 
@@ -877,28 +955,35 @@ mod tests {
     }
 
     #[test]
-    fn windows_end_at_or_before_the_last_slot() {
+    fn a_window_wraps_the_end_of_the_table() {
         let slots = 64;
-        let w = FixedCapacity::WINDOW;
-        let mut store = FixedStore::<u64>::new(slots, w, Reuse::Lifo);
-        // Every home leaves room for its window; some class has the last.
-        for class in 1..5000 {
-            assert!(store.locate(class).0 + w <= slots, "class {class}");
-        }
-        let class = (1..).find(|&c| store.locate(c).0 == slots - w).unwrap();
-        for b in 0..w as u64 {
+        let mut store = FixedStore::<u64>::new(slots, FixedCapacity::WINDOW, Reuse::Lifo);
+        // A class whose window runs past the last slot.
+        let class = (1..)
+            .find(|&c| store.locate(c).0 > slots - FixedCapacity::WINDOW)
+            .unwrap();
+        let home = store.locate(class).0;
+        for b in 0..FixedCapacity::WINDOW as u64 {
             assert_eq!(store.put(b, class, 0), None);
             store.check();
         }
-        // The window is full: the last `w` slots, whose last group reads
-        // the padding past them.
-        let used: Vec<usize> = store.occupied().collect();
-        assert_eq!(used, (slots - w..slots).collect::<Vec<_>>());
-        assert_eq!(store.cached_of(class), w);
+        // The window is full: its slots from home to the end, then from 0.
+        let want: Vec<usize> = (home..slots)
+            .chain(0..FixedCapacity::WINDOW - (slots - home))
+            .collect();
+        let mut used: Vec<usize> = store.occupied().collect();
+        used.sort_unstable();
+        let mut want_sorted = want.clone();
+        want_sorted.sort_unstable();
+        assert_eq!(used, want_sorted);
+        // The wrapped slots are found by the slow path, slot by slot.
+        assert_eq!(store.cached_of(class), FixedCapacity::WINDOW);
         // One more evicts the oldest, block 0.
         assert_eq!(store.put(99, class, 0), Some((0, class)));
         store.check();
-        let got: Vec<u64> = (0..w).map(|_| store.take(class, 0).unwrap()).collect();
+        let got: Vec<u64> = (0..FixedCapacity::WINDOW)
+            .map(|_| store.take(class, 0).unwrap())
+            .collect();
         assert_eq!(got, [99, 7, 6, 5, 4, 3, 2, 1]);
         assert_eq!(store.take(class, 0), None);
         store.check();
@@ -907,7 +992,7 @@ mod tests {
     #[test]
     fn a_window_of_several_groups() {
         // A 20-slot window in a 24-slot table: three groups, the last one
-        // partial, from one of the five homes.
+        // partial, wrapping the end from most homes.
         for reuse in [Reuse::Lifo, Reuse::Fifo] {
             let mut store = FixedStore::<u64>::new(24, 20, reuse);
             // Fewer classes under Miri (safe code, checked after every put).
