@@ -408,6 +408,33 @@ fn sizes_sharing_a_tag_keep_their_own_blocks() {
     alloc.assert_all_freed();
 }
 
+/// Windows wrap the end of the table, so every slot lies in as many
+/// windows as the others: a small table given one block each of many
+/// sizes fills every slot, the first and last ones included.
+#[test]
+fn every_slot_of_a_small_table_takes_blocks() {
+    for slots in [16, 24, 32] {
+        for reuse in [Reuse::Lifo, Reuse::Fifo] {
+            let (mut pool, alloc) = fixed_pool(slots, reuse);
+            // Sizes whose homes (without wrapping windows) left 2, 3 and
+            // 5 slots of these tables empty.
+            let sizes: Vec<usize> = (1..=4 * slots).map(|k| 48 * k).collect();
+            let blocks: Vec<u64> = sizes.iter().map(|&s| pool.allocate(s).unwrap()).collect();
+            for (&b, &s) in blocks.iter().zip(&sizes) {
+                put(&mut pool, b, s);
+            }
+            pool.validate();
+            assert_eq!(
+                pool.stats().blocks_cached as usize,
+                slots,
+                "{slots} slots, {reuse:?}"
+            );
+            drop(pool);
+            alloc.assert_all_freed();
+        }
+    }
+}
+
 /// `per_size` above `WINDOW` makes the window span several groups of
 /// tags: all its blocks are found, in reuse order, and the block past the
 /// bound evicts the oldest.
