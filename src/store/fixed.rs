@@ -138,7 +138,7 @@ pub struct FixedStore<B> {
     removed: u64,
     bytes: usize,
     taken: u64,
-    taken_bytes: u64,
+    taken_bytes: u128,
 }
 
 /// The tag array and the entries of a table of `slots`, allocated
@@ -600,7 +600,9 @@ impl<B> Store<B> for FixedStore<B> {
         // has no other block marked (the hit took it, or there was none).
         (self.hint_class, self.hint_slot, self.hint_tag) = (class, best as u32, tag | self.newest);
         self.taken += 1;
-        self.taken_bytes = self.taken_bytes.saturating_add(class as u64);
+        // No test: no run reaches 2^128 bytes (`taken` saturates what
+        // it reports).
+        self.taken_bytes += class as u128;
         Some(block)
     }
 
@@ -655,7 +657,10 @@ impl<B> Store<B> for FixedStore<B> {
 
     #[inline]
     fn taken(&self) -> (u64, u64) {
-        (self.taken, self.taken_bytes)
+        (
+            self.taken,
+            u64::try_from(self.taken_bytes).unwrap_or(u64::MAX),
+        )
     }
 
     /// The table, allocated once at its full size: it never grows, so
