@@ -7,6 +7,7 @@
 #
 #   bash benches/instructions.sh        (needs `valgrind` on the PATH)
 set -euo pipefail
+shopt -s inherit_errexit # a failed count stops the script
 cd "$(dirname "$0")/.."
 command -v valgrind >/dev/null || { echo "valgrind is not installed" >&2; exit 1; }
 cargo build --release --quiet --example instructions
