@@ -985,17 +985,15 @@ impl EvictionPolicy for Exponential {
     fn on_hit(&mut self, now: Duration, size: usize, before: usize, after: usize) {
         self.rebase(now);
         let bytes = float(after);
-        // Settled with no test (`* 1.0` is exact).
-        let settled = self.allowance * self.scale;
-        self.allowance = settled;
-        let mut allowance = settled;
+        // Settled only if a ratio is pending: the hit then stores no
+        // allowance, which the release after it would wait for.
+        self.settle();
+        let mut allowance = self.allowance;
         if before > 0 {
             // Applied by the next operation (see `scale`).
             let ratio = bytes / float(before);
             allowance *= ratio;
             self.scale = ratio;
-        } else {
-            self.scale = 1.0;
         }
         self.bytes = after;
         if after == 0 {
