@@ -127,8 +127,9 @@ struct ReplayArgs {
     #[arg(long, value_name = "SIZE|Fx", default_value = "2x", allow_hyphen_values = true, value_parser = parse_budget)]
     budget: Budget,
     /// What the backing calls cost in the model: `published` (CUDA's
-    /// published cudaMalloc / cuMemFree figures) or `h200` (cuMemAlloc /
-    /// cuMemFree measured on an idle NVIDIA H200, 10 to 400 times less).
+    /// published cudaMalloc / cuMemFree figures), `h200` or `h100`
+    /// (cuMemAlloc / cuMemFree measured on an idle NVIDIA H200 or H100, 10
+    /// to 400 times less).
     #[arg(long, value_enum, value_name = "MODEL", default_value_t = Costs::Published)]
     costs: Costs,
 }
@@ -140,6 +141,8 @@ enum Costs {
     Published,
     /// `CostModel::h200`: measured on an idle H200.
     H200,
+    /// `CostModel::h100`: measured on an idle H100.
+    H100,
 }
 
 impl Costs {
@@ -147,6 +150,7 @@ impl Costs {
         match self {
             Costs::Published => CostModel::cuda(),
             Costs::H200 => CostModel::h200(),
+            Costs::H100 => CostModel::h100(),
         }
     }
 
@@ -155,6 +159,7 @@ impl Costs {
         match self {
             Costs::Published => "published CUDA figures",
             Costs::H200 => "cuMemAlloc / cuMemFree measured on an idle H200",
+            Costs::H100 => "cuMemAlloc / cuMemFree measured on an idle H100",
         }
     }
 }

@@ -262,8 +262,9 @@ fn bad_numbers_are_rejected_with_exit_code_2() {
     }
 }
 
-/// `--costs h200` charges the measured curves, `published` (the default)
-/// the published ones; the counts do not depend on the costs.
+/// `--costs h200` and `--costs h100` charge the measured curves,
+/// `published` (the default) the published ones; the counts do not depend
+/// on the costs.
 #[test]
 fn costs_choose_the_model_and_keep_the_counts() {
     use decaying_pool::trace::CostModel;
@@ -309,6 +310,18 @@ fn costs_choose_the_model_and_keep_the_counts() {
     let o = run(&["replay", t.path(), "--costs", "h200"]);
     assert!(
         stdout(&o).contains("measured on an idle H200"),
+        "{}",
+        stdout(&o)
+    );
+    let (h100, h100_allocs, h100_out) = replay(&["--costs", "h100"]);
+    assert!((h100 - charged(CostModel::h100())).abs() < 1e-9, "{h100}");
+    assert!(h100 * 10.0 < published, "{h100} vs {published}");
+    assert_ne!(h100, h200);
+    assert_eq!(h100_allocs, 2.0);
+    assert_ne!(h100_out, h200_out);
+    let o = run(&["replay", t.path(), "--costs", "h100"]);
+    assert!(
+        stdout(&o).contains("measured on an idle H100"),
         "{}",
         stdout(&o)
     );
