@@ -31,21 +31,8 @@ const MB: usize = 1000 * KB;
 const MIB: usize = 1 << 20;
 const GIB: usize = 1 << 30;
 
-/// The published figures' sizes, PyTorch's segment sizes (2 MiB, 20 MiB)
-/// and a few more.
-const DEVICE_SIZES: &[usize] = &[
-    512,
-    64 * KB,
-    MB,
-    2 * MIB,
-    16 * MB,
-    20 * MIB,
-    64 * MB,
-    256 * MB,
-    512 * MB,
-    GIB,
-    4 * GIB,
-];
+/// The sizes the crate's measured device curves have a point at.
+const DEVICE_SIZES: &[usize] = &CostCurve::DEVICE_SIZES;
 const PINNED_SIZES: &[usize] = &[512, 64 * KB, MB, 32 * MB, 128 * MB, 512 * MB];
 
 /// Blocks allocated in a row at `size` (fewer when large).

@@ -35,7 +35,48 @@ fn measured(points: &[(usize, u64)]) -> CostCurve {
     CostCurve::new(points.iter().map(|&(s, ns)| (s, Duration::from_nanos(ns))))
 }
 
+/// A curve through the device allocator's medians at
+/// `CostCurve::DEVICE_SIZES` (nanoseconds).
+fn device(ns: [u64; 11]) -> CostCurve {
+    CostCurve::new(
+        CostCurve::DEVICE_SIZES
+            .into_iter()
+            .zip(ns)
+            .map(|(s, ns)| (s, Duration::from_nanos(ns))),
+    )
+}
+
 impl CostCurve {
+    /// The sizes the measured device curves ([`cu_mem_alloc_h200`],
+    /// [`cu_mem_alloc_h100`] and their `cuMemFree` twins) have a point at:
+    /// the sizes `examples/cuda_costs.rs` times `cuMemAlloc` and `cuMemFree`
+    /// at, the published figures' sizes, PyTorch's segment sizes (2 MiB, 20
+    /// MiB) and a few more.
+    ///
+    /// [`cu_mem_alloc_h200`]: Self::cu_mem_alloc_h200
+    /// [`cu_mem_alloc_h100`]: Self::cu_mem_alloc_h100
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use decaying_pool::trace::CostCurve;
+    /// assert_eq!(CostCurve::DEVICE_SIZES[0], 512);
+    /// assert!(CostCurve::DEVICE_SIZES.is_sorted());
+    /// ```
+    pub const DEVICE_SIZES: [usize; 11] = [
+        512,
+        64 * KB,
+        MB,
+        2 * MIB,
+        16 * MB,
+        20 * MIB,
+        64 * MB,
+        256 * MB,
+        512 * MB,
+        GIB,
+        GIB.saturating_mul(4),
+    ];
+
     /// A curve through `points` (size in bytes, cost). An empty curve costs
     /// nothing.
     ///
@@ -147,18 +188,8 @@ impl CostCurve {
     /// assert!(c.cost(512_000_000) < decaying_pool::trace::CostCurve::cuda_malloc().cost(512_000_000) / 100);
     /// ```
     pub fn cu_mem_alloc_h200() -> Self {
-        measured(&[
-            (512, 1_300),
-            (64 * KB, 1_200),
-            (MB, 18_400),
-            (2 * MIB, 33_000),
-            (16 * MB, 36_900),
-            (20 * MIB, 36_000),
-            (64 * MB, 37_900),
-            (256 * MB, 59_500),
-            (512 * MB, 69_300),
-            (GIB, 75_200),
-            (GIB.saturating_mul(4), 169_600),
+        device([
+            1_300, 1_200, 18_400, 33_000, 36_900, 36_000, 37_900, 59_500, 69_300, 75_200, 169_600,
         ])
     }
 
@@ -176,18 +207,9 @@ impl CostCurve {
     /// assert_eq!(c.cost(1 << 30), Duration::from_nanos(321_600));
     /// ```
     pub fn cu_mem_free_h200() -> Self {
-        measured(&[
-            (512, 1_300),
-            (64 * KB, 1_200),
-            (MB, 17_600),
-            (2 * MIB, 29_600),
-            (16 * MB, 35_100),
-            (20 * MIB, 37_300),
-            (64 * MB, 47_300),
-            (256 * MB, 100_700),
-            (512 * MB, 165_000),
-            (GIB, 321_600),
-            (GIB.saturating_mul(4), 1_239_600),
+        device([
+            1_300, 1_200, 17_600, 29_600, 35_100, 37_300, 47_300, 100_700, 165_000, 321_600,
+            1_239_600,
         ])
     }
 
@@ -207,18 +229,8 @@ impl CostCurve {
     /// assert!(c.cost(512_000_000) < decaying_pool::trace::CostCurve::cuda_malloc().cost(512_000_000) / 50);
     /// ```
     pub fn cu_mem_alloc_h100() -> Self {
-        measured(&[
-            (512, 1_300),
-            (64 * KB, 1_400),
-            (MB, 20_200),
-            (2 * MIB, 37_700),
-            (16 * MB, 37_600),
-            (20 * MIB, 38_200),
-            (64 * MB, 39_000),
-            (256 * MB, 80_500),
-            (512 * MB, 138_800),
-            (GIB, 123_800),
-            (GIB.saturating_mul(4), 180_700),
+        device([
+            1_300, 1_400, 20_200, 37_700, 37_600, 38_200, 39_000, 80_500, 138_800, 123_800, 180_700,
         ])
     }
 
@@ -236,18 +248,9 @@ impl CostCurve {
     /// assert_eq!(c.cost(1 << 30), Duration::from_nanos(339_000));
     /// ```
     pub fn cu_mem_free_h100() -> Self {
-        measured(&[
-            (512, 1_300),
-            (64 * KB, 1_300),
-            (MB, 16_800),
-            (2 * MIB, 29_400),
-            (16 * MB, 36_800),
-            (20 * MIB, 39_900),
-            (64 * MB, 49_600),
-            (256 * MB, 182_900),
-            (512 * MB, 352_600),
-            (GIB, 339_000),
-            (GIB.saturating_mul(4), 1_235_500),
+        device([
+            1_300, 1_300, 16_800, 29_400, 36_800, 39_900, 49_600, 182_900, 352_600, 339_000,
+            1_235_500,
         ])
     }
 
