@@ -62,6 +62,15 @@ use crate::policy::{FixedCapacity, Policy, Reuse, sealed};
 /// No slot.
 const NONE: usize = usize::MAX;
 
+/// What one scan of a class's window finds: the class's block marked
+/// newest, its ghost, and the window's first empty slot (each `NONE` if
+/// none; no mark or ghost under FIFO).
+struct Found {
+    marked: usize,
+    ghost: usize,
+    free: usize,
+}
+
 /// One slot of the table.
 struct Entry<B> {
     /// The cached block: initialised exactly when the slot's tag is not
@@ -102,6 +111,12 @@ pub struct FixedStore<B> {
     /// (whose `newer` is the oldest slot and `older` the newest): `slots +
     /// 1`, or none.
     links: Box<[Link]>,
+    /// Each slot's link down its class's chain (LIFO): the slot of the
+    /// block that was its class's newest when the slot's block was
+    /// released, or `slots` for none known (see [`below_of`](Self::below_of)).
+    /// Kept when the block leaves, for the ghost the slot becomes. `slots`
+    /// entries, or none.
+    below: Box<[u32]>,
     /// The number of slots (the sentinel's index).
     slots: usize,
     window: usize,
@@ -144,10 +159,10 @@ pub struct FixedStore<B> {
 /// The tag array and the entries of a table of `slots`, allocated
 /// fallibly: `None` when either cannot be.
 #[allow(clippy::type_complexity)]
-fn try_table<B>(slots: usize) -> Option<(Box<[u8]>, Box<[Entry<B>]>, Box<[Link]>)> {
+fn try_table<B>(slots: usize) -> Option<(Box<[u8]>, Box<[Entry<B>]>, Box<[Link]>, Box<[u32]>)> {
     if slots == 0 {
         // Zero slots allocate nothing.
-        return Some((Box::default(), Box::default(), Box::default()));
+        return Some(Default::default());
     }
     let mut entries = Vec::new();
     entries.try_reserve_exact(slots).ok()?;
@@ -155,6 +170,8 @@ fn try_table<B>(slots: usize) -> Option<(Box<[u8]>, Box<[Entry<B>]>, Box<[Link]>
     links.try_reserve_exact(slots + 1).ok()?;
     let mut tags = Vec::new();
     tags.try_reserve_exact(slots + WIDTH).ok()?;
+    let mut below = Vec::new();
+    below.try_reserve_exact(slots).ok()?;
     entries.resize_with(slots, || Entry::VACANT);
     // The sentinel of an empty age list points at itself.
     let own = Link {
@@ -164,10 +181,12 @@ fn try_table<B>(slots: usize) -> Option<(Box<[u8]>, Box<[Entry<B>]>, Box<[Link]>
     };
     links.resize(slots + 1, own);
     tags.resize(slots + WIDTH, EMPTY);
+    below.resize(slots, slots as u32);
     Some((
         tags.into_boxed_slice(),
         entries.into_boxed_slice(),
         links.into_boxed_slice(),
+        below.into_boxed_slice(),
     ))
 }
 
@@ -193,7 +212,7 @@ impl<B> FixedStore<B> {
         // Slot indices and the sentinel's fit the age list's links.
         const { assert!(FixedCapacity::MAX_SLOTS < u32::MAX as usize) };
         let mut slots = slots.min(FixedCapacity::MAX_SLOTS);
-        let (tags, entries, links) = loop {
+        let (tags, entries, links, below) = loop {
             // Fallible: a table too large for memory is refused here
             // instead of aborting.
             if let Some(table) = try_table(slots) {
@@ -213,6 +232,7 @@ impl<B> FixedStore<B> {
             tags,
             entries,
             links,
+            below,
             slots,
             flip: match reuse {
                 Reuse::Lifo => 0,
@@ -360,13 +380,15 @@ impl<B> FixedStore<B> {
         unsafe { *self.tags.get_unchecked_mut(i) = tag };
     }
 
-    /// Empties occupied slot `i`, returning its block and class.
+    /// Empties occupied slot `i`, leaving it tag `left` (an empty one:
+    /// [`EMPTY`], or a hit's ghost), and returns its block and class.
     ///
     /// # Safety
     ///
-    /// `i < slots` and slot `i` holds a block.
+    /// `i < slots`, slot `i` holds a block, and `left & EMPTY != 0`.
     #[inline(always)]
-    unsafe fn remove(&mut self, i: usize) -> (B, usize) {
+    unsafe fn remove(&mut self, i: usize, left: u8) -> (B, usize) {
+        debug_assert!(left & EMPTY != 0);
         debug_assert!(i < self.slots && self.is_occupied(i));
         self.hint_class = 0;
         // SAFETY: `i` is a slot (caller); an occupied slot's block is
@@ -379,7 +401,7 @@ impl<B> FixedStore<B> {
         // SAFETY: `i` is a slot; an occupied slot's neighbours in the age
         // list are slots or the sentinel.
         unsafe {
-            self.set_tag(i, EMPTY);
+            self.set_tag(i, left);
             let Link { older, newer, .. } = *self.link(i);
             self.link_mut(older as usize).newer = newer;
             self.link_mut(newer as usize).older = older;
@@ -426,7 +448,7 @@ impl<B> FixedStore<B> {
     /// below `fast_homes`): the slot of the best entry of `class` (`NONE`:
     /// none).
     #[inline(always)]
-    fn find_in_group(&self, home: usize, class: usize, tag: u8) -> usize {
+    fn find_in_group(&mut self, home: usize, class: usize, tag: u8) -> usize {
         // SAFETY: `home` is a slot (`locate`).
         let group = unsafe { self.group(home) };
         if self.newest != 0 {
@@ -439,7 +461,9 @@ impl<B> FixedStore<B> {
                     return i;
                 }
             }
+            return self.unmarked(home, class, tag);
         }
+        // FIFO: the oldest.
         let (mut best, mut best_key) = (NONE, 0u64);
         for k in group.match_hash(tag).and(self.live) {
             let i = home + k;
@@ -459,38 +483,185 @@ impl<B> FixedStore<B> {
     /// [`find_in_group`](Self::find_in_group) for any other window (of
     /// several groups, or one that wraps) in a table of at least one slot.
     #[inline(never)]
-    fn find_slow(&self, home: usize, class: usize, tag: u8) -> usize {
-        if self.unwrapped(home) {
-            return self.find_in_groups(home, class, tag);
+    fn find_slow(&mut self, home: usize, class: usize, tag: u8) -> usize {
+        if self.newest == 0 {
+            return self.best_by_stamp(home, class, tag);
         }
-        // Slot by slot: the block marked newest if its class has one (LIFO),
-        // else the best by stamp.
-        let (mut best, mut best_key) = (NONE, 0u64);
-        for i in self.window(home) {
-            let t = self.tags[i];
-            if t & EMPTY != 0 || t & !NEWEST != tag || self.entries[i].class != class {
-                continue;
-            }
-            if t & NEWEST != 0 {
-                return i;
-            }
-            let key = self.links[i].stamp ^ self.flip;
-            if key >= best_key {
-                (best, best_key) = (i, key);
-            }
+        let found = self.scan(home, class, tag);
+        if found.marked != NONE {
+            return found.marked;
         }
-        best
+        self.unmarked_with(home, class, tag, found.ghost)
     }
 
-    /// [`find_in_group`](Self::find_in_group) for a window of several
-    /// groups that does not wrap.
-    #[inline(always)]
-    fn find_in_groups(&self, home: usize, class: usize, tag: u8) -> usize {
-        let marked = self.marked(home, class, tag);
-        if marked != NONE {
-            return marked;
+    /// A LIFO hit of a class none of whose blocks is marked newest, in a
+    /// window of one group that does not wrap: see
+    /// [`unmarked_with`](Self::unmarked_with).
+    #[inline(never)]
+    fn unmarked(&mut self, home: usize, class: usize, tag: u8) -> usize {
+        let ghost = self.matching(home, EMPTY | NEWEST | tag, class);
+        self.unmarked_with(home, class, tag, ghost)
+    }
+
+    /// A LIFO hit of a class none of whose blocks is marked newest, whose
+    /// ghost is `ghost` (`NONE`: none): the block the ghost's chain link
+    /// names, if the link still holds, else the newest by stamp (`NONE`:
+    /// the class has no block). Uses the ghost up.
+    fn unmarked_with(&mut self, home: usize, class: usize, tag: u8, ghost: usize) -> usize {
+        if ghost != NONE {
+            let below = self.use_ghost(ghost, class, tag);
+            if below != self.slots {
+                return below;
+            }
         }
+        self.best_by_stamp(home, class, tag)
+    }
+
+    /// Under LIFO, for a class none of whose blocks is marked newest, in a
+    /// window of one group that does not wrap: its ghost's chain link
+    /// (see [`use_ghost`](Self::use_ghost)), or `slots` if it has none.
+    #[inline(never)]
+    fn below_of_ghost(&mut self, home: usize, class: usize, tag: u8) -> usize {
+        let ghost = self.matching(home, EMPTY | NEWEST | tag, class);
+        if ghost == NONE {
+            return self.slots;
+        }
+        self.use_ghost(ghost, class, tag)
+    }
+
+    /// Empties `ghost`, the ghost of `class` (a class never has more than
+    /// one, nor one beside a marked block), and gives the slot of the
+    /// class's newest block as the ghost's chain link names it, or `slots`
+    /// if the link no longer holds (see [`below_of`](Self::below_of)).
+    fn use_ghost(&mut self, ghost: usize, class: usize, tag: u8) -> usize {
+        self.tags[ghost] = EMPTY;
+        self.below_of(ghost, class, tag)
+    }
+
+    /// A window that is not of one group that does not wrap, in a table of
+    /// at least one slot, scanned once for `class`: see [`Found`].
+    #[inline(always)]
+    fn scan(&self, home: usize, class: usize, tag: u8) -> Found {
+        let mut found = Found {
+            marked: NONE,
+            ghost: NONE,
+            free: NONE,
+        };
+        let lifo = self.newest != 0;
+        if !self.unwrapped(home) {
+            // Slot by slot.
+            for i in self.window(home) {
+                let t = self.tags[i];
+                if t & EMPTY != 0 && found.free == NONE {
+                    found.free = i;
+                }
+                if lifo && self.entries[i].class == class {
+                    if t == tag | NEWEST {
+                        found.marked = i;
+                    } else if t == EMPTY | NEWEST | tag {
+                        found.ghost = i;
+                    }
+                }
+            }
+            return found;
+        }
+        let mut start = 0;
+        while start < self.window {
+            let at = home + start;
+            let live = Mask::first((self.window - start).min(WIDTH));
+            // SAFETY: `at` is a slot of the window, which does not wrap.
+            let group = unsafe { self.group(at) };
+            if lifo {
+                if found.marked == NONE {
+                    found.marked =
+                        self.first_of(at, group.match_tag(tag | NEWEST).and(live), class);
+                }
+                if found.ghost == NONE {
+                    let ghosts = group.match_tag(EMPTY | NEWEST | tag).and(live);
+                    found.ghost = self.first_of(at, ghosts, class);
+                }
+            }
+            if found.free == NONE
+                && let Some(k) = group.match_empty().and(live).lowest()
+            {
+                found.free = at + k;
+            }
+            start += WIDTH;
+        }
+        found
+    }
+
+    /// The first of the slots `at + k`, for the positions `k` in `mask`,
+    /// whose entry has `class`, or `NONE`.
+    #[inline(always)]
+    fn first_of(&self, at: usize, mask: Mask, class: usize) -> usize {
+        for k in mask {
+            let i = at + k;
+            // SAFETY: the caller's positions are of slots of a window that
+            // does not wrap.
+            if unsafe { self.entry(i) }.class == class {
+                return i;
+            }
+        }
+        NONE
+    }
+
+    /// The slot that slot `i`'s chain link names, if it still holds the
+    /// block it named there, else `slots`.
+    ///
+    /// Slot `i` holds the block `X` of `class` marked newest, or is the
+    /// class's ghost: it held `X` until a hit took it as the newest, and no
+    /// block of the class has been released since. Its link names the
+    /// block `P` that was the class's newest when `X` was released (marked
+    /// then, or named by the class's ghost then), or `slots`. Every block
+    /// of the class cached now other than `X` was released before `X`, so
+    /// `P` is the newest of them if it is still cached. It is if its slot
+    /// holds a block of the class, unmarked: a block of the class cached
+    /// there after `P` left would have been released after `X`, and then
+    /// either taken before `X` (emptying the slot) or still there, which
+    /// would make it, not `X`, the newest (marked, or the slot the ghost
+    /// is).
+    fn below_of(&self, i: usize, class: usize, tag: u8) -> usize {
+        let p = self.below[i] as usize;
+        // `slots` (none) names the padding's first tag, which is empty.
+        if self.tags[p] == tag && self.entries[p].class == class {
+            debug_assert!(self.links[p].stamp < self.links[i].stamp);
+            p
+        } else {
+            self.slots
+        }
+    }
+
+    /// The slot of the window at `home`, of one group that does not wrap,
+    /// whose tag is `t` and whose entry has `class` (an empty slot's entry
+    /// keeps the class of the block it held), or `NONE`.
+    #[inline(always)]
+    fn matching(&self, home: usize, t: u8, class: usize) -> usize {
+        debug_assert!(home < self.fast_homes);
+        // SAFETY: `home` is a slot.
+        let group = unsafe { self.group(home) };
+        self.first_of(home, group.match_tag(t).and(self.live), class)
+    }
+
+    /// The best block of `class` in the window at `home` by its stamp (the
+    /// newest under LIFO, the oldest under FIFO), or `NONE`, in a table of
+    /// at least one slot.
+    fn best_by_stamp(&self, home: usize, class: usize, tag: u8) -> usize {
         let (mut best, mut best_key) = (NONE, 0u64);
+        if !self.unwrapped(home) {
+            // Slot by slot.
+            for i in self.window(home) {
+                let t = self.tags[i];
+                if t & EMPTY != 0 || t & !NEWEST != tag || self.entries[i].class != class {
+                    continue;
+                }
+                let key = self.links[i].stamp ^ self.flip;
+                if key >= best_key {
+                    (best, best_key) = (i, key);
+                }
+            }
+            return best;
+        }
         for (_, at, group, live) in self.groups(home) {
             for k in group.match_hash(tag).and(live) {
                 let i = at + k;
@@ -506,29 +677,17 @@ impl<B> FixedStore<B> {
         best
     }
 
-    /// The slot of the block of `class` marked newest in the window at
-    /// `home`, which does not wrap (`NONE`: none, or FIFO).
-    #[inline(always)]
-    fn marked(&self, home: usize, class: usize, tag: u8) -> usize {
-        if self.newest == 0 {
-            return NONE;
-        }
-        for (_, at, group, live) in self.groups(home) {
-            for k in group.match_tag(tag | NEWEST).and(live) {
-                let i = at + k;
-                // SAFETY: `k` is a position of the window in this group
-                // (`live`), which does not wrap.
-                if unsafe { self.entry(i) }.class == class {
-                    return i;
-                }
-            }
-        }
-        NONE
-    }
-
     /// A release into a full window: the window's oldest entry makes room.
+    /// `below` is the new block's chain link.
     #[inline(never)]
-    fn displace(&mut self, home: usize, tag: u8, block: B, class: usize) -> Option<(B, usize)> {
+    fn displace(
+        &mut self,
+        home: usize,
+        tag: u8,
+        block: B,
+        class: usize,
+        below: usize,
+    ) -> Option<(B, usize)> {
         let mut oldest: Option<(usize, u64)> = None;
         for i in self.window(home) {
             let s = self.links[i].stamp;
@@ -546,11 +705,15 @@ impl<B> FixedStore<B> {
         }
         // SAFETY: `i` is an occupied slot of the window; once emptied, it
         // is an empty slot.
-        unsafe {
-            let evicted = self.remove(i);
+        let evicted = unsafe {
+            let evicted = self.remove(i, EMPTY);
             self.insert(i, tag, block, class);
-            Some(evicted)
-        }
+            evicted
+        };
+        // A block does not lie below itself (the class's newest was the
+        // oldest of the window).
+        self.below[i] = if below == i { self.slots } else { below } as u32;
+        Some(evicted)
     }
 }
 
@@ -590,15 +753,22 @@ impl<B> Store<B> for FixedStore<B> {
         if best == NONE {
             return None;
         }
+        let hint_tag = tag | self.newest;
+        // Under LIFO the slot becomes its class's ghost (`EMPTY | NEWEST |
+        // tag`): its chain link names the class's newest block now, if
+        // that link still holds; the class had no other ghost (a marked
+        // block has none beside it, and `unmarked` used it up). Under FIFO
+        // it is `EMPTY | tag`, an empty slot nothing looks for.
         // SAFETY: `best` is a slot whose entry has the class (an empty
         // slot's tag matches no class's).
-        let (block, _) = unsafe { self.remove(best) };
+        let (block, _) = unsafe { self.remove(best, EMPTY | hint_tag) };
         // A release of this class now goes back to the slot just emptied
         // (any empty slot of the window would do): its entry and links are
-        // the ones the hit just read.
+        // the ones the hit just read, and its chain link is the one the
+        // block released there needs.
         // The block released there is its class's newest, and the class
         // has no other block marked (the hit took it, or there was none).
-        (self.hint_class, self.hint_slot, self.hint_tag) = (class, best as u32, tag | self.newest);
+        (self.hint_class, self.hint_slot, self.hint_tag) = (class, best as u32, hint_tag);
         self.taken += 1;
         // No test: no run reaches 2^128 bytes (`taken` saturates what
         // it reports).
@@ -637,7 +807,7 @@ impl<B> Store<B> for FixedStore<B> {
         }
         let oldest = self.links[self.slots].newer as usize;
         // SAFETY: a non-empty age list's first entry is an occupied slot.
-        Some(unsafe { self.remove(oldest) })
+        Some(unsafe { self.remove(oldest, EMPTY) })
     }
 
     fn pop_untold(&mut self) -> Option<(B, usize)> {
@@ -670,6 +840,7 @@ impl<B> Store<B> for FixedStore<B> {
         core::mem::size_of_val(&*self.entries)
             + core::mem::size_of_val(&*self.links)
             + core::mem::size_of_val(&*self.tags)
+            + core::mem::size_of_val(&*self.below)
     }
 
     fn cached_of(&self, class: usize) -> usize {
@@ -718,11 +889,27 @@ impl<B> Store<B> for FixedStore<B> {
             );
             assert!(self.links[i].stamp < self.next_stamp, "stamp of slot {i}");
         }
+        assert_eq!(self.below.len(), n, "chain link array length");
         for i in 0..n {
-            assert!(self.tags[i] <= EMPTY, "tag {:#x} of slot {i}", self.tags[i]);
+            let t = self.tags[i];
+            assert!(self.below[i] as usize <= n, "chain link of slot {i}");
+            if t & EMPTY == 0 {
+                continue;
+            }
+            // An empty slot: plainly empty, a LIFO ghost, or (FIFO) the
+            // hash bits of the block a hit took.
+            if self.newest == 0 {
+                assert_eq!(t & NEWEST, 0, "tag {t:#x} of empty slot {i} under FIFO");
+            } else {
+                assert!(
+                    t == EMPTY || t & NEWEST != 0,
+                    "tag {t:#x} of empty slot {i}"
+                );
+            }
         }
         // Under LIFO, a block marked newest is the newest of its class
         // (which makes it the only one marked); under FIFO none is marked.
+        // Its chain link, if it holds, names the newest of the others.
         for i in self.occupied().filter(|&i| self.tags[i] & NEWEST != 0) {
             let class = self.entries[i].class;
             assert_ne!(self.newest, 0, "a block of class {class} marked under FIFO");
@@ -733,6 +920,33 @@ impl<B> Store<B> for FixedStore<B> {
                     && self.links[j].stamp > self.links[i].stamp
             });
             assert!(!newer, "a block of class {class} marked but not its newest");
+            self.check_below(i, class);
+        }
+        // Under LIFO, a ghost (an empty slot whose tag has the mark) is the
+        // only one of its class, whose blocks none is marked, in the
+        // class's window; its chain link, if it holds, names the newest.
+        if self.newest != 0 {
+            let ghost = |i: usize| self.tags[i] & (EMPTY | NEWEST) == EMPTY | NEWEST;
+            for i in (0..n).filter(|&i| ghost(i)) {
+                let class = self.entries[i].class;
+                let (home, tag) = self.locate(class);
+                assert_eq!(self.tags[i], EMPTY | NEWEST | tag, "ghost {i}'s tag");
+                assert!(
+                    self.window(home).any(|w| w == i),
+                    "ghost {i} of class {class} outside its window"
+                );
+                let others = self.window(home).filter(|&j| {
+                    j != i
+                        && self.entries[j].class == class
+                        && (ghost(j) || self.tags[j] == tag | NEWEST)
+                });
+                assert_eq!(
+                    others.count(),
+                    0,
+                    "ghost {i} of class {class} beside another ghost or a marked block"
+                );
+                self.check_below(i, class);
+            }
         }
         assert_eq!(len, self.len(), "cached block count");
         assert_eq!(bytes, self.bytes, "cached byte count");
@@ -767,19 +981,43 @@ impl<B> Store<B> for FixedStore<B> {
 }
 
 impl<B> FixedStore<B> {
+    /// [`check`](Store::check)'s test of the chain link of slot `i`, which
+    /// holds the newest block of `class` or is its ghost: if the link holds,
+    /// it names the newest of the class's other blocks.
+    fn check_below(&self, i: usize, class: usize) {
+        let (_, tag) = self.locate(class);
+        let p = self.below_of(i, class, tag);
+        if p == self.slots {
+            return;
+        }
+        let newer = self.window(self.locate(class).0).any(|j| {
+            j != i
+                && j != p
+                && self.is_occupied(j)
+                && self.entries[j].class == class
+                && self.links[j].stamp > self.links[p].stamp
+        });
+        assert!(
+            !newer,
+            "slot {i}'s chain link to {p} holds but misses a newer block"
+        );
+    }
+
     /// A release without the hint: the first empty slot of the window, or
     /// the displacement of its oldest entry.
     #[inline(always)]
     fn put_scan(&mut self, block: B, class: usize) -> Option<(B, usize)> {
         let (home, tag) = self.locate(class);
-        // The block released becomes its class's newest: the one marked
-        // so far (LIFO) loses the mark.
-        let free = if home < self.fast_homes {
+        // The block released becomes its class's newest (LIFO): the one
+        // marked so far loses the mark, and the new block's chain link
+        // names it (or, with none marked, what the class's ghost names).
+        let (free, below) = if home < self.fast_homes {
             // One group that does not wrap: loaded once for both searches
-            // (the mark that is cleared does not change which slots are
-            // empty).
+            // (the mark that is cleared, and the ghost that is emptied, do
+            // not change which slots are empty).
             // SAFETY: `home` is a slot (`locate`).
             let group = unsafe { self.group(home) };
+            let mut below = self.slots;
             if self.newest != 0 {
                 for k in group.match_tag(tag | NEWEST).and(self.live) {
                     let i = home + k;
@@ -788,15 +1026,20 @@ impl<B> FixedStore<B> {
                     if unsafe { self.entry(i) }.class == class {
                         // SAFETY: as above.
                         unsafe { self.set_tag(i, tag) };
+                        below = i;
                         break;
                     }
                 }
+                if below == self.slots {
+                    below = self.below_of_ghost(home, class, tag);
+                }
             }
-            group
+            let free = group
                 .match_empty()
                 .and(self.live)
                 .lowest()
-                .map(|k| home + k)
+                .map(|k| home + k);
+            (free, below)
         } else if self.slots == 0 {
             // A table of no slots caches nothing.
             return Some((block, class));
@@ -808,40 +1051,31 @@ impl<B> FixedStore<B> {
             Some(i) => {
                 // SAFETY: `i` is a slot whose tag is empty.
                 unsafe { self.insert(i, tag, block, class) };
+                self.below[i] = below as u32;
                 None
             }
-            None => self.displace(home, tag, block, class),
+            None => self.displace(home, tag, block, class, below),
         }
     }
 
     /// `put_scan`'s searches for any other window (of several groups, or
     /// one that wraps) in a table of at least one slot: unmarks the block
     /// of `class` marked newest, if any, and gives the window's first
-    /// empty slot, if any.
+    /// empty slot, if any, and the released block's chain link.
     #[inline(never)]
-    fn unmark_slow(&mut self, home: usize, class: usize, tag: u8) -> Option<usize> {
-        if self.unwrapped(home) {
-            let marked = self.marked(home, class, tag);
-            if marked != NONE {
-                // SAFETY: `marked` is a slot of the window.
-                unsafe { self.set_tag(marked, tag) };
-            }
-            return self.groups(home).find_map(|(_, at, group, live)| {
-                Some(at + group.match_empty().and(live).lowest()?)
-            });
-        }
-        // Slot by slot.
-        let mut free = None;
-        for k in 0..self.window {
-            let i = self.wrap(home + k);
-            let t = self.tags[i];
-            if t & EMPTY != 0 {
-                free = free.or(Some(i));
-            } else if self.newest != 0 && t == tag | NEWEST && self.entries[i].class == class {
-                self.tags[i] = tag;
-            }
-        }
-        free
+    fn unmark_slow(&mut self, home: usize, class: usize, tag: u8) -> (Option<usize>, usize) {
+        let found = self.scan(home, class, tag);
+        let below = if found.marked != NONE {
+            // SAFETY: `marked` is a slot of the window.
+            unsafe { self.set_tag(found.marked, tag) };
+            found.marked
+        } else if found.ghost != NONE {
+            // The first empty slot may be the ghost: it stays empty.
+            self.use_ghost(found.ghost, class, tag)
+        } else {
+            self.slots
+        };
+        ((found.free != NONE).then_some(found.free), below)
     }
 }
 
@@ -935,10 +1169,11 @@ mod tests {
         assert_eq!(core::mem::size_of::<Entry<u64>>(), 16);
         assert_eq!(core::mem::size_of::<Link>(), 16);
         let store = FixedStore::<u64>::new(1 << 12, FixedCapacity::WINDOW, Reuse::Lifo);
-        // The entries, the links and the sentinel's, the tags and their padding.
+        // The entries, the links and the sentinel's, the tags and their
+        // padding, the chain links.
         assert_eq!(
             store.footprint(),
-            (1 << 12) * 16 + ((1 << 12) + 1) * 16 + (1 << 12) + WIDTH
+            (1 << 12) * 16 + ((1 << 12) + 1) * 16 + (1 << 12) + WIDTH + (1 << 12) * 4
         );
     }
 
@@ -1070,6 +1305,56 @@ mod tests {
             } else {
                 let _ = store.put(step, class, 0);
             }
+            store.check();
+        }
+    }
+
+    #[test]
+    fn hits_follow_the_chain_down_a_class() {
+        // Under LIFO, a hit after a hit of its class (no block marked) takes
+        // the block the ghost's chain link names, leaving its own ghost; a
+        // release after them links its block to that chain again. In a
+        // window of one group and in one of two.
+        for window in [FixedCapacity::WINDOW, 16] {
+            let mut store = FixedStore::<u64>::new(64, window, Reuse::Lifo);
+            let class = 4096;
+            let (_, tag) = store.locate(class);
+            for b in 0..6 {
+                assert_eq!(store.put(b, class, 0), None);
+            }
+            for round in 0..3 {
+                for want in (0..6).rev() {
+                    assert_eq!(store.take(class, 0), Some(want), "window {window}");
+                    store.check();
+                    let ghost = store.hint_slot as usize;
+                    assert_eq!(store.tags[ghost], EMPTY | NEWEST | tag);
+                    let below = store.below_of(ghost, class, tag);
+                    if want == 0 {
+                        assert_eq!(below, store.slots, "the chain ends");
+                    } else {
+                        // The next block down is the one the link names.
+                        assert_ne!(below, store.slots, "window {window}, round {round}");
+                        assert_eq!(
+                            // SAFETY: `below` holds a block (`below_of`).
+                            unsafe { store.entries[below].block.assume_init_read() },
+                            want - 1
+                        );
+                    }
+                    // An interleaved class does not break the chain.
+                    assert_eq!(store.put(100, class + 64, 0), None);
+                    assert_eq!(store.take(class + 64, 0), Some(100));
+                }
+                assert_eq!(store.take(class, 0), None);
+                for b in 0..6 {
+                    assert_eq!(store.put(b, class, 0), None);
+                    store.check();
+                }
+            }
+            // The oldest block leaves (as a trim takes it): the chain that
+            // names it no longer holds, and the hits still come newest first.
+            assert_eq!(store.pop_oldest(0), Some((0, class)));
+            let got: Vec<u64> = core::iter::from_fn(|| store.take(class, 0)).collect();
+            assert_eq!(got, [5, 4, 3, 2, 1]);
             store.check();
         }
     }
