@@ -581,10 +581,11 @@ impl<B> FixedStore<B> {
                     found.ghost = self.first_of(at, ghosts, class);
                 }
             }
-            if found.free == NONE
-                && let Some(k) = group.match_empty().and(live).lowest()
-            {
-                found.free = at + k;
+            if found.free == NONE {
+                // (Not a let chain: the crate builds on Rust 1.85.)
+                if let Some(k) = group.match_empty().and(live).lowest() {
+                    found.free = at + k;
+                }
             }
             start += WIDTH;
         }

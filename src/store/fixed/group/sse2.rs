@@ -1,0 +1,123 @@
+//! Tags compared sixteen at a time with SSE2, as hashbrown compares its
+//! control bytes on x86-64: a [`Group`] is sixteen consecutive tags in one
+//! vector register, lane `k` the tag of slot `start + k`, and a [`Mask`]
+//! one bit per lane, from one `pmovmskb`.
+
+use core::arch::x86_64::{
+    __m128i, _mm_and_si128, _mm_cmpeq_epi8, _mm_loadu_si128, _mm_movemask_epi8, _mm_set1_epi8,
+};
+
+use super::NEWEST;
+
+/// Tags in one group.
+pub(crate) const WIDTH: usize = 16;
+
+/// Sixteen tags.
+#[derive(Clone, Copy)]
+pub(crate) struct Group(__m128i);
+
+/// A set of positions in a group: bit `k` for position `k`.
+#[derive(Clone, Copy)]
+pub(crate) struct Mask(u16);
+
+impl Group {
+    /// The sixteen tags from `tags[at..at + WIDTH]`.
+    #[cfg(test)]
+    pub(crate) fn load(tags: &[u8], at: usize) -> Self {
+        let tags = &tags[at..at + WIDTH];
+        // SAFETY: `tags` holds `WIDTH` bytes (the slice above checked it).
+        unsafe { Self::load_unchecked(tags, 0) }
+    }
+
+    /// The sixteen tags from `tags[at..at + WIDTH]`, without a bounds
+    /// check.
+    ///
+    /// # Safety
+    ///
+    /// `at + WIDTH <= tags.len()`.
+    #[inline(always)]
+    pub(crate) unsafe fn load_unchecked(tags: &[u8], at: usize) -> Self {
+        debug_assert!(at + WIDTH <= tags.len());
+        // SAFETY: the caller's promise: the sixteen bytes are in `tags`;
+        // `_mm_loadu_si128` reads them unaligned.
+        Group(unsafe { _mm_loadu_si128(tags.as_ptr().add(at).cast::<__m128i>()) })
+    }
+
+    /// The positions whose tag is exactly `tag` (an empty one only if
+    /// `tag` is: a ghost's).
+    #[inline(always)]
+    pub(crate) fn match_tag(self, tag: u8) -> Mask {
+        // SAFETY: SSE2 is enabled (this module is built only with it).
+        bits(unsafe { _mm_cmpeq_epi8(self.0, _mm_set1_epi8(tag as i8)) })
+    }
+
+    /// The positions whose tag is `tag` or `tag | NEWEST` (`tag` below
+    /// [`NEWEST`]): every block whose class hashes to `tag`, marked newest
+    /// or not. Never an empty one (its high bit stays).
+    #[inline(always)]
+    pub(crate) fn match_hash(self, tag: u8) -> Mask {
+        // SAFETY: SSE2 is enabled (this module is built only with it).
+        bits(unsafe {
+            let hash = _mm_and_si128(self.0, _mm_set1_epi8(!NEWEST as i8));
+            _mm_cmpeq_epi8(hash, _mm_set1_epi8(tag as i8))
+        })
+    }
+
+    /// The empty positions (the tags with the high bit set).
+    #[inline(always)]
+    pub(crate) fn match_empty(self) -> Mask {
+        bits(self.0)
+    }
+}
+
+/// The high bit of each lane of `v`.
+#[inline(always)]
+fn bits(v: __m128i) -> Mask {
+    // The movemask's 16 bits, in the low half of an `i32`.
+    // SAFETY: SSE2 is enabled (this module is built only with it).
+    Mask(unsafe { _mm_movemask_epi8(v) } as u16)
+}
+
+impl Mask {
+    /// The first `n` positions (`n <= WIDTH`).
+    #[inline(always)]
+    pub(crate) fn first(n: usize) -> Self {
+        debug_assert!(n <= WIDTH);
+        Mask(((1u32 << n) - 1) as u16)
+    }
+
+    /// The positions in both.
+    #[inline(always)]
+    pub(crate) fn and(self, other: Mask) -> Mask {
+        Mask(self.0 & other.0)
+    }
+
+    /// Whether no position is in it.
+    #[cfg(test)]
+    #[inline(always)]
+    pub(crate) fn is_empty(self) -> bool {
+        self.0 == 0
+    }
+
+    /// The lowest position in it, if any.
+    #[inline(always)]
+    pub(crate) fn lowest(self) -> Option<usize> {
+        if self.0 == 0 {
+            None
+        } else {
+            Some(self.0.trailing_zeros() as usize)
+        }
+    }
+}
+
+impl Iterator for Mask {
+    type Item = usize;
+
+    /// The positions, lowest first.
+    #[inline(always)]
+    fn next(&mut self) -> Option<usize> {
+        let k = self.lowest()?;
+        self.0 &= self.0 - 1;
+        Some(k)
+    }
+}
