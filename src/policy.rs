@@ -1076,14 +1076,17 @@ impl EvictionPolicy for Exponential {
 /// whole window, so a hit simply empties its entry (no tombstones, no
 /// backward shift), and every operation is O(1) in the worst case. The scan
 /// reads one tag byte per slot (six bits of the size's hash, and a mark on
-/// the newest block of each size), eight at a time in one word, and only
-/// the entries whose tag matches. `collect` is a
+/// the newest block of each size), sixteen at a time with SSE2 on x86-64
+/// (eight in one word elsewhere), and only the entries whose tag matches;
+/// under LIFO a hit after a hit of its size follows a link from the block
+/// taken to the size's next newest, where it would compare stamps. `collect` is a
 /// no-op; `trim` empties the table; `FixedCapacity::new(0)` caches nothing.
 ///
-/// Each slot costs `size_of::<B>() + 25` bytes: the block, its size (8),
-/// a release stamp and the two links of the age list (16), and a tag byte,
-/// which also says whether the slot holds a block: 33 bytes for a
-/// `NonNull` block or a `u64` device pointer.
+/// Each slot costs `size_of::<B>() + 29` bytes: the block, its size (8),
+/// a release stamp and the two links of the age list (16), the link to its
+/// size's next newest block (4), and a tag byte, which also says whether
+/// the slot holds a block: 37 bytes for a `NonNull` block or a `u64`
+/// device pointer.
 ///
 /// # Blocks of one size
 ///

@@ -6,20 +6,25 @@
 //! wrapping past the last slot to the first (`per_size` is
 //! `FixedCapacity::WINDOW` unless the policy says otherwise), so that
 //! every slot belongs to `window` windows. The hot paths take a window of
-//! one group that does not wrap (all but `window - 1` homes of a table):
+//! one group (sixteen slots on x86-64, eight elsewhere) that does not wrap
+//! (all but `window - 1` homes of a table):
 //! a slot's index is then home plus its place in the window, with no
 //! wrapping to compute on each candidate. A window that wraps, or spans
-//! several groups, takes a slower path out of line.
+//! several groups, takes a slower path out of line, group by group: a
+//! window that wraps is two runs of groups, from home to the last slot
+//! and from the first, each still without a wrap per candidate.
 //! Every lookup scans the whole window, so removing an entry simply empties
 //! it: no tombstones, no backward shift, and every operation costs at most
 //! one window scan, O(1) in the worst case.
 //!
-//! The scan reads tag bytes, not entries: one byte per slot, empty (0x80)
-//! or six bits of the class's hash and a mark (below), kept in an array of
-//! its own and compared eight at a time in one `u64` (as hashbrown compares
-//! its control bytes without SIMD, but exactly: no byte matches by a borrow
-//! from its neighbour). A window of eight slots is one unaligned word load
-//! and a few word operations; only the entries whose tag matches are read.
+//! The scan reads tag bytes, not entries: one byte per slot, empty (high
+//! bit set) or six bits of the class's hash and a mark (below), kept in an
+//! array of its own and compared a group at a time, as hashbrown compares
+//! its control bytes: sixteen with SSE2 on x86-64 (one compare and one
+//! movemask a match), eight in one `u64` elsewhere (exactly: no byte
+//! matches by a borrow from its neighbour). A window of up to a group is
+//! one unaligned load and a few operations; only the entries whose tag
+//! matches are read.
 //!
 //! Under LIFO a hit takes its class's newest block. Rather than read every
 //! block of the class in the window to compare their stamps, the newest
@@ -28,14 +33,32 @@
 //! before, found the same way), and a hit looks for the marked block first,
 //! one match that reads one entry. A hit that takes the marked block leaves
 //! its class with none marked; the next hit of the class, unless a release
-//! comes first, then compares the stamps of all its candidates, as every
-//! FIFO hit does (no tag is marked under FIFO). A steady round trip finds
-//! its block marked each time: the release after the hit marks it again.
-//! The tag array ends with eight bytes of padding that stay empty, so a
+//! comes first, then follows its class's chain (below), and only when
+//! that fails compares the stamps of all its candidates, as every FIFO hit
+//! does (no tag is marked under FIFO). A steady round trip finds its block
+//! marked each time: the release after the hit marks it again.
+//!
+//! The chain: each slot has a link (`below`) to the slot of the block that
+//! was its class's newest when the slot's block was released (the one it
+//! unmarked), or to none. The slot a LIFO hit empties keeps the tag
+//! `EMPTY | NEWEST | hash`, a ghost that still names its class through
+//! the entry's class and its link; the next hit of the class, finding no
+//! block marked, takes the block the ghost's link names if that slot still
+//! holds an unmarked block of the class (which is then the class's newest:
+//! see `below_of`), and its slot becomes the ghost. So batches that take
+//! several blocks of a class before giving them back go down the chain one
+//! match at a time; a release that finds no mark links its block to what
+//! the ghost names. A class has at most one ghost, and none beside a
+//! marked block: a release uses its class's ghost up, and an empty slot
+//! filled by any class is no ghost any more. `check` verifies both, and
+//! that a link that holds names the newest of the class's other blocks.
+//!
+//! The tag array ends with a group of padding that stays empty, so a
 //! group of a window that ends near the last slot is still one load (the
 //! positions past the window are masked off). The tag is also the only
 //! record of which slots hold a block (the block itself is a
-//! `MaybeUninit`, initialised exactly when the tag is not empty). A hit
+//! `MaybeUninit`, initialised exactly when the tag is not empty: a ghost
+//! is empty). A hit
 //! leaves the slot where a release of its class would go, so the release
 //! that follows (a steady workload's round trip) neither hashes nor scans.
 //!
@@ -47,9 +70,12 @@
 //! (16 bytes a slot) beside the entries (the block and its class: 16 bytes
 //! for a pointer-sized block): a hit reads a candidate's entry and its
 //! stamp side by side, and the relinking of a hit and a release writes
-//! only to the small link array, not to the neighbours' entries. A slot
-//! costs `size_of::<B>() + 8` (class) `+ 16` (stamp, links) `+ 1` (tag)
-//! bytes, allocated once.
+//! only to the small link array, not to the neighbours' entries. The chain
+//! links are a third array (4 bytes a slot), read and written only off the
+//! round trip's path (a release through the hint keeps its slot's link: the
+//! block released there takes the place of the block the hit took). A slot
+//! costs `size_of::<B>() + 8` (class) `+ 16` (stamp, links) `+ 4` (chain)
+//! `+ 1` (tag) bytes, allocated once.
 
 mod group;
 
@@ -279,13 +305,6 @@ impl<B> FixedStore<B> {
         if i >= self.slots { i - self.slots } else { i }
     }
 
-    /// Whether the window starting at `home` ends at or before the last
-    /// slot.
-    #[inline(always)]
-    fn unwrapped(&self, home: usize) -> bool {
-        home + self.window <= self.slots
-    }
-
     /// The slots of the window starting at `home` (not on the hot path).
     fn window(&self, home: usize) -> impl Iterator<Item = usize> + '_ {
         (0..self.window).map(move |k| self.wrap(home + k))
@@ -351,21 +370,6 @@ impl<B> FixedStore<B> {
         debug_assert!(i < self.links.len());
         // SAFETY: the caller's promise: the links are `slots + 1`.
         unsafe { self.links.get_unchecked_mut(i) }
-    }
-
-    /// The groups of the window starting at `home`, which does not wrap:
-    /// each as its offset in the window, the slot of its first tag, its
-    /// tags, and the positions of the window in it.
-    #[inline(always)]
-    fn groups(&self, home: usize) -> impl Iterator<Item = (usize, usize, Group, Mask)> + '_ {
-        debug_assert!(self.unwrapped(home));
-        (0..self.window).step_by(WIDTH).map(move |start| {
-            let at = home + start;
-            let live = Mask::first((self.window - start).min(WIDTH));
-            // SAFETY: `home + start` is a slot of the window (`start` is
-            // below the window, which does not wrap).
-            (start, at, unsafe { self.group(at) }, live)
-        })
     }
 
     /// Sets the tag of slot `i`.
@@ -507,6 +511,7 @@ impl<B> FixedStore<B> {
     /// ghost is `ghost` (`NONE`: none): the block the ghost's chain link
     /// names, if the link still holds, else the newest by stamp (`NONE`:
     /// the class has no block). Uses the ghost up.
+    #[inline(always)]
     fn unmarked_with(&mut self, home: usize, class: usize, tag: u8, ghost: usize) -> usize {
         if ghost != NONE {
             let below = self.use_ghost(ghost, class, tag);
@@ -533,6 +538,7 @@ impl<B> FixedStore<B> {
     /// one, nor one beside a marked block), and gives the slot of the
     /// class's newest block as the ghost's chain link names it, or `slots`
     /// if the link no longer holds (see [`below_of`](Self::below_of)).
+    #[inline(always)]
     fn use_ghost(&mut self, ghost: usize, class: usize, tag: u8) -> usize {
         self.tags[ghost] = EMPTY;
         self.below_of(ghost, class, tag)
@@ -548,33 +554,11 @@ impl<B> FixedStore<B> {
             free: NONE,
         };
         let lifo = self.newest != 0;
-        if !self.unwrapped(home) {
-            // Slot by slot.
-            for i in self.window(home) {
-                let t = self.tags[i];
-                if t & EMPTY != 0 && found.free == NONE {
-                    found.free = i;
-                }
-                if lifo && self.entries[i].class == class {
-                    if t == tag | NEWEST {
-                        found.marked = i;
-                    } else if t == EMPTY | NEWEST | tag {
-                        found.ghost = i;
-                    }
-                }
-            }
-            return found;
-        }
-        let mut start = 0;
-        while start < self.window {
-            let at = home + start;
-            let live = Mask::first((self.window - start).min(WIDTH));
-            // SAFETY: `at` is a slot of the window, which does not wrap.
-            let group = unsafe { self.group(at) };
+        self.each_group(home, |at, group, live| {
             if lifo {
                 if found.marked == NONE {
-                    found.marked =
-                        self.first_of(at, group.match_tag(tag | NEWEST).and(live), class);
+                    let marked = group.match_tag(tag | NEWEST).and(live);
+                    found.marked = self.first_of(at, marked, class);
                 }
                 if found.ghost == NONE {
                     let ghosts = group.match_tag(EMPTY | NEWEST | tag).and(live);
@@ -587,9 +571,32 @@ impl<B> FixedStore<B> {
                     found.free = at + k;
                 }
             }
-            start += WIDTH;
-        }
+        });
         found
+    }
+
+    /// Calls `f` with each group of the window at `home`, in a table of at
+    /// least one slot, in the window's order: its first slot, the group's
+    /// tags, and the positions of the window in it. A window that wraps is
+    /// two runs of groups, from `home` to the last slot and from slot 0
+    /// (a group that starts near the end reads the padding, masked off).
+    #[inline(always)]
+    fn each_group(&self, home: usize, mut f: impl FnMut(usize, Group, Mask)) {
+        debug_assert!(home < self.slots);
+        let first = self.window.min(self.slots - home);
+        let mut run = |at: usize, len: usize| {
+            let mut start = 0;
+            while start < len {
+                let live = Mask::first((len - start).min(WIDTH));
+                // SAFETY: `at + start < at + len <= slots`.
+                f(at + start, unsafe { self.group(at + start) }, live);
+                start += WIDTH;
+            }
+        };
+        run(home, first);
+        if first < self.window {
+            run(0, self.window - first);
+        }
     }
 
     /// The first of the slots `at + k`, for the positions `k` in `mask`,
@@ -598,8 +605,9 @@ impl<B> FixedStore<B> {
     fn first_of(&self, at: usize, mask: Mask, class: usize) -> usize {
         for k in mask {
             let i = at + k;
-            // SAFETY: the caller's positions are of slots of a window that
-            // does not wrap.
+            // SAFETY: the caller's positions are of slots: a group's
+            // positions in a window run (`each_group`) or one group's window
+            // that does not wrap.
             if unsafe { self.entry(i) }.class == class {
                 return i;
             }
@@ -622,6 +630,7 @@ impl<B> FixedStore<B> {
     /// either taken before `X` (emptying the slot) or still there, which
     /// would make it, not `X`, the newest (marked, or the slot the ghost
     /// is).
+    #[inline(always)]
     fn below_of(&self, i: usize, class: usize, tag: u8) -> usize {
         let p = self.below[i] as usize;
         // `slots` (none) names the padding's first tag, which is empty.
@@ -649,32 +658,18 @@ impl<B> FixedStore<B> {
     /// at least one slot.
     fn best_by_stamp(&self, home: usize, class: usize, tag: u8) -> usize {
         let (mut best, mut best_key) = (NONE, 0u64);
-        if !self.unwrapped(home) {
-            // Slot by slot.
-            for i in self.window(home) {
-                let t = self.tags[i];
-                if t & EMPTY != 0 || t & !NEWEST != tag || self.entries[i].class != class {
-                    continue;
-                }
-                let key = self.links[i].stamp ^ self.flip;
-                if key >= best_key {
-                    (best, best_key) = (i, key);
-                }
-            }
-            return best;
-        }
-        for (_, at, group, live) in self.groups(home) {
+        self.each_group(home, |at, group, live| {
             for k in group.match_hash(tag).and(live) {
                 let i = at + k;
                 // SAFETY: `k` is a position of the window in this group
-                // (`live`), which does not wrap.
+                // (`live`), whose slots run from `at`.
                 let (e, link) = unsafe { (self.entry(i), self.link(i)) };
                 let key = link.stamp ^ self.flip;
                 if (e.class == class) & (key >= best_key) {
                     (best, best_key) = (i, key);
                 }
             }
-        }
+        });
         best
     }
 

@@ -1,7 +1,8 @@
 //! Tag bytes compared a group at a time, as hashbrown compares its
 //! control bytes: sixteen at a time with SSE2 on x86-64 ([`sse2`]), eight
 //! at a time in a `u64` elsewhere ([`swar`], built under test on every
-//! target, so that its tests run here too).
+//! target, so that its tests run here too; `--cfg decaying_pool_swar`
+//! gives the store these groups on x86-64 as well, for its tests).
 //!
 //! A slot's tag is [`EMPTY`] (high bit set) or, high bit clear, six bits
 //! of its class's hash and the [`NEWEST`] bit. Under LIFO, the slot a hit
@@ -17,14 +18,27 @@ pub(super) const EMPTY: u8 = 0x80;
 /// store's documentation); the hash takes the six bits below it.
 pub(super) const NEWEST: u8 = 0x40;
 
+// `--cfg decaying_pool_swar` (internal: for tests, and CI) gives the store
+// the `u64` groups on x86-64 too, so that the store's own tests run on them.
 #[cfg(all(target_arch = "x86_64", target_feature = "sse2"))]
 mod sse2;
-#[cfg(any(test, not(all(target_arch = "x86_64", target_feature = "sse2"))))]
+#[cfg(any(
+    test,
+    decaying_pool_swar,
+    not(all(target_arch = "x86_64", target_feature = "sse2"))
+))]
 mod swar;
 
-#[cfg(all(target_arch = "x86_64", target_feature = "sse2"))]
+#[cfg(all(
+    target_arch = "x86_64",
+    target_feature = "sse2",
+    not(decaying_pool_swar)
+))]
 pub(super) use self::sse2::{Group, Mask, WIDTH};
-#[cfg(not(all(target_arch = "x86_64", target_feature = "sse2")))]
+#[cfg(any(
+    decaying_pool_swar,
+    not(all(target_arch = "x86_64", target_feature = "sse2"))
+))]
 pub(super) use self::swar::{Group, Mask, WIDTH};
 
 /// The same tests for each implementation.
