@@ -180,6 +180,16 @@ fn batch_round_trip(c: &mut Criterion) {
         per,
         &walk,
     );
+    // Four slots per cached block, as in `hit_round_trip`, and a window
+    // that holds a class's 16 blocks.
+    batch_pool(
+        &mut g,
+        "fixed_capacity/8x16",
+        FixedCapacity::new(classes * per * 4).per_size(per),
+        &sizes,
+        per,
+        &walk,
+    );
     g.finish();
 }
 
