@@ -262,6 +262,7 @@ fn main() {
                 "exponential_manual",
                 "batch_round_trip/exponential_manual_{}",
             ),
+            ("fixed_capacity", "batch_round_trip/fixed_capacity_{}"),
         ],
         columns: &["8x16"],
     }
