@@ -394,7 +394,6 @@ impl<B> FixedStore<B> {
     unsafe fn remove(&mut self, i: usize, left: u8) -> (B, usize) {
         debug_assert!(left & EMPTY != 0);
         debug_assert!(i < self.slots && self.is_occupied(i));
-        self.hint_class = 0;
         // SAFETY: `i` is a slot (caller); an occupied slot's block is
         // initialised, and its empty tag (set below) says it no longer is,
         // so it is read out once.
@@ -412,6 +411,9 @@ impl<B> FixedStore<B> {
         }
         self.removed += 1;
         self.bytes -= class;
+        // Last, after the stores through pointers: a hit's own hint then
+        // overwrites this store, which the compiler drops.
+        self.hint_class = 0;
         (block, class)
     }
 
