@@ -1356,4 +1356,56 @@ mod tests {
             store.check();
         }
     }
+
+    #[test]
+    fn every_hit_takes_its_class_s_newest_or_oldest_block() {
+        // Random releases, hits and evictions in windows of one group or
+        // several, wrapping or not, under both orders: a hit takes the
+        // newest (LIFO) or oldest (FIFO) block of its class still cached,
+        // whatever path found it (mark, chain, stamps). Blocks are numbered
+        // in release order. Fewer steps and tables under Miri.
+        let (steps, windows): (u64, &[usize]) = if cfg!(miri) {
+            (300, &[8, 17])
+        } else {
+            (3000, &[1, 3, 8, 13, 16, 17, 24, 40])
+        };
+        for &window in windows {
+            for slots in [16, 24, 64] {
+                for reuse in [Reuse::Lifo, Reuse::Fifo] {
+                    let mut store = FixedStore::<u64>::new(slots, window, reuse);
+                    let mut x = (window * 1000 + slots) as u64;
+                    let mut next = 0u64;
+                    for _ in 0..steps {
+                        crate::store::lcg(&mut x);
+                        let class = 64 * (1 + (x >> 33) as usize % 5);
+                        match (x >> 20) % 8 {
+                            0..=2 => {
+                                let cached: Vec<u64> = store
+                                    .occupied()
+                                    .filter(|&i| store.entries[i].class == class)
+                                    // SAFETY: an occupied slot's block is
+                                    // initialised (a `u64`, copied).
+                                    .map(|i| unsafe { store.entries[i].block.assume_init_read() })
+                                    .collect();
+                                let want = match reuse {
+                                    Reuse::Lifo => cached.iter().max(),
+                                    Reuse::Fifo => cached.iter().min(),
+                                };
+                                let got = store.take(class, 0);
+                                assert_eq!(got.as_ref(), want, "window {window}, {slots} slots");
+                            }
+                            3 => {
+                                let _ = store.pop_oldest(0);
+                            }
+                            _ => {
+                                let _ = store.put(next, class, 0);
+                                next += 1;
+                            }
+                        }
+                        store.check();
+                    }
+                }
+            }
+        }
+    }
 }
