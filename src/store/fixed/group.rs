@@ -41,6 +41,73 @@ pub(super) use self::sse2::{Group, Mask, WIDTH};
 ))]
 pub(super) use self::swar::{Group, Mask, WIDTH};
 
+/// A set of positions in a group, as both implementations give it: the
+/// top bit of each position's `STRIDE` bits of a word (8: the tags' own
+/// high bits in the `u64` groups; 1: a movemask's bit a lane), as
+/// hashbrown's `BitMask` is shared by its groups.
+#[derive(Clone, Copy)]
+pub(crate) struct BitMask<const STRIDE: u32>(u64);
+
+impl<const STRIDE: u32> BitMask<STRIDE> {
+    /// The bits that stand for positions: the top bit of each lane.
+    const MARKS: u64 = (u64::MAX / ((1 << STRIDE) - 1)) << (STRIDE - 1);
+
+    /// The positions whose bits (the top one of their lane) are set in
+    /// `bits`, which has no other bit set.
+    #[inline(always)]
+    pub(crate) fn new(bits: u64) -> Self {
+        debug_assert_eq!(bits & !Self::MARKS, 0);
+        BitMask(bits)
+    }
+
+    /// The first `n` positions (`n` at most a group's width).
+    #[inline(always)]
+    pub(crate) fn first(n: usize) -> Self {
+        let bits = STRIDE as usize * n;
+        debug_assert!(bits <= 64);
+        if bits >= 64 {
+            BitMask(Self::MARKS)
+        } else {
+            BitMask(Self::MARKS & ((1u64 << bits) - 1))
+        }
+    }
+
+    /// The positions in both.
+    #[inline(always)]
+    pub(crate) fn and(self, other: Self) -> Self {
+        BitMask(self.0 & other.0)
+    }
+
+    /// Whether no position is in it.
+    #[cfg(test)]
+    #[inline(always)]
+    pub(crate) fn is_empty(self) -> bool {
+        self.0 == 0
+    }
+
+    /// The lowest position in it, if any.
+    #[inline(always)]
+    pub(crate) fn lowest(self) -> Option<usize> {
+        if self.0 == 0 {
+            None
+        } else {
+            Some((self.0.trailing_zeros() / STRIDE) as usize)
+        }
+    }
+}
+
+impl<const STRIDE: u32> Iterator for BitMask<STRIDE> {
+    type Item = usize;
+
+    /// The positions, lowest first.
+    #[inline(always)]
+    fn next(&mut self) -> Option<usize> {
+        let k = self.lowest()?;
+        self.0 &= self.0 - 1;
+        Some(k)
+    }
+}
+
 /// The same tests for each implementation.
 #[cfg(test)]
 macro_rules! tests {
@@ -53,7 +120,8 @@ macro_rules! tests {
             fn group(tags: [u8; 8]) -> Group {
                 let mut all = [EMPTY; WIDTH];
                 all[..8].copy_from_slice(&tags);
-                Group::load(&all, 0)
+                // SAFETY: `all` holds `WIDTH` tags.
+                unsafe { Group::load_unchecked(&all, 0) }
             }
 
             #[test]

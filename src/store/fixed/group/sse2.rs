@@ -17,18 +17,9 @@ pub(crate) const WIDTH: usize = 16;
 pub(crate) struct Group(__m128i);
 
 /// A set of positions in a group: bit `k` for position `k`.
-#[derive(Clone, Copy)]
-pub(crate) struct Mask(u16);
+pub(crate) type Mask = super::BitMask<1>;
 
 impl Group {
-    /// The sixteen tags from `tags[at..at + WIDTH]`.
-    #[cfg(test)]
-    pub(crate) fn load(tags: &[u8], at: usize) -> Self {
-        let tags = &tags[at..at + WIDTH];
-        // SAFETY: `tags` holds `WIDTH` bytes (the slice above checked it).
-        unsafe { Self::load_unchecked(tags, 0) }
-    }
-
     /// The sixteen tags from `tags[at..at + WIDTH]`, without a bounds
     /// check.
     ///
@@ -75,49 +66,5 @@ impl Group {
 fn bits(v: __m128i) -> Mask {
     // The movemask's 16 bits, in the low half of an `i32`.
     // SAFETY: SSE2 is enabled (this module is built only with it).
-    Mask(unsafe { _mm_movemask_epi8(v) } as u16)
-}
-
-impl Mask {
-    /// The first `n` positions (`n <= WIDTH`).
-    #[inline(always)]
-    pub(crate) fn first(n: usize) -> Self {
-        debug_assert!(n <= WIDTH);
-        Mask(((1u32 << n) - 1) as u16)
-    }
-
-    /// The positions in both.
-    #[inline(always)]
-    pub(crate) fn and(self, other: Mask) -> Mask {
-        Mask(self.0 & other.0)
-    }
-
-    /// Whether no position is in it.
-    #[cfg(test)]
-    #[inline(always)]
-    pub(crate) fn is_empty(self) -> bool {
-        self.0 == 0
-    }
-
-    /// The lowest position in it, if any.
-    #[inline(always)]
-    pub(crate) fn lowest(self) -> Option<usize> {
-        if self.0 == 0 {
-            None
-        } else {
-            Some(self.0.trailing_zeros() as usize)
-        }
-    }
-}
-
-impl Iterator for Mask {
-    type Item = usize;
-
-    /// The positions, lowest first.
-    #[inline(always)]
-    fn next(&mut self) -> Option<usize> {
-        let k = self.lowest()?;
-        self.0 &= self.0 - 1;
-        Some(k)
-    }
+    Mask::new(u64::from(unsafe { _mm_movemask_epi8(v) } as u16))
 }

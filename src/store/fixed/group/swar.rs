@@ -18,7 +18,7 @@ const HI: u64 = 0x8080_8080_8080_8080;
 /// bytes: each byte's low seven bits plus 0x7F stay below 0x100).
 #[inline(always)]
 fn zero_bytes(x: u64) -> Mask {
-    Mask(!(((x & !HI).wrapping_add(!HI)) | x) & HI)
+    Mask::new(!(((x & !HI).wrapping_add(!HI)) | x) & HI)
 }
 
 /// Eight tags.
@@ -26,18 +26,9 @@ fn zero_bytes(x: u64) -> Mask {
 pub(crate) struct Group(u64);
 
 /// A set of positions in a group: the high bit of each chosen byte.
-#[derive(Clone, Copy)]
-pub(crate) struct Mask(u64);
+pub(crate) type Mask = super::BitMask<8>;
 
 impl Group {
-    /// The eight tags from `tags[at..at + WIDTH]`.
-    #[cfg(test)]
-    pub(crate) fn load(tags: &[u8], at: usize) -> Self {
-        let tags = &tags[at..at + WIDTH];
-        // SAFETY: `tags` holds `WIDTH` bytes (the slice above checked it).
-        unsafe { Self::load_unchecked(tags, 0) }
-    }
-
     /// The eight tags from `tags[at..at + WIDTH]`, without a bounds check.
     ///
     /// # Safety
@@ -70,54 +61,6 @@ impl Group {
     /// The empty positions, exactly.
     #[inline(always)]
     pub(crate) fn match_empty(self) -> Mask {
-        Mask(self.0 & HI)
-    }
-}
-
-impl Mask {
-    /// The first `n` positions (`n <= WIDTH`).
-    #[inline(always)]
-    pub(crate) fn first(n: usize) -> Self {
-        debug_assert!(n <= WIDTH);
-        if n >= WIDTH {
-            Mask(HI)
-        } else {
-            Mask(HI & ((1u64 << (8 * n)) - 1))
-        }
-    }
-
-    /// The positions in both.
-    #[inline(always)]
-    pub(crate) fn and(self, other: Mask) -> Mask {
-        Mask(self.0 & other.0)
-    }
-
-    /// Whether no position is in it.
-    #[cfg(test)]
-    #[inline(always)]
-    pub(crate) fn is_empty(self) -> bool {
-        self.0 == 0
-    }
-
-    /// The lowest position in it, if any.
-    #[inline(always)]
-    pub(crate) fn lowest(self) -> Option<usize> {
-        if self.0 == 0 {
-            None
-        } else {
-            Some(self.0.trailing_zeros() as usize / 8)
-        }
-    }
-}
-
-impl Iterator for Mask {
-    type Item = usize;
-
-    /// The positions, lowest first.
-    #[inline(always)]
-    fn next(&mut self) -> Option<usize> {
-        let k = self.lowest()?;
-        self.0 &= self.0 - 1;
-        Some(k)
+        Mask::new(self.0 & HI)
     }
 }
