@@ -17,6 +17,7 @@
 //!
 //! Arguments: the cache (`map`, the hand-written map of vectors;
 //! `fixed_time`, `exponential` or `fixed_capacity`, over `ManualClock`;
+//! `rounded`, `fixed_time` with classes `SizeClass::PowerOfTwoDivisions(4)`;
 //! `shared` or `thread_caches`, a `FixedTime` pool behind
 //! `SharedPool::new` or `SharedPool::with_thread_caches`, on one thread),
 //! the scale (`CLASSESxPER`, such as `1x1`, `64x1`, `4096x4` or
@@ -28,7 +29,7 @@ use std::hint::black_box;
 use std::time::Duration;
 
 use decaying_pool::{
-    DecayingPool, Exponential, FixedCapacity, FixedTime, ManualClock, Policy, SharedPool,
+    DecayingPool, Exponential, FixedCapacity, FixedTime, ManualClock, Policy, SharedPool, SizeClass,
 };
 
 #[path = "../benches/common/mod.rs"]
@@ -54,7 +55,7 @@ struct Run {
 /// Parses the arguments, or says how to call.
 fn parse() -> Result<Run, String> {
     let usage = "usage: instructions \
-                 <map|fixed_time|exponential|fixed_capacity|shared|thread_caches> \
+                 <map|fixed_time|rounded|exponential|fixed_capacity|shared|thread_caches> \
                  <CLASSESxPER|batch> <count>";
     let args: Vec<String> = std::env::args().skip(1).collect();
     let [cache, scale, count] = args.as_slice() else {
@@ -132,9 +133,10 @@ fn trips(cache: &mut impl Cache, run: &Run, sizes: &[usize], walk: &[usize]) {
 
 /// `run.count` round trips (or batches) through a pool with `policy`,
 /// filled first; checks that they hit.
-fn pool<P: Policy>(policy: P, run: &Run, sizes: &[usize], walk: &[usize]) {
+fn pool<P: Policy>(policy: P, class: SizeClass, run: &Run, sizes: &[usize], walk: &[usize]) {
     let mut pool = DecayingPool::builder(Null::default())
         .policy(policy)
+        .size_class(class)
         .clock(ManualClock::new())
         .build();
     fill(&mut pool, sizes, run.per);
@@ -187,14 +189,23 @@ fn main() {
             &sizes,
             &walk,
         ),
-        "fixed_time" => pool(FixedTime::new(ttl), &run, &sizes, &walk),
-        "exponential" => pool(Exponential::new(ttl), &run, &sizes, &walk),
+        "fixed_time" => pool(FixedTime::new(ttl), SizeClass::Exact, &run, &sizes, &walk),
+        // Classes that round, as PyTorch's `roundup_power2_divisions`.
+        "rounded" => pool(
+            FixedTime::new(ttl),
+            SizeClass::PowerOfTwoDivisions(4),
+            &run,
+            &sizes,
+            &walk,
+        ),
+        "exponential" => pool(Exponential::new(ttl), SizeClass::Exact, &run, &sizes, &walk),
         // As sized in the benchmark: four slots per cached block, and a
         // window that holds a class's blocks (the batches' 16 a class are
         // more than the default window of 8).
         "fixed_capacity" => pool(
             FixedCapacity::new(sizes.len() * run.per * 4)
                 .per_size(run.per.max(FixedCapacity::WINDOW)),
+            SizeClass::Exact,
             &run,
             &sizes,
             &walk,
@@ -205,7 +216,7 @@ fn main() {
         other => {
             eprintln!(
                 "unknown cache {other:?} (or a batch through a shared pool): map, \
-                 fixed_time, exponential, fixed_capacity, shared or thread_caches"
+                 fixed_time, rounded, exponential, fixed_capacity, shared or thread_caches"
             );
             std::process::exit(2);
         }

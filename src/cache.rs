@@ -160,6 +160,24 @@ impl<B, P: Policy, C: Clock> Cache<B, P, C> {
         }
     }
 
+    /// Whether every size is its own class.
+    #[inline(always)]
+    pub(crate) fn exact(&self) -> bool {
+        self.exact
+    }
+
+    /// [`round`](Self::round) without a call: `None` also where it would
+    /// take 128-bit divisions ([`SizeClass::round_inline`]). For hit paths,
+    /// which leave every `None` to their slow path.
+    #[inline(always)]
+    pub(crate) fn round_inline(&self, size: usize) -> Option<usize> {
+        if self.exact {
+            (size != 0).then_some(size)
+        } else {
+            self.size_class.round_inline(size)
+        }
+    }
+
     /// The class of `size`: [`SizeClass::round`].
     #[inline(always)]
     fn round(&self, size: usize) -> Option<usize> {

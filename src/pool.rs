@@ -431,8 +431,41 @@ impl<A: RawAllocator, P: Policy, C: Clock> DecayingPool<A, P, C> {
     /// `allocate` without the debug bookkeeping.
     #[inline(always)]
     fn allocate_unchecked(&mut self, size: usize) -> Result<A::Block, PoolError<A::Error>> {
+        let now = self.cache.now();
+        if !self.cache.may_evict(now) {
+            if !self.cache.exact() {
+                return self.allocate_rounded(size, now);
+            }
+            if size != 0 {
+                if let Some(block) = self.cache.take(size, size, now) {
+                    return Ok(block);
+                }
+            }
+        }
+        self.allocate_slow(size, now)
+    }
+
+    /// `allocate`'s hit path at `now` for a pool whose classes round,
+    /// when no collection is due. Out of line: its rounding needs
+    /// registers that the exact classes' hit path, which calls nothing,
+    /// would otherwise save and restore at every hit.
+    #[inline(never)]
+    fn allocate_rounded(&mut self, size: usize, now: u64) -> Result<A::Block, PoolError<A::Error>> {
+        if let Some(class) = self.cache.round_inline(size) {
+            if let Some(block) = self.cache.take(size, class, now) {
+                return Ok(block);
+            }
+        }
+        self.allocate_slow(size, now)
+    }
+
+    /// `allocate` past its hit at `now`: a collection that is due, a bad
+    /// size, a class with nothing cached. Out of line, so that the hit
+    /// path calls nothing and keeps its values in the registers a call
+    /// would clobber.
+    #[inline(never)]
+    fn allocate_slow(&mut self, size: usize, now: u64) -> Result<A::Block, PoolError<A::Error>> {
         let Self { alloc, cache, .. } = self;
-        let now = cache.now();
         // SAFETY: only the cache calls it, as its free callback (`backing_free`'s contract).
         cache.run_policy(now, &mut unsafe { backing_free(alloc) });
         let class = cache.class_of(size)?;

@@ -288,8 +288,9 @@ impl Mode {
 
     /// Goes ring first if the switches since the last choice were one hit in
     /// [`SWITCHES`] or more; `taken` counts the hits, this one included.
-    #[cold]
-    #[inline(never)]
+    // Inlined, though rare: a call on the hit path would make it keep its
+    // values where the call cannot clobber them, at every hit.
+    #[inline(always)]
     fn choose(&mut self, taken: u64) {
         let hits = taken - self.mark;
         self.mark = taken;
@@ -301,8 +302,9 @@ impl Mode {
 
     /// Goes bucket first again after a spell ring first, to measure afresh; `taken`
     /// counts the hits before this one.
-    #[cold]
-    #[inline(never)]
+    // Inlined, though rare: a call on the hit path would make it keep its
+    // values where the call cannot clobber them, at every hit.
+    #[inline(always)]
     fn measure(&mut self, taken: u64) {
         self.ring_first = false;
         self.mark = taken;
