@@ -422,33 +422,6 @@ impl<B, P: Policy, C: Clock> Cache<B, P, C> {
         }
     }
 
-    /// [`release`](Self::release) where it calls nothing: an exact class
-    /// (rounding may call), no observer, and a store that caches the block
-    /// inline ([`Store::put_inline`]). Gives the block back untouched
-    /// otherwise.
-    #[inline(always)]
-    fn release_inline(&mut self, block: B, size: usize, now: u64) -> Result<(), B> {
-        // Every block in use has at least one byte: enough bytes in use
-        // means a block in use (as in `release`).
-        if self.exact && size != 0 && self.bytes_in_use() >= size && self.extras.is_none() {
-            return self.store.put_inline(block, size, now);
-        }
-        Err(block)
-    }
-
-    /// [`release`](Self::release), out of line.
-    #[inline(never)]
-    #[track_caller]
-    fn release_slow(
-        &mut self,
-        block: B,
-        size: usize,
-        now: u64,
-        free: &mut (impl FnMut(B, usize) + ?Sized),
-    ) {
-        self.release(block, size, now, free);
-    }
-
     /// Where a release that unwinds before caching leaves its block: cached
     /// at `now` when the release read the time, else counted as trimmed
     /// and handed to `free`. A panic on the way is discarded: the caller is
@@ -745,12 +718,7 @@ impl<B, P: Policy, C: Clock, F: FnMut(B, usize) + ?Sized> Releasing<'_, B, P, C,
                 ManuallyDrop::take(&mut this.block),
             )
         };
-        if !<P::Store<B> as Store<B>>::PUT_INLINE {
-            cache.release(block, this.size, now, free);
-        } else if let Err(block) = cache.release_inline(block, this.size, now) {
-            // The usual release calls nothing; the others go out of line.
-            cache.release_slow(block, this.size, now, free);
-        }
+        cache.release(block, this.size, now, free);
     }
 }
 

@@ -28,23 +28,6 @@ pub trait Store<B> {
     /// caller must free: that is an eviction.
     fn put(&mut self, block: B, class: usize, now: u64) -> Option<(B, usize)>;
 
-    /// Whether a release tries [`put_inline`](Store::put_inline) before
-    /// [`put`](Store::put), which then runs out of line.
-    const PUT_INLINE: bool = false;
-
-    /// [`put`](Store::put) where it calls nothing out of line: caches
-    /// `block` and returns `Ok`, or returns it untouched, for `put`, when
-    /// caching it would add a class, grow a buffer or displace a block.
-    /// Where [`PUT_INLINE`](Store::PUT_INLINE), a release tries it first,
-    /// so that its usual path calls nothing and keeps its values in the
-    /// registers a call would clobber; the others release through `put`
-    /// inline, as their usual path needs it.
-    #[inline(always)]
-    fn put_inline(&mut self, block: B, class: usize, now: u64) -> Result<(), B> {
-        let _ = (class, now);
-        Err(block)
-    }
-
     /// Removes the oldest block if the policy says it must go at `now`.
     fn evict_due(&mut self, now: u64) -> Option<(B, usize)>;
 

@@ -41,11 +41,6 @@ impl<B> Store<B> for AnyStore<B> {
     }
 
     #[inline]
-    fn put_inline(&mut self, block: B, class: usize, now: u64) -> Result<(), B> {
-        dispatch!(self, s => s.put_inline(block, class, now))
-    }
-
-    #[inline]
     fn evict_due(&mut self, now: u64) -> Option<(B, usize)> {
         dispatch!(self, s => s.evict_due(now))
     }

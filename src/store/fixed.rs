@@ -789,20 +789,6 @@ impl<B> Store<B> for FixedStore<B> {
         self.put_scan(block, class)
     }
 
-    // A round trip's release takes the hint.
-    const PUT_INLINE: bool = true;
-
-    #[inline(always)]
-    fn put_inline(&mut self, block: B, class: usize, _now: u64) -> Result<(), B> {
-        // The hint only: a scan may call, and may displace.
-        if self.hint_class == class && class != 0 {
-            // SAFETY: as in `put`.
-            unsafe { self.insert(self.hint_slot as usize, self.hint_tag, block, class) };
-            return Ok(());
-        }
-        Err(block)
-    }
-
     #[inline]
     fn evict_due(&mut self, _now: u64) -> Option<(B, usize)> {
         None
