@@ -234,6 +234,23 @@ impl<B, P: Policy, C: Clock> Cache<B, P, C> {
     #[inline(always)]
     pub(crate) fn take(&mut self, size: usize, class: usize, now: u64) -> Option<B> {
         let block = self.store.take(class, now)?;
+        self.count_taken(size, class);
+        Some(block)
+    }
+
+    /// [`take`](Self::take) on the pool's inlined hit path: `None` also
+    /// when the hit must go out of line ([`Store::take_inline`]), with
+    /// nothing changed.
+    #[inline(always)]
+    pub(crate) fn take_inline(&mut self, size: usize, class: usize, now: u64) -> Option<B> {
+        let block = self.store.take_inline(class, now)?;
+        self.count_taken(size, class);
+        Some(block)
+    }
+
+    /// Counts a hit of `class` for a request of `size` bytes.
+    #[inline(always)]
+    fn count_taken(&mut self, size: usize, class: usize) {
         self.count_request(size, class);
         let in_use = self.bytes_in_use();
         let s = &mut self.stats;
@@ -241,7 +258,6 @@ impl<B, P: Policy, C: Clock> Cache<B, P, C> {
             // Tested first: a steady workload stores nothing here.
             s.peak_bytes_in_use = in_use;
         }
-        Some(block)
     }
 
     /// Counts the rounding of a request of `size` bytes served with `class`.

@@ -149,6 +149,52 @@ pub trait EvictionPolicy {
         let _ = (now, size, bytes_cached_before, bytes_cached_after);
     }
 
+    /// [`on_hit`](Self::on_hit) on the pool's inlined hit path: either
+    /// does exactly what `on_hit` would and answers `true`, or changes
+    /// nothing and answers `false`, and the pool then calls `on_hit` from
+    /// a function out of line. The default calls `on_hit` and answers
+    /// `true`.
+    ///
+    /// For a policy whose `on_hit` calls a function on its rare paths (a
+    /// logarithm, an exponential, anything not inlined): a call anywhere
+    /// in the inlined hit path makes the compiler save and restore
+    /// registers at every hit, taken or not. Answering `false` on those
+    /// paths leaves the hit path calling nothing. [`Exponential`] answers
+    /// `false` when the clock moved since its last hook (its allowance
+    /// decays, an exponential) or when the hit may take the block its
+    /// deadline was planned for.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use core::time::Duration;
+    /// use decaying_pool::{EvictionPolicy, Exponential};
+    ///
+    /// let t = Duration::from_secs(1);
+    /// let mut p = Exponential::new(Duration::from_secs(10));
+    /// p.on_release(t, 64, 64);
+    /// p.on_release(t, 32, 96);
+    /// let mut q = p;
+    /// // At the same time, with the 64-byte block still cached: inline.
+    /// assert!(p.try_on_hit(t, 32, 96, 64));
+    /// q.on_hit(t, 32, 96, 64);
+    /// assert_eq!(p, q);
+    /// // A second later the allowance decays first: out of line, unchanged.
+    /// assert!(!p.try_on_hit(t * 2, 64, 64, 0));
+    /// assert_eq!(p, q);
+    /// ```
+    #[inline(always)]
+    fn try_on_hit(
+        &mut self,
+        now: Duration,
+        size: usize,
+        bytes_cached_before: usize,
+        bytes_cached_after: usize,
+    ) -> bool {
+        self.on_hit(now, size, bytes_cached_before, bytes_cached_after);
+        true
+    }
+
     /// A cached block of `size` bytes was freed at (or, for `trim`, no
     /// earlier than) `now`, leaving `bytes_cached_after` idle bytes.
     #[inline]
@@ -313,6 +359,11 @@ impl<P: EvictionPolicy + ?Sized> EvictionPolicy for Box<P> {
     #[inline]
     fn on_hit(&mut self, now: Duration, size: usize, before: usize, after: usize) {
         (**self).on_hit(now, size, before, after)
+    }
+
+    #[inline]
+    fn try_on_hit(&mut self, now: Duration, size: usize, before: usize, after: usize) -> bool {
+        (**self).try_on_hit(now, size, before, after)
     }
 
     #[inline]
@@ -1009,6 +1060,37 @@ impl EvictionPolicy for Exponential {
         }
     }
 
+    #[inline(always)]
+    fn try_on_hit(&mut self, now: Duration, size: usize, before: usize, after: usize) -> bool {
+        // The clock moved (the allowance decays: an exponential), or the
+        // hit may take the oldest block (`lose_oldest`): out of line. (A
+        // hit's size is never zero, which `oldest_size` is when unknown.)
+        if now.as_nanos() > u128::from(self.at_nanos) || size == self.oldest_size {
+            return false;
+        }
+        // `on_hit`'s arithmetic, stored only once the watch is known to
+        // hold: `settle` (`* 1.0` is exact), then the ratio.
+        let settled = self.allowance * self.scale;
+        let bytes = float(after);
+        let mut allowance = settled;
+        let mut scale = 1.0;
+        if before > 0 {
+            scale = bytes / float(before);
+            allowance *= scale;
+        }
+        // `keep_watch`, whose failure (`lose_watch`) goes out of line.
+        if !(allowance > (bytes - self.half) * self.watch) {
+            return false;
+        }
+        self.allowance = settled;
+        self.scale = scale;
+        self.bytes = after;
+        if after == 0 {
+            self.min_size = usize::MAX;
+        }
+        true
+    }
+
     #[inline]
     fn on_free(&mut self, now: Duration, _size: usize, after: usize, reason: FreeReason) {
         self.settle();
@@ -1329,6 +1411,79 @@ mod tests {
         p.on_hit(t, 3, 3, 0);
         p.settle();
         assert_eq!(p.allowance.to_bits(), 0.0f64.to_bits());
+    }
+
+    /// `try_on_hit` either does what `on_hit` does, to the bit, or changes
+    /// nothing and answers `false`; over random releases, hits,
+    /// collections and clock steps (a stopped clock between most of them,
+    /// so that deadlines are planned and hits take both answers).
+    #[test]
+    fn try_on_hit_does_what_on_hit_does_or_nothing() {
+        use super::FreeReason;
+        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = move |n: u64| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed % n
+        };
+        let sizes = [8, 16, 64, 100, 4096];
+        let (mut inline, mut out_of_line) = (0, 0);
+        for half_life in [Duration::from_millis(5), Duration::from_secs(1)] {
+            let mut p = Exponential::new(half_life);
+            let mut q = p;
+            let mut cached: Vec<Oldest> = Vec::new();
+            let mut bytes = 0;
+            let mut now = Duration::ZERO;
+            for _ in 0..20_000 {
+                match next(10) {
+                    0..=3 => {
+                        let size = sizes[next(sizes.len() as u64) as usize];
+                        cached.push(Oldest {
+                            released_at: now,
+                            size,
+                        });
+                        bytes += size;
+                        p.on_release(now, size, bytes);
+                        q.on_release(now, size, bytes);
+                    }
+                    4..=7 if !cached.is_empty() => {
+                        let block = cached.remove(next(cached.len() as u64) as usize);
+                        let before = bytes;
+                        bytes -= block.size;
+                        p.on_hit(now, block.size, before, bytes);
+                        let untouched = q;
+                        if q.try_on_hit(now, block.size, before, bytes) {
+                            inline += 1;
+                        } else {
+                            assert_eq!(q, untouched, "a `false` changed the policy");
+                            q.on_hit(now, block.size, before, bytes);
+                            out_of_line += 1;
+                        }
+                    }
+                    8 => {
+                        while let Some(&oldest) = cached.first() {
+                            let due = p.must_evict(now, oldest, bytes);
+                            assert_eq!(due, q.must_evict(now, oldest, bytes));
+                            if !due {
+                                break;
+                            }
+                            cached.remove(0);
+                            bytes -= oldest.size;
+                            p.on_free(now, oldest.size, bytes, FreeReason::Expired);
+                            q.on_free(now, oldest.size, bytes, FreeReason::Expired);
+                        }
+                    }
+                    _ => now += Duration::from_micros(next(300)),
+                }
+                assert_eq!(p, q);
+                assert_eq!(p.allowance.to_bits(), q.allowance.to_bits());
+            }
+        }
+        assert!(
+            inline > 1000 && out_of_line > 1000,
+            "{inline} / {out_of_line}"
+        );
     }
 
     /// Planning backs off while releases make each plan stale before the

@@ -437,7 +437,7 @@ impl<A: RawAllocator, P: Policy, C: Clock> DecayingPool<A, P, C> {
                 return self.allocate_rounded(size, now);
             }
             if size != 0 {
-                if let Some(block) = self.cache.take(size, size, now) {
+                if let Some(block) = self.cache.take_inline(size, size, now) {
                     return Ok(block);
                 }
             }
@@ -452,7 +452,7 @@ impl<A: RawAllocator, P: Policy, C: Clock> DecayingPool<A, P, C> {
     #[inline(never)]
     fn allocate_rounded(&mut self, size: usize, now: u64) -> Result<A::Block, PoolError<A::Error>> {
         if let Some(class) = self.cache.round_inline(size) {
-            if let Some(block) = self.cache.take(size, class, now) {
+            if let Some(block) = self.cache.take_inline(size, class, now) {
                 return Ok(block);
             }
         }
@@ -460,7 +460,8 @@ impl<A: RawAllocator, P: Policy, C: Clock> DecayingPool<A, P, C> {
     }
 
     /// `allocate` past its hit at `now`: a collection that is due, a bad
-    /// size, a class with nothing cached. Out of line, so that the hit
+    /// size, a class with nothing cached, a hit whose policy hook goes out
+    /// of line ([`try_on_hit`](crate::EvictionPolicy::try_on_hit)). Out of line, so that the hit
     /// path calls nothing and keeps its values in the registers a call
     /// would clobber.
     #[inline(never)]

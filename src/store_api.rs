@@ -23,6 +23,16 @@ pub trait Store<B> {
     /// store's reuse order.
     fn take(&mut self, class: usize, now: u64) -> Option<B>;
 
+    /// [`take`](Self::take) on the pool's inlined hit path: `None` also
+    /// when the policy's hook would call a function
+    /// ([`EvictionPolicy::try_on_hit`](crate::EvictionPolicy::try_on_hit)
+    /// answered `false`), with nothing changed; the pool then calls `take`
+    /// from out of line.
+    #[inline(always)]
+    fn take_inline(&mut self, class: usize, now: u64) -> Option<B> {
+        self.take(class, now)
+    }
+
     /// Caches `block` of `class` bytes, released at `now`. Returns a block
     /// the store displaced to make room (possibly `block` itself), which the
     /// caller must free: that is an eviction.

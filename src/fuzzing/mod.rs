@@ -246,6 +246,10 @@ impl<P: EvictionPolicy> EvictionPolicy for Recording<P> {
         self.inner.on_hit(now, size, before, after);
     }
 
+    fn try_on_hit(&mut self, now: Duration, size: usize, before: usize, after: usize) -> bool {
+        self.inner.try_on_hit(now, size, before, after)
+    }
+
     fn on_free(&mut self, now: Duration, size: usize, after: usize, reason: FreeReason) {
         self.inner.on_free(now, size, after, reason);
     }

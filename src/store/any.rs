@@ -36,6 +36,11 @@ impl<B> Store<B> for AnyStore<B> {
     }
 
     #[inline]
+    fn take_inline(&mut self, class: usize, now: u64) -> Option<B> {
+        dispatch!(self, s => s.take_inline(class, now))
+    }
+
+    #[inline]
     fn put(&mut self, block: B, class: usize, now: u64) -> Option<(B, usize)> {
         dispatch!(self, s => s.put(block, class, now))
     }

@@ -582,13 +582,12 @@ impl<B, P: EvictionPolicy> TimedStore<B, P> {
     }
 }
 
-impl<B, P: EvictionPolicy> Store<B> for TimedStore<B, P> {
-    const TIMED: bool = true;
-
-    // Always inlined: the hit path is a handful of loads and stores, and
-    // a call would cost as much again.
+impl<B, P: EvictionPolicy> TimedStore<B, P> {
+    /// `take`, whose hook is `on_hit` or, `INLINE`, `try_on_hit`, which
+    /// may answer that the hit goes out of line (then `None`, with nothing
+    /// changed).
     #[inline(always)]
-    fn take(&mut self, class: usize, now: u64) -> Option<B> {
+    fn take_hooked<const INLINE: bool>(&mut self, class: usize, now: u64) -> Option<B> {
         let before = self.bytes();
         let cls = self.classes.find(class)?;
         // The newest block first: a class holding it in the class itself
@@ -603,8 +602,16 @@ impl<B, P: EvictionPolicy> Store<B> for TimedStore<B, P> {
             not_before: &mut self.not_before,
             untold: &mut self.untold,
         };
-        self.policy
-            .on_hit(Duration::from_nanos(now), class, before, before - class);
+        let now = Duration::from_nanos(now);
+        if INLINE {
+            if !self.policy.try_on_hit(now, class, before, before - class) {
+                // Nothing changed: the pool takes it from out of line.
+                core::mem::forget(replan);
+                return None;
+            }
+        } else {
+            self.policy.on_hit(now, class, before, before - class);
+        }
         if self.policy.deadline_stale() {
             *replan.not_before = 0;
         }
@@ -639,6 +646,22 @@ impl<B, P: EvictionPolicy> Store<B> for TimedStore<B, P> {
         self.taken_bytes += class as u128;
         self.bytes = before - class;
         Some(item.block)
+    }
+}
+
+impl<B, P: EvictionPolicy> Store<B> for TimedStore<B, P> {
+    const TIMED: bool = true;
+
+    // Always inlined: the hit path is a handful of loads and stores, and
+    // a call would cost as much again.
+    #[inline(always)]
+    fn take(&mut self, class: usize, now: u64) -> Option<B> {
+        self.take_hooked::<false>(class, now)
+    }
+
+    #[inline(always)]
+    fn take_inline(&mut self, class: usize, now: u64) -> Option<B> {
+        self.take_hooked::<true>(class, now)
     }
 
     // Always inlined: the hit path is a handful of loads and stores, and
