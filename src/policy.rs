@@ -1079,7 +1079,8 @@ impl EvictionPolicy for Exponential {
             allowance *= scale;
         }
         // `keep_watch`, whose failure (`lose_watch`) goes out of line.
-        if !(allowance > (bytes - self.half) * self.watch) {
+        let keeps = allowance > (bytes - self.half) * self.watch;
+        if !keeps {
             return false;
         }
         self.allowance = settled;
