@@ -450,11 +450,44 @@ impl<B> FixedStore<B> {
         self.bytes += class;
     }
 
+    /// A hit's end: takes the block of slot `best`, of `class` (whose tag
+    /// is `tag`), and leaves the release hint.
+    ///
+    /// # Safety
+    ///
+    /// `best` is a slot whose entry has the class (an empty slot's tag
+    /// matches no class's, so a lookup's answer is one).
+    #[inline(always)]
+    unsafe fn take_slot(&mut self, best: usize, class: usize, tag: u8) -> B {
+        let hint_tag = tag | self.newest;
+        // Under LIFO the slot becomes its class's ghost (`EMPTY | NEWEST |
+        // tag`): its chain link names the class's newest block now, if
+        // that link still holds; the class had no other ghost (a marked
+        // block has none beside it, and `unmarked` used it up). Under FIFO
+        // it is `EMPTY | tag`, an empty slot nothing looks for.
+        // SAFETY: `best` is a slot whose entry has the class (caller).
+        let (block, _) = unsafe { self.remove(best, EMPTY | hint_tag) };
+        // A release of this class now goes back to the slot just emptied
+        // (any empty slot of the window would do): its entry and links are
+        // the ones the hit just read, and its chain link is the one the
+        // block released there needs.
+        // The block released there is its class's newest, and the class
+        // has no other block marked (the hit took it, or there was none).
+        (self.hint_class, self.hint_slot, self.hint_tag) = (class, best as u32, hint_tag);
+        self.taken += 1;
+        // No test: no run reaches 2^128 bytes (`taken` saturates what
+        // it reports).
+        self.taken_bytes += class as u128;
+        block
+    }
+
     /// A hit's lookup in a window of one group that does not wrap (`home`
     /// below `fast_homes`): the slot of the best entry of `class` (`NONE`:
-    /// none).
+    /// none). `INLINE`, a LIFO class none of whose blocks is marked also
+    /// gives `NONE`, where `unmarked` would be called (which changes the
+    /// table): nothing is changed either way.
     #[inline(always)]
-    fn find_in_group(&mut self, home: usize, class: usize, tag: u8) -> usize {
+    fn find_in_group<const INLINE: bool>(&mut self, home: usize, class: usize, tag: u8) -> usize {
         // SAFETY: `home` is a slot (`locate`).
         let group = unsafe { self.group(home) };
         if self.newest != 0 {
@@ -466,6 +499,24 @@ impl<B> FixedStore<B> {
                 if unsafe { self.entry(i) }.class == class {
                     return i;
                 }
+            }
+            if INLINE {
+                // `unmarked`, when the ghost's link holds (a batch's second
+                // block of a class); else `NONE`, with nothing changed.
+                let ghosts = group.match_tag(EMPTY | NEWEST | tag).and(self.live);
+                let ghost = self.first_of(home, ghosts, class);
+                if ghost == NONE {
+                    return NONE;
+                }
+                // SAFETY: `ghost` is a slot of the window (`first_of`).
+                let below = unsafe { self.below_of(ghost, class, tag) };
+                if below != self.slots {
+                    // `use_ghost`, whose test of the link does not read
+                    // the ghost's own tag (a link never names its slot).
+                    // SAFETY: `ghost` is a slot.
+                    unsafe { self.set_tag(ghost, EMPTY) };
+                }
+                return below;
             }
             return self.unmarked(home, class, tag);
         }
@@ -543,7 +594,8 @@ impl<B> FixedStore<B> {
     #[inline(always)]
     fn use_ghost(&mut self, ghost: usize, class: usize, tag: u8) -> usize {
         self.tags[ghost] = EMPTY;
-        self.below_of(ghost, class, tag)
+        // SAFETY: `ghost` is a slot (its tag was just set).
+        unsafe { self.below_of(ghost, class, tag) }
     }
 
     /// A window that is not of one group that does not wrap, in a table of
@@ -632,11 +684,24 @@ impl<B> FixedStore<B> {
     /// either taken before `X` (emptying the slot) or still there, which
     /// would make it, not `X`, the newest (marked, or the slot the ghost
     /// is).
+    ///
+    /// # Safety
+    ///
+    /// `i < slots`. (Every chain link is a slot or `slots`.)
     #[inline(always)]
-    fn below_of(&self, i: usize, class: usize, tag: u8) -> usize {
-        let p = self.below[i] as usize;
-        // `slots` (none) names the padding's first tag, which is empty.
-        if self.tags[p] == tag && self.entries[p].class == class {
+    unsafe fn below_of(&self, i: usize, class: usize, tag: u8) -> usize {
+        debug_assert!(i < self.slots);
+        // SAFETY: `i < slots` (caller), and there are `slots` links.
+        let p = unsafe { *self.below.get_unchecked(i) } as usize;
+        debug_assert!(p <= self.slots);
+        // SAFETY: `p <= slots` (a link is a slot or `slots`) and there are
+        // `slots + WIDTH` tags in a table of at least one slot (which `i`
+        // is in).
+        let t = unsafe { *self.tags.get_unchecked(p) };
+        // `slots` (none) names the padding's first tag, which is empty:
+        // a tag equal to a class's (never `EMPTY`) is a slot's.
+        // SAFETY: then `p < slots`.
+        if t == tag && unsafe { self.entry(p) }.class == class {
             debug_assert!(self.links[p].stamp < self.links[i].stamp);
             p
         } else {
@@ -742,7 +807,7 @@ impl<B> Store<B> for FixedStore<B> {
         // One test on the usual path; a table of no slots (which caches
         // nothing) is told apart only past it.
         let best = if home < self.fast_homes {
-            self.find_in_group(home, class, tag)
+            self.find_in_group::<false>(home, class, tag)
         } else if self.slots == 0 {
             return None;
         } else {
@@ -751,27 +816,27 @@ impl<B> Store<B> for FixedStore<B> {
         if best == NONE {
             return None;
         }
-        let hint_tag = tag | self.newest;
-        // Under LIFO the slot becomes its class's ghost (`EMPTY | NEWEST |
-        // tag`): its chain link names the class's newest block now, if
-        // that link still holds; the class had no other ghost (a marked
-        // block has none beside it, and `unmarked` used it up). Under FIFO
-        // it is `EMPTY | tag`, an empty slot nothing looks for.
-        // SAFETY: `best` is a slot whose entry has the class (an empty
-        // slot's tag matches no class's).
-        let (block, _) = unsafe { self.remove(best, EMPTY | hint_tag) };
-        // A release of this class now goes back to the slot just emptied
-        // (any empty slot of the window would do): its entry and links are
-        // the ones the hit just read, and its chain link is the one the
-        // block released there needs.
-        // The block released there is its class's newest, and the class
-        // has no other block marked (the hit took it, or there was none).
-        (self.hint_class, self.hint_slot, self.hint_tag) = (class, best as u32, hint_tag);
-        self.taken += 1;
-        // No test: no run reaches 2^128 bytes (`taken` saturates what
-        // it reports).
-        self.taken_bytes += class as u128;
-        Some(block)
+        // SAFETY: `best` is a slot whose entry has the class.
+        Some(unsafe { self.take_slot(best, class, tag) })
+    }
+
+    // The hit path with no call in it: a window of several groups or one
+    // that wraps (`find_slow`), or a LIFO class with no block marked
+    // (`unmarked`), goes to `take`, out of line.
+    #[inline(always)]
+    fn take_inline(&mut self, class: usize, _now: u64) -> Option<B> {
+        let (home, tag) = self.locate(class);
+        // FIFO goes out of line too: its comparison of stamps needs
+        // registers that LIFO's hit would otherwise save and restore.
+        if home >= self.fast_homes || self.newest == 0 {
+            return None;
+        }
+        let best = self.find_in_group::<true>(home, class, tag);
+        if best >= self.slots {
+            return None;
+        }
+        // SAFETY: `best` is a slot whose entry has the class.
+        Some(unsafe { self.take_slot(best, class, tag) })
     }
 
     #[inline(always)]
@@ -905,6 +970,11 @@ impl<B> Store<B> for FixedStore<B> {
                 );
             }
         }
+        // Every link is a slot or `slots` (`below_of` reads by it).
+        assert!(
+            self.below.iter().all(|&p| p as usize <= self.slots),
+            "a chain link past the sentinel"
+        );
         // Under LIFO, a block marked newest is the newest of its class
         // (which makes it the only one marked); under FIFO none is marked.
         // Its chain link, if it holds, names the newest of the others.
@@ -984,7 +1054,9 @@ impl<B> FixedStore<B> {
     /// it names the newest of the class's other blocks.
     fn check_below(&self, i: usize, class: usize) {
         let (_, tag) = self.locate(class);
-        let p = self.below_of(i, class, tag);
+        assert!(i < self.slots, "slot {i} of {}", self.slots);
+        // SAFETY: `i` is a slot (asserted).
+        let p = unsafe { self.below_of(i, class, tag) };
         if p == self.slots {
             return;
         }
@@ -1227,6 +1299,63 @@ mod tests {
         store.check();
     }
 
+    /// `take_inline` takes what `take` takes, leaving the table as `take`
+    /// does, or answers `None` with nothing changed (the pool then calls
+    /// `take`): two tables driven by the same random puts and hits, one
+    /// through each.
+    #[test]
+    fn take_inline_takes_what_take_takes_or_nothing() {
+        let mut seed = 0x2545_f491_4f6c_dd1du64;
+        let mut next = move |n: u64| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed % n
+        };
+        let state = |s: &FixedStore<u64>| {
+            (
+                s.tags.clone(),
+                s.below.clone(),
+                (s.hint_class, s.hint_slot, s.hint_tag),
+                (s.taken, s.bytes, s.len()),
+            )
+        };
+        let (mut inline, mut out_of_line) = (0, 0);
+        let steps = if cfg!(miri) { 300 } else { 20_000 };
+        for (slots, window) in [(64, 8), (64, 16), (24, 20)] {
+            for reuse in [Reuse::Lifo, Reuse::Fifo] {
+                let mut a = FixedStore::<u64>::new(slots, window, reuse);
+                let mut b = FixedStore::<u64>::new(slots, window, reuse);
+                for id in 0..steps {
+                    let class = 1 + next(12) as usize;
+                    if next(2) == 0 {
+                        assert_eq!(a.put(id, class, 0), b.put(id, class, 0));
+                    } else {
+                        let before = state(&b);
+                        let got = match b.take_inline(class, 0) {
+                            Some(block) => {
+                                inline += 1;
+                                Some(block)
+                            }
+                            None => {
+                                assert!(state(&b) == before, "a `None` changed the table");
+                                out_of_line += 1;
+                                b.take(class, 0)
+                            }
+                        };
+                        assert_eq!(a.take(class, 0), got);
+                    }
+                    assert!(state(&a) == state(&b), "the tables parted at step {id}");
+                }
+                b.check();
+            }
+        }
+        assert!(
+            inline > 100 && out_of_line > 100,
+            "{inline} / {out_of_line}"
+        );
+    }
+
     #[test]
     fn a_window_of_several_groups() {
         // A 20-slot window in a 24-slot table: three groups, the last one
@@ -1326,7 +1455,9 @@ mod tests {
                     store.check();
                     let ghost = store.hint_slot as usize;
                     assert_eq!(store.tags[ghost], EMPTY | NEWEST | tag);
-                    let below = store.below_of(ghost, class, tag);
+                    assert!(ghost < store.slots);
+                    // SAFETY: `ghost` is a slot (asserted).
+                    let below = unsafe { store.below_of(ghost, class, tag) };
                     if want == 0 {
                         assert_eq!(below, store.slots, "the chain ends");
                     } else {
