@@ -53,7 +53,7 @@ table() {
 }
 
 # The hit path against the map of vectors.
-rows=(map fixed_time rounded exponential fixed_capacity)
+rows=(map fixed_time rounded exponential fixed_capacity fixed_capacity_fifo)
 cols=(64x1 4096x4 100000x2 batch)
 table instructions
 echo

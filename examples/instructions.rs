@@ -18,6 +18,7 @@
 //! Arguments: the cache (`map`, the hand-written map of vectors;
 //! `fixed_time`, `exponential` or `fixed_capacity`, over `ManualClock`;
 //! `rounded`, `fixed_time` with classes `SizeClass::PowerOfTwoDivisions(4)`;
+//! `fixed_capacity_fifo`, `fixed_capacity` with `Reuse::Fifo`;
 //! `shared` or `thread_caches`, a `FixedTime` pool behind
 //! `SharedPool::new` or `SharedPool::with_thread_caches`, on one thread),
 //! the scale (`CLASSESxPER`, such as `1x1`, `64x1`, `4096x4` or
@@ -29,7 +30,8 @@ use std::hint::black_box;
 use std::time::Duration;
 
 use decaying_pool::{
-    DecayingPool, Exponential, FixedCapacity, FixedTime, ManualClock, Policy, SharedPool, SizeClass,
+    DecayingPool, Exponential, FixedCapacity, FixedTime, ManualClock, Policy, Reuse, SharedPool,
+    SizeClass,
 };
 
 #[path = "../benches/common/mod.rs"]
@@ -55,7 +57,7 @@ struct Run {
 /// Parses the arguments, or says how to call.
 fn parse() -> Result<Run, String> {
     let usage = "usage: instructions \
-                 <map|fixed_time|rounded|exponential|fixed_capacity|shared|thread_caches> \
+                 <map|fixed_time|rounded|exponential|fixed_capacity|fixed_capacity_fifo|shared|thread_caches> \
                  <CLASSESxPER|batch> <count>";
     let args: Vec<String> = std::env::args().skip(1).collect();
     let [cache, scale, count] = args.as_slice() else {
@@ -133,10 +135,18 @@ fn trips(cache: &mut impl Cache, run: &Run, sizes: &[usize], walk: &[usize]) {
 
 /// `run.count` round trips (or batches) through a pool with `policy`,
 /// filled first; checks that they hit.
-fn pool<P: Policy>(policy: P, class: SizeClass, run: &Run, sizes: &[usize], walk: &[usize]) {
+fn pool<P: Policy>(
+    policy: P,
+    class: SizeClass,
+    reuse: Reuse,
+    run: &Run,
+    sizes: &[usize],
+    walk: &[usize],
+) {
     let mut pool = DecayingPool::builder(Null::default())
         .policy(policy)
         .size_class(class)
+        .reuse(reuse)
         .clock(ManualClock::new())
         .build();
     fill(&mut pool, sizes, run.per);
@@ -189,23 +199,43 @@ fn main() {
             &sizes,
             &walk,
         ),
-        "fixed_time" => pool(FixedTime::new(ttl), SizeClass::Exact, &run, &sizes, &walk),
-        // Classes that round, as PyTorch's `roundup_power2_divisions`.
-        "rounded" => pool(
+        "fixed_time" => pool(
             FixedTime::new(ttl),
-            SizeClass::PowerOfTwoDivisions(4),
+            SizeClass::Exact,
+            Reuse::Lifo,
             &run,
             &sizes,
             &walk,
         ),
-        "exponential" => pool(Exponential::new(ttl), SizeClass::Exact, &run, &sizes, &walk),
+        // Classes that round, as PyTorch's `roundup_power2_divisions`.
+        "rounded" => pool(
+            FixedTime::new(ttl),
+            SizeClass::PowerOfTwoDivisions(4),
+            Reuse::Lifo,
+            &run,
+            &sizes,
+            &walk,
+        ),
+        "exponential" => pool(
+            Exponential::new(ttl),
+            SizeClass::Exact,
+            Reuse::Lifo,
+            &run,
+            &sizes,
+            &walk,
+        ),
         // As sized in the benchmark: four slots per cached block, and a
         // window that holds a class's blocks (the batches' 16 a class are
         // more than the default window of 8).
-        "fixed_capacity" => pool(
+        "fixed_capacity" | "fixed_capacity_fifo" => pool(
             FixedCapacity::new(sizes.len() * run.per * 4)
                 .per_size(run.per.max(FixedCapacity::WINDOW)),
             SizeClass::Exact,
+            if run.cache == "fixed_capacity" {
+                Reuse::Lifo
+            } else {
+                Reuse::Fifo
+            },
             &run,
             &sizes,
             &walk,
@@ -216,7 +246,8 @@ fn main() {
         other => {
             eprintln!(
                 "unknown cache {other:?} (or a batch through a shared pool): map, \
-                 fixed_time, rounded, exponential, fixed_capacity, shared or thread_caches"
+                 fixed_time, rounded, exponential, fixed_capacity, fixed_capacity_fifo, shared or \
+                 thread_caches"
             );
             std::process::exit(2);
         }

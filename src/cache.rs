@@ -160,10 +160,12 @@ impl<B, P: Policy, C: Clock> Cache<B, P, C> {
         }
     }
 
-    /// Whether every size is its own class.
+    /// Whether the pool's inlined hit path takes the hit: every size is its
+    /// own class, and the store takes its hits inline
+    /// ([`Store::hits_inline`]).
     #[inline(always)]
-    pub(crate) fn exact(&self) -> bool {
-        self.exact
+    pub(crate) fn hits_inline(&self) -> bool {
+        self.exact && self.store.hits_inline()
     }
 
     /// [`round`](Self::round) without a call: `None` also where it would

@@ -433,8 +433,8 @@ impl<A: RawAllocator, P: Policy, C: Clock> DecayingPool<A, P, C> {
     fn allocate_unchecked(&mut self, size: usize) -> Result<A::Block, PoolError<A::Error>> {
         let now = self.cache.now();
         if !self.cache.may_evict(now) {
-            if !self.cache.exact() {
-                return self.allocate_rounded(size, now);
+            if !self.cache.hits_inline() {
+                return self.allocate_outlined(size, now);
             }
             if size != 0 {
                 if let Some(block) = self.cache.take_inline(size, size, now) {
@@ -445,14 +445,19 @@ impl<A: RawAllocator, P: Policy, C: Clock> DecayingPool<A, P, C> {
         self.allocate_slow(size, now)
     }
 
-    /// `allocate`'s hit path at `now` for a pool whose classes round,
-    /// when no collection is due. Out of line: its rounding needs
-    /// registers that the exact classes' hit path, which calls nothing,
-    /// would otherwise save and restore at every hit.
+    /// `allocate`'s hit path at `now` for a pool whose classes round or
+    /// whose store takes its hits out of line (`Cache::hits_inline`),
+    /// when no collection is due. Out of line: its rounding and its hooks
+    /// need registers (and calls) that the inlined hit path, which calls
+    /// nothing, would otherwise save and restore at every hit.
     #[inline(never)]
-    fn allocate_rounded(&mut self, size: usize, now: u64) -> Result<A::Block, PoolError<A::Error>> {
+    fn allocate_outlined(
+        &mut self,
+        size: usize,
+        now: u64,
+    ) -> Result<A::Block, PoolError<A::Error>> {
         if let Some(class) = self.cache.round_inline(size) {
-            if let Some(block) = self.cache.take_inline(size, class, now) {
+            if let Some(block) = self.cache.take(size, class, now) {
                 return Ok(block);
             }
         }

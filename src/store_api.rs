@@ -33,6 +33,16 @@ pub trait Store<B> {
         self.take(class, now)
     }
 
+    /// Whether the pool's inlined hit path takes its hits through
+    /// [`take_inline`](Self::take_inline): `false` sends every hit to a
+    /// function out of line that calls [`take`](Self::take), for a store
+    /// whose `take_inline` would mostly answer `None` (or need registers
+    /// that the usual hits would save and restore).
+    #[inline(always)]
+    fn hits_inline(&self) -> bool {
+        true
+    }
+
     /// Caches `block` of `class` bytes, released at `now`. Returns a block
     /// the store displaced to make room (possibly `block` itself), which the
     /// caller must free: that is an eviction.

@@ -41,6 +41,11 @@ impl<B> Store<B> for AnyStore<B> {
     }
 
     #[inline]
+    fn hits_inline(&self) -> bool {
+        dispatch!(self, s => s.hits_inline())
+    }
+
+    #[inline]
     fn put(&mut self, block: B, class: usize, now: u64) -> Option<(B, usize)> {
         dispatch!(self, s => s.put(block, class, now))
     }

@@ -820,15 +820,14 @@ impl<B> Store<B> for FixedStore<B> {
         Some(unsafe { self.take_slot(best, class, tag) })
     }
 
-    // The hit path with no call in it: a window of several groups or one
-    // that wraps (`find_slow`), or a LIFO class with no block marked
-    // (`unmarked`), goes to `take`, out of line.
+    // The hit path with no call in it, under LIFO (`hits_inline`): a
+    // window of several groups or one that wraps (`find_slow`), or a class
+    // with no block marked whose ghost's link does not hold, goes to
+    // `take`, out of line.
     #[inline(always)]
     fn take_inline(&mut self, class: usize, _now: u64) -> Option<B> {
         let (home, tag) = self.locate(class);
-        // FIFO goes out of line too: its comparison of stamps needs
-        // registers that LIFO's hit would otherwise save and restore.
-        if home >= self.fast_homes || self.newest == 0 {
+        if home >= self.fast_homes {
             return None;
         }
         let best = self.find_in_group::<true>(home, class, tag);
@@ -837,6 +836,15 @@ impl<B> Store<B> for FixedStore<B> {
         }
         // SAFETY: `best` is a slot whose entry has the class.
         Some(unsafe { self.take_slot(best, class, tag) })
+    }
+
+    // FIFO's hits compare stamps, with registers that LIFO's hit path
+    // would save and restore at every hit: they are taken out of line,
+    // with one call (where `take_inline` answering `None` would look the
+    // class up twice).
+    #[inline(always)]
+    fn hits_inline(&self) -> bool {
+        self.newest != 0
     }
 
     #[inline(always)]
