@@ -76,6 +76,8 @@ mod stats;
 #[doc(hidden)]
 pub mod store;
 mod store_api;
+#[cfg(test)]
+mod test_rng;
 #[cfg(feature = "testing")]
 #[cfg_attr(docsrs, doc(cfg(feature = "testing")))]
 pub mod testing;

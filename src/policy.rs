@@ -1421,13 +1421,7 @@ mod tests {
     #[test]
     fn try_on_hit_does_what_on_hit_does_or_nothing() {
         use super::FreeReason;
-        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
-        let mut next = move |n: u64| {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            seed % n
-        };
+        let mut next = crate::test_rng::rng(0x9e37_79b9_7f4a_7c15u64);
         let sizes = [8, 16, 64, 100, 4096];
         let (mut inline, mut out_of_line) = (0, 0);
         for half_life in [Duration::from_millis(5), Duration::from_secs(1)] {

@@ -1313,13 +1313,7 @@ mod tests {
     /// through each.
     #[test]
     fn take_inline_takes_what_take_takes_or_nothing() {
-        let mut seed = 0x2545_f491_4f6c_dd1du64;
-        let mut next = move |n: u64| {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            seed % n
-        };
+        let mut next = crate::test_rng::rng(0x2545_f491_4f6c_dd1du64);
         let state = |s: &FixedStore<u64>| {
             (
                 s.tags.clone(),

@@ -6,7 +6,7 @@
 //! and in what order, how many backing attempts are made, and that the
 //! statistics stay true and no block is lost on any path.
 
-use crate::support::{a, d, get, ms, put};
+use crate::support::{a, d, get, ms, put, rng};
 use core::time::Duration;
 
 use decaying_pool::testing::{Call, CheckingAllocator, FailingAllocator, TestError};
@@ -302,13 +302,7 @@ fn limit_zero_refuses_every_request_without_a_call() {
 fn limit_is_never_exceeded_over_a_long_sequence() {
     let limit = 10_000;
     let (mut pool, alloc, clock) = limited(limit, SizeClass::Multiple(100));
-    let mut seed = 0x1234_5678_9ABC_DEF1u64;
-    let mut rand = move |n: u64| {
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
-        seed % n
-    };
+    let mut rand = rng(0x1234_5678_9ABC_DEF1u64);
     let mut held: Vec<(u64, usize)> = Vec::new();
     let mut refused = 0;
     for step in 0..3000 {
@@ -698,13 +692,7 @@ fn retry_frees_oldest_first_across_classes_and_reuse_orders() {
 #[cfg_attr(miri, ignore)] // thousands of steps: too slow under Miri
 fn no_block_is_lost_under_random_failures() {
     let (mut pool, fail, inner, clock) = failing(Some(20_000));
-    let mut seed = 0xDEAD_BEEF_CAFE_F00Du64;
-    let mut rand = move |n: u64| {
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
-        seed % n
-    };
+    let mut rand = rng(0xDEAD_BEEF_CAFE_F00Du64);
     let mut held: Vec<(u64, usize)> = Vec::new();
     let (mut ok, mut failed) = (0u64, 0u64);
     for step in 0..3000 {
