@@ -1,4 +1,5 @@
-//! The unit tests' random numbers.
+//! The tests' random numbers: the unit tests' module, which the
+//! integration tests include by path (`tests/it/main.rs`).
 
 /// A xorshift generator from `seed` (not zero): each call gives a number
 /// below its argument.

@@ -6,7 +6,8 @@
 //! and in what order, how many backing attempts are made, and that the
 //! statistics stay true and no block is lost on any path.
 
-use crate::support::{a, d, get, ms, put, rng};
+use crate::support::{a, d, get, ms, put};
+use crate::test_rng::rng;
 use core::time::Duration;
 
 use decaying_pool::testing::{Call, CheckingAllocator, FailingAllocator, TestError};

@@ -53,6 +53,9 @@ mod semantics;
 mod shared;
 mod size_class;
 mod support;
+// The unit tests' generator, shared rather than copied.
+#[path = "../../src/test_rng.rs"]
+mod test_rng;
 mod timed_store;
 // The trace tests read files and replay whole traces: too slow for Miri and
 // blocked by its isolation.

@@ -9,17 +9,6 @@ use decaying_pool::{
     Clock, DecayingPool, FixedTime, ManualClock, Policy, RawAllocator, Reuse, SharedPool, SizeClass,
 };
 
-/// A xorshift generator from `seed` (not zero): each call gives a number
-/// below its argument.
-pub(crate) fn rng(mut seed: u64) -> impl FnMut(u64) -> u64 {
-    move |n| {
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
-        seed % n
-    }
-}
-
 /// `n` milliseconds.
 pub(crate) fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
