@@ -5,13 +5,30 @@
 # Each row runs `examples/instructions.rs` at two counts and divides the
 # difference of the totals by the difference of the counts.
 #
+#
 #   bash benches/instructions.sh        (needs `valgrind` on the PATH)
+#
+# With `--time`, the same tables in nanoseconds instead: for each scale,
+# one run of `examples/instructions.rs --time` over all the table's caches,
+# which fills them, times their round trips in turn many times over and
+# prints the fastest time of each (pinned to one processor when `taskset`
+# is there). A noisy machine moves these less than criterion's medians,
+# but a time still belongs to the machine and the day that made it:
+# compare ratios from one run.
+#
+#   bash benches/instructions.sh --time
 set -euo pipefail
 shopt -s inherit_errexit # a failed count stops the script
 cd "$(dirname "$0")/.."
-command -v valgrind >/dev/null || { echo "valgrind is not installed" >&2; exit 1; }
+time=false
+if [ "${1:-}" = --time ]; then time=true; fi
+if ! $time; then
+    command -v valgrind >/dev/null || { echo "valgrind is not installed" >&2; exit 1; }
+fi
 cargo build --release --quiet --example instructions
 bin=target/release/examples/instructions
+pin=()
+if command -v taskset >/dev/null; then pin=(taskset -c 0); fi
 
 # Instructions the whole run of `$bin "$@"` takes.
 total() {
@@ -29,18 +46,32 @@ per_trip() {
     echo $(((b - a) / (n * per)))
 }
 
+# Nanoseconds per round trip (per block for batches) of every cache of
+# the array `rows` at scale $1, one run: into the array `times`.
+declare -A times
+time_all() {
+    local n=20000 name v
+    if [ "$1" = batch ]; then n=1250; fi
+    while read -r name v; do
+        times[$name,$1]=$v
+    done < <("${pin[@]}" "$bin" --time "$1" "$n" "${rows[@]}")
+}
+
 # A table: the caches of the array `rows` (the first is the baseline of
 # the ratios) at the scales of the array `cols`, under the title $1.
 table() {
-    printf '%-16s' "$1"
+    local c s v
+    if $time; then
+        for s in "${cols[@]}"; do time_all "$s"; done
+    fi
+    printf '%-20s' "$1"
     for s in "${cols[@]}"; do printf '%16s' "$s"; done
     echo
     declare -A base
-    local c s v
     for c in "${rows[@]}"; do
-        printf '%-16s' "$c"
+        printf '%-20s' "$c"
         for s in "${cols[@]}"; do
-            v=$(per_trip "$c" "$s")
+            if $time; then v=${times[$c,$s]}; else v=$(per_trip "$c" "$s"); fi
             if [ "$c" = "${rows[0]}" ]; then
                 base[$s]=$v
                 printf '%16s' "$v"
@@ -55,7 +86,7 @@ table() {
 # The hit path against the map of vectors.
 rows=(map fixed_time rounded exponential fixed_capacity fixed_capacity_fifo)
 cols=(64x1 4096x4 100000x2 batch)
-table instructions
+if $time; then table "ns (fastest run)"; else table instructions; fi
 echo
 # Through `SharedPool` (FixedTime), against the plain pool: one class, as
 # `cargo bench --bench shared_pool`, and 64 classes, more than a thread

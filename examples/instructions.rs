@@ -25,9 +25,27 @@
 //! `100000x2`; or `batch`: 16 blocks allocated from 8 classes of 16, then
 //! released, as the benchmark's batches, not for the shared pools) and
 //! the number of round trips (of batches for `batch`).
+//!
+//! With `--time` first, it times round trips instead, of every cache named
+//! after the count, at one scale:
+//!
+//! ```text
+//! target/release/examples/instructions --time 64x1 20000 map fixed_time exponential
+//! ```
+//!
+//! It fills each cache, then runs `count` round trips through each in
+//! turn, [`SAMPLES`] times over, and prints for each cache the fastest of
+//! its runs in nanoseconds per round trip (per block for `batch`). The
+//! fastest of many short runs is what the code costs when nothing else
+//! (another process, an interrupt, the host of a virtual machine) takes
+//! the processor meanwhile, and taking the caches' runs in turn puts the
+//! same quiet moments within reach of each: their ratios hold from one
+//! run to the next on a machine whose criterion medians move by more than
+//! the gaps they should show. `bash benches/instructions.sh --time`
+//! prints the tables of them.
 
 use std::hint::black_box;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use decaying_pool::{
     DecayingPool, Exponential, FixedCapacity, FixedTime, ManualClock, Policy, Reuse, SharedPool,
@@ -45,40 +63,63 @@ use workload::{HandWritten, fill, order, sizes};
 /// Blocks a batch allocates before it releases them.
 const BATCH: usize = 16;
 
-/// What to run: parsed from the command line.
-struct Run {
-    cache: String,
+/// Timed runs of each cache with `--time`, of which the fastest counts.
+const SAMPLES: usize = 300;
+
+/// The caches a run can name.
+const CACHES: &str = "map, fixed_time, rounded, exponential, fixed_capacity, \
+                      fixed_capacity_fifo, shared or thread_caches";
+
+/// The scale of a run: parsed from the command line.
+struct Scale {
     classes: usize,
     per: usize,
     batch: bool,
     count: usize,
 }
 
+/// What to run: parsed from the command line.
+struct Run {
+    caches: Vec<String>,
+    scale: Scale,
+    /// `--time`: time the round trips rather than run them once.
+    time: bool,
+}
+
 /// Parses the arguments, or says how to call.
 fn parse() -> Result<Run, String> {
-    let usage = "usage: instructions \
-                 <map|fixed_time|rounded|exponential|fixed_capacity|fixed_capacity_fifo|shared|thread_caches> \
-                 <CLASSESxPER|batch> <count>";
+    let usage = format!(
+        "usage: instructions <cache> <CLASSESxPER|batch> <count>\n   \
+         or: instructions --time <CLASSESxPER|batch> <count> <cache>...\n\
+         (a cache: {CACHES})"
+    );
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let [cache, scale, count] = args.as_slice() else {
-        return Err(usage.into());
+    let (time, caches, scale, count) = match args.as_slice() {
+        [flag, scale, count, caches @ ..] if flag == "--time" && !caches.is_empty() => {
+            (true, caches.to_vec(), scale, count)
+        }
+        [cache, scale, count] => (false, vec![cache.clone()], scale, count),
+        _ => return Err(usage),
     };
     let (classes, per, batch) = match scale.as_str() {
         "batch" => (8, 16, true),
         s => {
-            let (c, p) = s.split_once('x').ok_or(usage)?;
-            let c = c.parse().map_err(|_| usage)?;
-            let p = p.parse().map_err(|_| usage)?;
+            let (c, p) = s.split_once('x').ok_or(&usage)?;
+            let c = c.parse().map_err(|_| &usage)?;
+            let p = p.parse().map_err(|_| &usage)?;
             (c, p, false)
         }
     };
-    let count = count.parse().map_err(|_| usage)?;
+    let count = count.parse().map_err(|_| &usage)?;
     Ok(Run {
-        cache: cache.clone(),
-        classes,
-        per,
-        batch,
-        count,
+        caches,
+        scale: Scale {
+            classes,
+            per,
+            batch,
+            count,
+        },
+        time,
     })
 }
 
@@ -110,12 +151,13 @@ impl<P: Policy> Cache for DecayingPool<Null, P, ManualClock> {
     }
 }
 
-/// `run.count` round trips (or batches) through `cache`.
-fn trips(cache: &mut impl Cache, run: &Run, sizes: &[usize], walk: &[usize]) {
-    let mut i = 0;
+/// `scale.count` round trips (or batches) through `cache`, taking sizes
+/// from `walk` at `at` on (and leaving `at` where they stopped).
+fn trips(cache: &mut impl Cache, scale: &Scale, sizes: &[usize], walk: &[usize], at: &mut usize) {
+    let mut i = *at;
     let mut held = [(0usize, 0usize); BATCH];
-    for _ in 0..run.count {
-        if run.batch {
+    for _ in 0..scale.count {
+        if scale.batch {
             for slot in held.iter_mut() {
                 let s = sizes[walk[i]];
                 i = (i + 1) % walk.len();
@@ -131,40 +173,66 @@ fn trips(cache: &mut impl Cache, run: &Run, sizes: &[usize], walk: &[usize]) {
             cache.put(black_box(block), s);
         }
     }
+    *at = i;
 }
 
-/// `run.count` round trips (or batches) through a pool with `policy`,
-/// filled first; checks that they hit.
-fn pool<P: Policy>(
+/// One cache, filled, ready to run: each call runs `count` round trips
+/// (or batches) and answers the time they took.
+type Runner<'a> = Box<dyn FnMut() -> Duration + 'a>;
+
+/// The hand-written map of vectors, filled.
+fn map<'a>(scale: &'a Scale, sizes: &'a [usize], walk: &'a [usize]) -> Runner<'a> {
+    let mut hand = HandWritten::filled(sizes, scale.per);
+    let mut i = 0;
+    Box::new(move || {
+        let start = Instant::now();
+        trips(&mut hand, scale, sizes, walk, &mut i);
+        start.elapsed()
+    })
+}
+
+/// A pool with `policy`, filled; each run checks that its round trips hit.
+fn pool<'a, P: Policy + 'a>(
     policy: P,
     class: SizeClass,
     reuse: Reuse,
-    run: &Run,
-    sizes: &[usize],
-    walk: &[usize],
-) {
+    scale: &'a Scale,
+    sizes: &'a [usize],
+    walk: &'a [usize],
+) -> Runner<'a> {
     let mut pool = DecayingPool::builder(Null::default())
         .policy(policy)
         .size_class(class)
         .reuse(reuse)
         .clock(ManualClock::new())
         .build();
-    fill(&mut pool, sizes, run.per);
+    fill(&mut pool, sizes, scale.per);
     let filled = pool.stats().misses;
-    trips(&mut pool, run, sizes, walk);
-    let misses = pool.stats().misses - filled;
-    assert!(misses <= filled / 100, "{misses} misses while measuring");
+    let mut i = 0;
+    Box::new(move || {
+        let start = Instant::now();
+        trips(&mut pool, scale, sizes, walk, &mut i);
+        let took = start.elapsed();
+        let misses = pool.stats().misses - filled;
+        assert!(misses <= filled / 100, "{misses} misses while measuring");
+        took
+    })
 }
 
-/// `run.count` round trips through a `SharedPool` over `FixedTime`
-/// (`thread_caches`: with a cache per thread), filled first; checks that
-/// they hit. Each round trip allocates and drops a `Pooled` block.
-fn shared(thread_caches: bool, run: &Run, sizes: &[usize], walk: &[usize]) {
+/// A `SharedPool` over `FixedTime` (`thread_caches`: with a cache per
+/// thread), filled; each round trip allocates and drops a `Pooled` block,
+/// and each run checks that they hit.
+fn shared<'a>(
+    thread_caches: bool,
+    scale: &'a Scale,
+    sizes: &'a [usize],
+    walk: &'a [usize],
+) -> Runner<'a> {
     let mut pool = DecayingPool::builder(Null::default())
         .policy(FixedTime::new(Duration::from_secs(3600)))
         .clock(ManualClock::new())
         .build();
-    fill(&mut pool, sizes, run.per);
+    fill(&mut pool, sizes, scale.per);
     let filled = pool.stats().misses;
     let shared = if thread_caches {
         SharedPool::with_thread_caches(pool)
@@ -172,13 +240,64 @@ fn shared(thread_caches: bool, run: &Run, sizes: &[usize], walk: &[usize]) {
         SharedPool::new(pool)
     };
     let mut i = 0;
-    for _ in 0..run.count {
-        let s = sizes[walk[i]];
-        i = (i + 1) % walk.len();
-        drop(black_box(shared.allocate(black_box(s)).unwrap()));
-    }
-    let misses = shared.stats().misses - filled;
-    assert!(misses <= filled / 100, "{misses} misses while measuring");
+    Box::new(move || {
+        let start = Instant::now();
+        for _ in 0..scale.count {
+            let s = sizes[walk[i]];
+            i = (i + 1) % walk.len();
+            drop(black_box(shared.allocate(black_box(s)).unwrap()));
+        }
+        let took = start.elapsed();
+        let misses = shared.stats().misses - filled;
+        assert!(misses <= filled / 100, "{misses} misses while measuring");
+        took
+    })
+}
+
+/// The cache named `name`, filled for `scale`, or `None` for a name it
+/// does not know (or a batch through a shared pool).
+fn runner<'a>(
+    name: &str,
+    scale: &'a Scale,
+    sizes: &'a [usize],
+    walk: &'a [usize],
+) -> Option<Runner<'a>> {
+    let ttl = Duration::from_secs(3600);
+    let (exact, lifo) = (SizeClass::Exact, Reuse::Lifo);
+    Some(match name {
+        "map" => map(scale, sizes, walk),
+        "fixed_time" => pool(FixedTime::new(ttl), exact, lifo, scale, sizes, walk),
+        // Classes that round, as PyTorch's `roundup_power2_divisions`.
+        "rounded" => pool(
+            FixedTime::new(ttl),
+            SizeClass::PowerOfTwoDivisions(4),
+            lifo,
+            scale,
+            sizes,
+            walk,
+        ),
+        "exponential" => pool(Exponential::new(ttl), exact, lifo, scale, sizes, walk),
+        // As sized in the benchmark: four slots per cached block, and a
+        // window that holds a class's blocks (the batches' 16 a class are
+        // more than the default window of 8).
+        "fixed_capacity" | "fixed_capacity_fifo" => pool(
+            FixedCapacity::new(sizes.len() * scale.per * 4)
+                .per_size(scale.per.max(FixedCapacity::WINDOW)),
+            exact,
+            if name == "fixed_capacity" {
+                lifo
+            } else {
+                Reuse::Fifo
+            },
+            scale,
+            sizes,
+            walk,
+        ),
+        "shared" | "thread_caches" if !scale.batch => {
+            shared(name == "thread_caches", scale, sizes, walk)
+        }
+        _ => return None,
+    })
 }
 
 fn main() {
@@ -189,67 +308,33 @@ fn main() {
             std::process::exit(2);
         }
     };
-    let sizes = sizes(run.classes);
+    let scale = &run.scale;
+    let sizes = sizes(scale.classes);
     let walk = order(sizes.len(), 1 << 16);
-    let ttl = Duration::from_secs(3600);
-    match run.cache.as_str() {
-        "map" => trips(
-            &mut HandWritten::filled(&sizes, run.per),
-            &run,
-            &sizes,
-            &walk,
-        ),
-        "fixed_time" => pool(
-            FixedTime::new(ttl),
-            SizeClass::Exact,
-            Reuse::Lifo,
-            &run,
-            &sizes,
-            &walk,
-        ),
-        // Classes that round, as PyTorch's `roundup_power2_divisions`.
-        "rounded" => pool(
-            FixedTime::new(ttl),
-            SizeClass::PowerOfTwoDivisions(4),
-            Reuse::Lifo,
-            &run,
-            &sizes,
-            &walk,
-        ),
-        "exponential" => pool(
-            Exponential::new(ttl),
-            SizeClass::Exact,
-            Reuse::Lifo,
-            &run,
-            &sizes,
-            &walk,
-        ),
-        // As sized in the benchmark: four slots per cached block, and a
-        // window that holds a class's blocks (the batches' 16 a class are
-        // more than the default window of 8).
-        "fixed_capacity" | "fixed_capacity_fifo" => pool(
-            FixedCapacity::new(sizes.len() * run.per * 4)
-                .per_size(run.per.max(FixedCapacity::WINDOW)),
-            SizeClass::Exact,
-            if run.cache == "fixed_capacity" {
-                Reuse::Lifo
-            } else {
-                Reuse::Fifo
-            },
-            &run,
-            &sizes,
-            &walk,
-        ),
-        "shared" | "thread_caches" if !run.batch => {
-            shared(run.cache == "thread_caches", &run, &sizes, &walk)
+    let mut runners = Vec::new();
+    for name in &run.caches {
+        match runner(name, scale, &sizes, &walk) {
+            Some(r) => runners.push(r),
+            None => {
+                eprintln!("unknown cache {name:?} (or a batch through a shared pool): {CACHES}");
+                std::process::exit(2);
+            }
         }
-        other => {
-            eprintln!(
-                "unknown cache {other:?} (or a batch through a shared pool): map, \
-                 fixed_time, rounded, exponential, fixed_capacity, fixed_capacity_fifo, shared or \
-                 thread_caches"
-            );
-            std::process::exit(2);
+    }
+    if !run.time {
+        runners[0]();
+        return;
+    }
+    // The caches' runs in turn, so that each meets the machine's quiet
+    // moments as often as the others.
+    let mut best = vec![Duration::MAX; runners.len()];
+    for _ in 0..SAMPLES {
+        for (r, best) in runners.iter_mut().zip(&mut best) {
+            *best = (*best).min(r());
         }
+    }
+    let per_run = (scale.count * if scale.batch { BATCH } else { 1 }) as f64;
+    for (name, best) in run.caches.iter().zip(best) {
+        println!("{name} {:.2}", best.as_secs_f64() * 1e9 / per_run);
     }
 }
