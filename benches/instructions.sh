@@ -9,12 +9,13 @@
 #   bash benches/instructions.sh        (needs `valgrind` on the PATH)
 #
 # With `--time`, the same tables in nanoseconds instead: for each scale,
-# one run of `examples/instructions.rs --time` over all the table's caches,
-# which fills them, times their round trips in turn many times over and
-# prints the fastest time of each (pinned to one processor when `taskset`
-# is there). A noisy machine moves these less than criterion's medians,
-# but a time still belongs to the machine and the day that made it:
-# compare ratios from one run.
+# five runs of `examples/instructions.rs --time` over all the table's
+# caches, each of which fills them, times their round trips in turn many
+# times over and prints the fastest time of each (pinned to one processor
+# when `taskset` is there); a cell is the median of the five. A noisy
+# machine moves these less than criterion's medians, but a time still
+# belongs to the machine and the day that made it: compare ratios from
+# one run.
 #
 #   bash benches/instructions.sh --time
 set -euo pipefail
@@ -47,14 +48,23 @@ per_trip() {
 }
 
 # Nanoseconds per round trip (per block for batches) of every cache of
-# the array `rows` at scale $1, one run: into the array `times`.
+# the array `rows` at scale $1: the median over `runs` runs of the
+# example, each a new process (whose addresses, and so whose collisions
+# in the processor's caches, differ), into the array `times`.
 declare -A times
+runs=5
 time_all() {
-    local n=20000 name v
+    local n=20000 name v k
     if [ "$1" = batch ]; then n=1250; fi
-    while read -r name v; do
-        times[$name,$1]=$v
-    done < <("${pin[@]}" "$bin" --time "$1" "$n" "${rows[@]}")
+    declare -A all
+    for ((k = 0; k < runs; k++)); do
+        while read -r name v; do
+            all[$name]+="$v "
+        done < <("${pin[@]}" "$bin" --time "$1" "$n" "${rows[@]}")
+    done
+    for name in "${rows[@]}"; do
+        times[$name,$1]=$(echo ${all[$name]} | tr ' ' '\n' | sort -g | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }')
+    done
 }
 
 # A table: the caches of the array `rows` (the first is the baseline of
@@ -86,7 +96,7 @@ table() {
 # The hit path against the map of vectors.
 rows=(map fixed_time rounded exponential fixed_capacity fixed_capacity_fifo)
 cols=(64x1 4096x4 100000x2 batch)
-if $time; then table "ns (fastest run)"; else table instructions; fi
+if $time; then table "ns (fastest runs)"; else table instructions; fi
 echo
 # Through `SharedPool` (FixedTime), against the plain pool: one class, as
 # `cargo bench --bench shared_pool`, and 64 classes, more than a thread

@@ -123,7 +123,11 @@ fn parse() -> Result<Run, String> {
     })
 }
 
-/// A cache the round trips go through.
+/// A cache the round trips go through. Its methods are inlined into the
+/// loop of [`trips`], as `DecayingPool::allocate` and `release` are into
+/// a program's loop (and the closure of `cargo bench --bench hit_path`):
+/// a call to a pool's method of its own would save and restore the
+/// registers its body uses at every call, which neither pays.
 trait Cache {
     /// A block of `size`.
     fn get(&mut self, size: usize) -> usize;
@@ -132,18 +136,22 @@ trait Cache {
 }
 
 impl Cache for HandWritten {
+    #[inline(always)]
     fn get(&mut self, size: usize) -> usize {
         self.allocate(size)
     }
+    #[inline(always)]
     fn put(&mut self, block: usize, size: usize) {
         self.release(block, size)
     }
 }
 
 impl<P: Policy> Cache for DecayingPool<Null, P, ManualClock> {
+    #[inline(always)]
     fn get(&mut self, size: usize) -> usize {
         self.allocate(size).unwrap()
     }
+    #[inline(always)]
     fn put(&mut self, block: usize, size: usize) {
         // SAFETY: every block `trips` gives back came from `get` on this
         // pool, with the same size.
