@@ -426,11 +426,20 @@ impl<B, P: Policy, C: Clock> Cache<B, P, C> {
         now: u64,
         free: &mut (impl FnMut(B, usize) + ?Sized),
     ) {
-        let class = match self.round(size) {
-            // Every block in use has at least one byte: enough bytes in use
-            // means a block in use.
-            Some(class) if self.bytes_in_use() >= class => class,
-            _ => release_mismatch(size),
+        let class = if self.exact {
+            // `size - 1 < bytes in use`, wrapping: one comparison tells a
+            // size of zero (which wraps to the largest) and one larger than
+            // the bytes in use. Every block in use has at least one byte:
+            // enough bytes in use means a block in use.
+            if size.wrapping_sub(1) >= self.bytes_in_use() {
+                release_mismatch(size)
+            }
+            size
+        } else {
+            match self.size_class.round(size) {
+                Some(class) if self.bytes_in_use() >= class => class,
+                _ => release_mismatch(size),
+            }
         };
         if let Some(x) = self.extras.as_deref_mut() {
             x.released(class);

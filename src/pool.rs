@@ -436,10 +436,10 @@ impl<A: RawAllocator, P: Policy, C: Clock> DecayingPool<A, P, C> {
             if !self.cache.hits_inline() {
                 return self.allocate_outlined(size, now);
             }
-            if size != 0 {
-                if let Some(block) = self.cache.take_inline(size, size, now) {
-                    return Ok(block);
-                }
+            // A size of zero finds no class (`Store::take`) and goes on to
+            // `allocate_slow`, which reports it.
+            if let Some(block) = self.cache.take_inline(size, size, now) {
+                return Ok(block);
             }
         }
         self.allocate_slow(size, now)

@@ -20,7 +20,9 @@ pub trait Store<B> {
     }
 
     /// Takes a cached block of `class` bytes (a hit), choosing by the
-    /// store's reuse order.
+    /// store's reuse order. `None` for class 0, which no block has (the
+    /// pool's inlined hit path asks for it when the request is for zero
+    /// bytes, and sends the miss to the path that reports the error).
     fn take(&mut self, class: usize, now: u64) -> Option<B>;
 
     /// [`take`](Self::take) on the pool's inlined hit path: `None` also

@@ -14,7 +14,8 @@ use std::collections::{HashMap, HashSet};
 
 use decaying_pool::testing::CheckingAllocator;
 use decaying_pool::{
-    Clock, DecayingPool, FixedTime, ManualClock, PoolError, RawAllocator, Reuse, SizeClass, Stats,
+    AnyPolicy, Clock, DecayingPool, Exponential, FixedCapacity, FixedTime, ManualClock, PoolError,
+    RawAllocator, Reuse, SizeClass, Stats,
 };
 
 const TTL: Duration = Duration::from_secs(1);
@@ -906,6 +907,60 @@ fn zero_size_is_an_error_that_counts_nothing() {
         assert!(al.calls().is_empty());
     }
     check_consistent(&pool, &alloc);
+}
+
+/// A request for zero bytes goes down the inlined hit path as far as the
+/// store's lookup, which finds no class 0 under any policy or reuse order,
+/// whatever the store holds (LIFO `FixedCapacity` with its last hit's
+/// empty slot still remembered, FIFO without): the error, with nothing
+/// taken or counted.
+#[test]
+fn zero_size_finds_no_block_under_any_policy() {
+    let policies: [(&str, fn() -> AnyPolicy); 3] = [
+        ("FixedTime", || {
+            AnyPolicy::timed(FixedTime::new(Duration::from_secs(60)))
+        }),
+        ("Exponential", || {
+            AnyPolicy::timed(Exponential::new(Duration::from_secs(60)))
+        }),
+        ("FixedCapacity", || AnyPolicy::from(FixedCapacity::new(64))),
+    ];
+    for (name, policy) in policies {
+        for reuse in [Reuse::Lifo, Reuse::Fifo] {
+            let alloc = CheckingAllocator::new();
+            let mut pool = DecayingPool::builder(alloc.clone())
+                .policy(policy())
+                .reuse(reuse)
+                .clock(ManualClock::new())
+                .build();
+            let blocks: Vec<_> = [1, 1, 8, 4096]
+                .iter()
+                .map(|&s| (pool.allocate(s).unwrap(), s))
+                .collect();
+            for (b, s) in blocks {
+                // SAFETY: from this pool with this size, released once.
+                unsafe { pool.release(b, s) };
+            }
+            // A hit leaves its slot behind for the release after it.
+            let hit = pool.allocate(8).unwrap();
+            let before = pool.stats();
+            assert_eq!(
+                pool.allocate(0),
+                Err(PoolError::ZeroSize),
+                "{name} {reuse:?}"
+            );
+            assert_eq!(pool.stats(), before, "{name} {reuse:?}");
+            // SAFETY: from this pool with this size, released once.
+            unsafe { pool.release(hit, 8) };
+            assert_eq!(
+                pool.allocate(0),
+                Err(PoolError::ZeroSize),
+                "{name} {reuse:?}"
+            );
+            assert_eq!(pool.stats().blocks_cached, 4, "{name} {reuse:?}");
+            assert_eq!(alloc.calls().len(), 4, "{name} {reuse:?}");
+        }
+    }
 }
 
 // ---------------------------------------------------- interleaved classes
