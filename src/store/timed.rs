@@ -252,9 +252,12 @@ impl<B> Drop for Blocks<B> {
 /// ring first if they were at least one hit in [`SWITCHES`] since it last
 /// chose. Ring first, it counts nothing, and after [`RING_FIRST_HITS`]
 /// hits it goes bucket first again, to measure afresh.
-#[derive(Default)]
 struct Mode {
     ring_first: bool,
+    /// LIFO and bucket first: the round trip's case, which the hit path
+    /// tests first, with one test of its own (a test of the reuse order
+    /// and then of `ring_first` would be two).
+    bucket: bool,
     /// While ring first, the hit count (`taken`) at which to go bucket
     /// first again.
     until: u64,
@@ -273,6 +276,18 @@ const SWITCHES: u64 = 8;
 const RING_FIRST_HITS: u64 = 1024;
 
 impl Mode {
+    /// A store with `reuse` that has measured nothing.
+    fn new(reuse: Reuse) -> Self {
+        Mode {
+            ring_first: false,
+            bucket: reuse == Reuse::Lifo,
+            until: 0,
+            switches: 0,
+            after_ring: 0,
+            mark: 0,
+        }
+    }
+
     /// A hit served from a ring while branching; `taken` counts the hits
     /// before this one.
     #[inline(always)]
@@ -296,6 +311,7 @@ impl Mode {
         self.mark = taken;
         if SWITCHES * SWITCHES >= hits {
             self.ring_first = true;
+            self.bucket = false;
             self.until = taken + RING_FIRST_HITS;
         }
     }
@@ -307,6 +323,7 @@ impl Mode {
     #[inline(always)]
     fn measure(&mut self, taken: u64) {
         self.ring_first = false;
+        self.bucket = true;
         self.mark = taken;
         self.after_ring = taken;
     }
@@ -435,7 +452,7 @@ impl<B, P: EvictionPolicy> TimedStore<B, P> {
             not_before: 0,
             untold: false,
             top_class: 0,
-            mode: Mode::default(),
+            mode: Mode::new(reuse),
         }
     }
 
@@ -616,21 +633,22 @@ impl<B, P: EvictionPolicy> TimedStore<B, P> {
             *replan.not_before = 0;
         }
         core::mem::forget(replan);
-        let item = match self.reuse {
-            Reuse::Lifo if self.mode.ring_first => {
-                if self.taken == self.mode.until {
-                    self.mode.measure(self.taken);
-                }
-                cls.items.pop_back_ring_first()
-            }
-            Reuse::Lifo => match cls.items.take_newest() {
+        let item = if self.mode.bucket {
+            match cls.items.take_newest() {
                 Some(item) => Some(item),
                 None => {
                     self.mode.ring_hit(self.taken);
                     cls.items.older.pop_back()
                 }
-            },
-            Reuse::Fifo => cls.items.pop_front(),
+            }
+        } else if self.reuse == Reuse::Lifo {
+            // Ring first.
+            if self.taken == self.mode.until {
+                self.mode.measure(self.taken);
+            }
+            cls.items.pop_back_ring_first()
+        } else {
+            cls.items.pop_front()
         };
         let Some(item) = item else {
             unreachable!("a non-empty class has a block")
@@ -807,6 +825,15 @@ impl<B, P: EvictionPolicy> Store<B> for TimedStore<B, P> {
         assert!(
             self.classes.len() <= self.sweep_at,
             "empty classes were not swept"
+        );
+        assert_eq!(
+            self.mode.bucket,
+            self.reuse == Reuse::Lifo && !self.mode.ring_first,
+            "the hit path's bucket-first flag"
+        );
+        assert!(
+            self.reuse == Reuse::Lifo || !self.mode.ring_first,
+            "a FIFO store ring first"
         );
         // Blocks: counted, in release order within each class.
         let (mut len, mut bytes) = (0usize, 0usize);
