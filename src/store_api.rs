@@ -47,7 +47,8 @@ pub trait Store<B> {
 
     /// Caches `block` of `class` bytes, released at `now`. Returns a block
     /// the store displaced to make room (possibly `block` itself), which the
-    /// caller must free: that is an eviction.
+    /// caller must free: that is an eviction. `class` is never 0 (the cache
+    /// refuses a release of zero bytes before it gets here).
     fn put(&mut self, block: B, class: usize, now: u64) -> Option<(B, usize)>;
 
     /// Removes the oldest block if the policy says it must go at `now`.

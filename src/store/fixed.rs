@@ -849,10 +849,11 @@ impl<B> Store<B> for FixedStore<B> {
 
     #[inline(always)]
     fn put(&mut self, block: B, class: usize, _now: u64) -> Option<(B, usize)> {
-        // Class 0 (no block has it) never takes the hint; nor does a table
-        // of no slots, where no hit leaves one (`put_scan` then gives the
-        // block back).
-        if self.hint_class == class && class != 0 {
+        // No block has class 0 (`Store::put`), the hint's class when there
+        // is none; nor does a table of no slots take the hint, as no hit
+        // leaves one (`put_scan` then gives the block back).
+        debug_assert_ne!(class, 0, "a release of zero bytes reached the store");
+        if self.hint_class == class {
             // SAFETY: the hint names an empty slot: the hit that left it
             // emptied it or found it empty, and any other change since
             // would have cleared the hint.
