@@ -916,16 +916,13 @@ fn zero_size_is_an_error_that_counts_nothing() {
 /// taken or counted.
 #[test]
 fn zero_size_finds_no_block_under_any_policy() {
-    let policies: [(&str, fn() -> AnyPolicy); 3] = [
-        ("FixedTime", || {
-            AnyPolicy::timed(FixedTime::new(Duration::from_secs(60)))
-        }),
-        ("Exponential", || {
-            AnyPolicy::timed(Exponential::new(Duration::from_secs(60)))
-        }),
-        ("FixedCapacity", || AnyPolicy::from(FixedCapacity::new(64))),
-    ];
-    for (name, policy) in policies {
+    let minute = Duration::from_secs(60);
+    for name in ["FixedTime", "Exponential", "FixedCapacity"] {
+        let policy = || match name {
+            "FixedTime" => AnyPolicy::timed(FixedTime::new(minute)),
+            "Exponential" => AnyPolicy::timed(Exponential::new(minute)),
+            _ => AnyPolicy::from(FixedCapacity::new(64)),
+        };
         for reuse in [Reuse::Lifo, Reuse::Fifo] {
             let alloc = CheckingAllocator::new();
             let mut pool = DecayingPool::builder(alloc.clone())
