@@ -42,7 +42,10 @@ fn hash_size(size: usize) -> u64 {
 /// [`iter`](Classes::iter), [`insert`](Classes::insert),
 /// [`retain`](Classes::retain), [`shrink_to`](Classes::shrink_to)) forgets
 /// it first; [`len`](Classes::len) and [`capacity`](Classes::capacity) read
-/// only the table's counts and leave it. It is an `AtomicPtr` only so that
+/// only the table's counts and leave it. A lookup reads, through the table,
+/// the size of each class whose tag matches its own: one that finds its
+/// class then remembers that class instead, and one that finds nothing
+/// forgets the pointer, which may name a class it read. It is an `AtomicPtr` only so that
 /// the `&self` methods can forget it while `Classes` stays `Send` and
 /// `Sync` like the table.
 pub(super) struct Classes<C> {
@@ -104,7 +107,17 @@ impl<C: Keyed> Classes<C> {
     /// rarely repeats the size before it); remembered for the release.
     #[inline(always)]
     pub(super) fn find(&mut self, size: usize) -> Option<&mut C> {
-        let found: *mut C = self.table.find_mut(hash_size(size), |c| c.size() == size)?;
+        let Some(found) = self.table.find_mut(hash_size(size), |c| c.size() == size) else {
+            // The probe read the size of every class whose tag matched,
+            // through the table: the last class found may be one of them,
+            // and a pointer kept past such a read may not write any more
+            // (under the tree borrows model). A miss, off the hit path.
+            self.forget_last();
+            return None;
+        };
+        // The same holds when the lookup succeeds: whatever the probe read
+        // is no longer reached through `last`, which now names `found`.
+        let found: *mut C = found;
         *self.last.get_mut() = found;
         // SAFETY: `found` comes from the `&mut` `find_mut` just returned;
         // deriving the result from the raw pointer keeps the pointer valid
@@ -184,5 +197,25 @@ mod tests {
             assert_eq!(classes.get_mut(7).map(|c| c.0), None);
         }
         assert!(classes.len() > 1 && classes.capacity() >= classes.len());
+    }
+
+    /// A lookup that finds nothing still reads, through the table, the
+    /// size of every class whose tag matches its own, the last class found
+    /// included: that class is then reached by a lookup again, not through
+    /// the pointer (Miri's tree borrows model checks it).
+    #[test]
+    fn a_lookup_that_finds_nothing_forgets_the_class_its_probe_read() {
+        let a = 1000;
+        let tag = |s: usize| super::hash_size(s) >> 57;
+        let b = (a + 1..).find(|&s| tag(s) == tag(a)).unwrap();
+        let mut classes = Classes::new();
+        classes.insert(C(a, 0));
+        classes.find(a).unwrap().1 += 1;
+        classes.get_mut(a).unwrap().1 += 1;
+        // One group: the probe for `b` compares `a`'s size.
+        assert!(classes.find(b).is_none());
+        assert!(classes.get_mut(b).is_none());
+        classes.get_mut(a).unwrap().1 += 1;
+        assert_eq!(classes.get_mut(a).map(|c| c.1), Some(3));
     }
 }
