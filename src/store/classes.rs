@@ -218,4 +218,86 @@ mod tests {
         classes.get_mut(a).unwrap().1 += 1;
         assert_eq!(classes.get_mut(a).map(|c| c.1), Some(3));
     }
+
+    /// Random lookups, writes, insertions, sweeps, shrinks and reads
+    /// against a plain map, over sizes that come in groups sharing a tag
+    /// (so that probes read other classes of their tag, the last found
+    /// among them, and lookups of sizes not in the table find their tag's
+    /// classes): every answer agrees with the map, and under Miri every
+    /// write through the remembered pointer is checked.
+    #[test]
+    fn random_operations_agree_with_a_map_over_sizes_that_share_tags() {
+        use std::collections::HashMap;
+        let tag = |s: usize| super::hash_size(s) >> 57;
+        // Three groups of six sizes, each group one tag.
+        let mut sizes = Vec::new();
+        for base in [100, 70_000, 1 << 30] {
+            let t = tag(base);
+            sizes.extend((base..).filter(|&s| tag(s) == t).take(6));
+        }
+        let mut next = crate::test_rng::rng(0x9e37_79b9_7f4a_7c15);
+        let steps = if cfg!(miri) { 2_000 } else { 20_000 };
+        let mut classes: Classes<C> = Classes::new();
+        let mut model: HashMap<usize, u32> = HashMap::new();
+        let (mut size, mut before) = (sizes[0], sizes[1]);
+        for step in 0..steps {
+            // Mostly the size of the step before (a release after its
+            // hit) or of the one before that (a hit after a lookup of
+            // another size).
+            match next(4) {
+                0 => {
+                    before = core::mem::replace(&mut size, sizes[next(sizes.len() as u64) as usize])
+                }
+                1 => core::mem::swap(&mut size, &mut before),
+                _ => {}
+            }
+            match next(100) {
+                0..=24 => {
+                    let found = classes.find(size).map(|c| {
+                        c.1 += 1;
+                        c.1
+                    });
+                    let expected = model.get_mut(&size).map(|v| {
+                        *v += 1;
+                        *v
+                    });
+                    assert_eq!(found, expected, "find({size}) at step {step}");
+                }
+                25..=59 => {
+                    let found = classes.get_mut(size).map(|c| {
+                        c.1 += 1;
+                        c.1
+                    });
+                    let expected = model.get_mut(&size).map(|v| {
+                        *v += 1;
+                        *v
+                    });
+                    assert_eq!(found, expected, "get_mut({size}) at step {step}");
+                }
+                60..=67 => {
+                    if !model.contains_key(&size) {
+                        classes.insert(C(size, 0));
+                        model.insert(size, 0);
+                    }
+                }
+                68..=77 => {
+                    let odd = next(2) == 1;
+                    classes.retain(|c| (c.1 % 2 == 1) == odd);
+                    model.retain(|_, v| (*v % 2 == 1) == odd);
+                }
+                78..=81 => classes.shrink_to(0),
+                82..=91 => {
+                    assert_eq!(classes.get(size).map(|c| c.1), model.get(&size).copied());
+                }
+                _ => {
+                    let mut all: Vec<_> = classes.iter().map(|c| (c.0, c.1)).collect();
+                    all.sort_unstable();
+                    let mut expected: Vec<_> = model.iter().map(|(&k, &v)| (k, v)).collect();
+                    expected.sort_unstable();
+                    assert_eq!(all, expected, "classes at step {step}");
+                }
+            }
+            assert_eq!(classes.len(), model.len());
+        }
+    }
 }
