@@ -275,9 +275,9 @@ mod tests {
                     assert_eq!(found, expected, "get_mut({size}) at step {step}");
                 }
                 60..=67 => {
-                    if !model.contains_key(&size) {
+                    if let std::collections::hash_map::Entry::Vacant(e) = model.entry(size) {
                         classes.insert(C(size, 0));
-                        model.insert(size, 0);
+                        e.insert(0);
                     }
                 }
                 68..=77 => {
