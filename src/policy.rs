@@ -1069,15 +1069,14 @@ impl EvictionPolicy for Exponential {
             return false;
         }
         // `on_hit`'s arithmetic, stored only once the watch is known to
-        // hold: `settle` (`* 1.0` is exact), then the ratio.
+        // hold: `settle` (`* 1.0` is exact), then the ratio. Without
+        // `on_hit`'s test of `before > 0`: a hit takes a cached block, so
+        // `before >= size > 0`; and were `before` zero, the ratio would
+        // be NaN, which keeps no watch, and `on_hit` would decide.
         let settled = self.allowance * self.scale;
         let bytes = float(after);
-        let mut allowance = settled;
-        let mut scale = 1.0;
-        if before > 0 {
-            scale = bytes / float(before);
-            allowance *= scale;
-        }
+        let scale = bytes / float(before);
+        let allowance = settled * scale;
         // `keep_watch`, whose failure (`lose_watch`) goes out of line.
         let keeps = allowance > (bytes - self.half) * self.watch;
         if !keeps {
@@ -1412,6 +1411,34 @@ mod tests {
         p.on_hit(t, 3, 3, 0);
         p.settle();
         assert_eq!(p.allowance.to_bits(), 0.0f64.to_bits());
+    }
+
+    /// A hit reported with nothing cached before it (which the pool never
+    /// reports: a hit takes a cached block) has a ratio of NaN, which keeps
+    /// no watch: `try_on_hit` leaves it to `on_hit` and changes nothing,
+    /// whatever the watch.
+    #[test]
+    fn try_on_hit_leaves_a_hit_from_nothing_cached_to_on_hit() {
+        let t = Duration::from_secs(1);
+        let mut fresh = Exponential::new(Duration::from_secs(1));
+        fresh.set_at(t);
+        let mut planned = fresh;
+        planned.on_release(t, 64, 64);
+        planned.on_release(t, 64, 128);
+        assert!(!planned.must_evict(
+            t,
+            Oldest {
+                released_at: t,
+                size: 64
+            },
+            128
+        ));
+        assert!(!planned.deadline_stale(), "a deadline planned");
+        for p in [fresh, planned] {
+            let mut q = p;
+            assert!(!q.try_on_hit(t, 8, 0, 0));
+            assert_eq!(q, p);
+        }
     }
 
     /// `try_on_hit` either does what `on_hit` does, to the bit, or changes
