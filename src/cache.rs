@@ -14,7 +14,7 @@ use core::mem::ManuallyDrop;
 use core::ptr;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
-use crate::class::SizeClass;
+use crate::class::{SizeClass, Steps};
 use crate::clock::Clock;
 use crate::error::PoolError;
 use crate::observe::{Event, Extras, Reason};
@@ -59,6 +59,9 @@ pub(crate) struct Cache<B, P: Policy, C> {
     size_class: SizeClass,
     /// Whether `size_class` rounds nothing: the hit path skips its `match`.
     exact: bool,
+    /// `size_class` as shifts, when its steps are powers of two: the
+    /// rounding of the hit path and the release without a `match`.
+    steps: Option<Steps>,
     reuse: Reuse,
     limit: Option<usize>,
     stats: Counters,
@@ -86,6 +89,7 @@ impl<B, P: Policy, C: Clock> Cache<B, P, C> {
             clock,
             size_class,
             exact: matches!(size_class, SizeClass::Exact | SizeClass::Multiple(0 | 1)),
+            steps: Steps::of(size_class),
             reuse,
             limit,
             stats: Counters::default(),
@@ -160,12 +164,17 @@ impl<B, P: Policy, C: Clock> Cache<B, P, C> {
         }
     }
 
-    /// Whether the pool's inlined hit path takes the hit: every size is its
-    /// own class, and the store takes its hits inline
-    /// ([`Store::hits_inline`]).
+    /// Whether the pool's inlined hit path takes the hit: the store takes
+    /// its hits inline ([`Store::hits_inline`]).
     #[inline(always)]
     pub(crate) fn hits_inline(&self) -> bool {
-        self.exact && self.store.hits_inline()
+        self.store.hits_inline()
+    }
+
+    /// Whether every size is its own class.
+    #[inline(always)]
+    pub(crate) fn exact(&self) -> bool {
+        self.exact
     }
 
     /// [`round`](Self::round) without a call: `None` also where it would
@@ -175,6 +184,8 @@ impl<B, P: Policy, C: Clock> Cache<B, P, C> {
     pub(crate) fn round_inline(&self, size: usize) -> Option<usize> {
         if self.exact {
             (size != 0).then_some(size)
+        } else if let Some(steps) = self.steps {
+            steps.round(size)
         } else {
             self.size_class.round_inline(size)
         }
@@ -185,6 +196,8 @@ impl<B, P: Policy, C: Clock> Cache<B, P, C> {
     fn round(&self, size: usize) -> Option<usize> {
         if self.exact {
             (size != 0).then_some(size)
+        } else if let Some(steps) = self.steps {
+            steps.round(size)
         } else {
             self.size_class.round(size)
         }
@@ -436,7 +449,7 @@ impl<B, P: Policy, C: Clock> Cache<B, P, C> {
             }
             size
         } else {
-            match self.size_class.round(size) {
+            match self.round(size) {
                 Some(class) if self.bytes_in_use() >= class => class,
                 _ => release_mismatch(size),
             }

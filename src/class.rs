@@ -85,6 +85,48 @@ impl SizeClass {
     }
 }
 
+/// A [`SizeClass`] whose steps are powers of two, as shifts: every size
+/// class but [`SizeClass::Multiple`] of a number that is no power of two
+/// and [`SizeClass::PowerOfTwoDivisions`] into a number of steps that is
+/// none. Rounds any size with a mask, in a few instructions and without a
+/// branch on the variant ([`round`](Self::round)), as [`SizeClass::round`]
+/// does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Steps {
+    /// `log2(k)` of `k` divisions of each power of two, or `usize::BITS`
+    /// (no division: a class of the size itself, before `least`).
+    split: u32,
+    /// `log2(n)` of a multiple of `n` (zero but for `Multiple`).
+    least: u32,
+}
+
+impl Steps {
+    /// The steps of `class`, or `None` when they are not all powers of two.
+    pub(crate) fn of(class: SizeClass) -> Option<Steps> {
+        let (split, least) = match class {
+            SizeClass::Exact | SizeClass::Multiple(0) => (usize::BITS, 0),
+            SizeClass::Multiple(n) if n.is_power_of_two() => (usize::BITS, n.trailing_zeros()),
+            SizeClass::PowerOfTwo | SizeClass::PowerOfTwoDivisions(0) => (0, 0),
+            SizeClass::PowerOfTwoDivisions(k) if k.is_power_of_two() => (k.trailing_zeros(), 0),
+            SizeClass::Multiple(_) | SizeClass::PowerOfTwoDivisions(_) => return None,
+        };
+        Some(Steps { split, least })
+    }
+
+    /// [`SizeClass::round`] of the class these are the steps of: a size in
+    /// `[2^m, 2^(m+1))` rounds up to a multiple of `2^max(m - split,
+    /// least)` (`k = 2^split` steps of `2^(m - split)` from `2^m`, which is
+    /// one of them), or `None` for zero or past `usize::MAX`.
+    #[inline(always)]
+    pub(crate) fn round(self, size: usize) -> Option<usize> {
+        let top = size.checked_ilog2()?;
+        let shift = top.saturating_sub(self.split).max(self.least);
+        // `shift < usize::BITS`: `top` is, and so is `least`.
+        let mask = (1usize << shift) - 1;
+        Some(size.checked_add(mask)? & !mask)
+    }
+}
+
 /// [`SizeClass::PowerOfTwoDivisions`] for a nonzero size under 2^32, in
 /// 64-bit arithmetic (every product stays under 2^63), so its divisions
 /// are instructions, not calls.
@@ -215,6 +257,58 @@ mod tests {
                     "size {size} k {k}"
                 );
             }
+        }
+    }
+
+    #[test]
+    fn steps_round_as_their_class_rounds() {
+        let mut sizes = vec![0usize, 1, 2, 3, usize::MAX, usize::MAX - 1];
+        for log in 1..usize::BITS {
+            let p = 1usize << log;
+            sizes.extend([
+                p - 1,
+                p,
+                p + 1,
+                p + p / 3,
+                p + p / 2,
+                p + (p - 1) / 2 * 2 - 1,
+            ]);
+            sizes.extend([p.wrapping_mul(3) / 2 + 1, p | (p - 1)]);
+        }
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        for _ in 0..if cfg!(miri) { 50 } else { 3000 } {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            sizes.push(x as usize >> (x % 64));
+        }
+        let mut classes = vec![
+            SizeClass::Exact,
+            SizeClass::PowerOfTwo,
+            SizeClass::Multiple(0),
+            SizeClass::Multiple(1),
+            SizeClass::Multiple(1 << (usize::BITS - 1)),
+            SizeClass::PowerOfTwoDivisions(0),
+            SizeClass::PowerOfTwoDivisions(1),
+            SizeClass::PowerOfTwoDivisions(1 << 31),
+        ];
+        for log in 1..8 {
+            classes.push(SizeClass::Multiple(1 << log));
+            classes.push(SizeClass::PowerOfTwoDivisions(1 << log));
+        }
+        for class in classes {
+            let steps = Steps::of(class).expect("steps of powers of two");
+            for &size in &sizes {
+                assert_eq!(steps.round(size), class.round(size), "{class:?} {size}");
+            }
+        }
+        for class in [
+            SizeClass::Multiple(96),
+            SizeClass::Multiple(usize::MAX),
+            SizeClass::PowerOfTwoDivisions(3),
+            SizeClass::PowerOfTwoDivisions(u32::MAX),
+        ] {
+            assert_eq!(Steps::of(class), None, "{class:?}");
         }
     }
 

@@ -438,18 +438,25 @@ impl<A: RawAllocator, P: Policy, C: Clock> DecayingPool<A, P, C> {
             }
             // A size of zero finds no class (`Store::take`) and goes on to
             // `allocate_slow`, which reports it.
-            if let Some(block) = self.cache.take_inline(size, size, now) {
-                return Ok(block);
+            if self.cache.exact() {
+                if let Some(block) = self.cache.take_inline(size, size, now) {
+                    return Ok(block);
+                }
+            } else if let Some(class) = self.cache.round_inline(size) {
+                if let Some(block) = self.cache.take_inline(size, class, now) {
+                    return Ok(block);
+                }
             }
         }
         self.allocate_slow(size, now)
     }
 
-    /// `allocate`'s hit path at `now` for a pool whose classes round or
-    /// whose store takes its hits out of line (`Cache::hits_inline`),
-    /// when no collection is due. Out of line: its rounding and its hooks
-    /// need registers (and calls) that the inlined hit path, which calls
-    /// nothing, would otherwise save and restore at every hit.
+    /// `allocate`'s hit path at `now` for a pool whose store takes its
+    /// hits out of line (`Cache::hits_inline`), when no collection is due.
+    /// Out of line: its hooks need registers (and calls) that the inlined
+    /// hit path, which calls nothing, would otherwise save and restore at
+    /// every hit. (Classes that round are rounded on the inlined path, in
+    /// a few instructions when their steps are powers of two: `Steps`.)
     #[inline(never)]
     fn allocate_outlined(
         &mut self,
