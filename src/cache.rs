@@ -60,7 +60,10 @@ pub(crate) struct Cache<B, P: Policy, C> {
     /// Whether `size_class` rounds nothing: the hit path skips its `match`.
     exact: bool,
     /// `size_class` as shifts, when its steps are powers of two: the
-    /// rounding of the hit path and the release without a `match`.
+    /// inlined hit path's rounding, without a `match`. (A release rounds
+    /// with `SizeClass::round`: with these shifts, batches of releases
+    /// took 25.8 ns a block against 20.2, for fewer instructions; see
+    /// `docs/PERFORMANCE.md`.)
     steps: Option<Steps>,
     reuse: Reuse,
     limit: Option<usize>,
@@ -196,8 +199,6 @@ impl<B, P: Policy, C: Clock> Cache<B, P, C> {
     fn round(&self, size: usize) -> Option<usize> {
         if self.exact {
             (size != 0).then_some(size)
-        } else if let Some(steps) = self.steps {
-            steps.round(size)
         } else {
             self.size_class.round(size)
         }
