@@ -870,13 +870,28 @@ impl Exponential {
 
     /// Whether an allowance of `allowance` with `bytes` (as a float)
     /// cached still keeps the planned deadline; marks it stale when not.
+    ///
+    /// Kept means both: above the threshold with the watch's margin, and
+    /// not above the clamp (`bytes + half`) that the collections skipped
+    /// until the deadline would apply. A release adds its size to both
+    /// sides of the clamp and a hit scales both, so in exact arithmetic
+    /// neither can make it bind; but each side is rounded apart (the
+    /// allowance as a float sum, the bytes as an integer then converted),
+    /// and where the bytes cached dwarf `half` (2^63 bytes against a
+    /// block of 2^40: an ulp is 2048) the allowance can come out an ulp
+    /// above a clamp it sat on.
     #[inline(always)]
     fn keep_watch(&mut self, allowance: f64, bytes: f64) {
-        // Written so that a NaN (none arises) would count as stale.
-        let keeps = allowance > (bytes - self.half) * self.watch;
-        if !keeps {
+        if !self.keeps(allowance, bytes) {
             self.lose_watch();
         }
+    }
+
+    /// The test of [`keep_watch`](Self::keep_watch), written so that a
+    /// NaN (which only `try_on_hit`'s ratio can give) counts as stale.
+    #[inline(always)]
+    fn keeps(&self, allowance: f64, bytes: f64) -> bool {
+        allowance > (bytes - self.half) * self.watch && allowance <= bytes + self.half
     }
 
     /// A release or a hit brought the deadline forward (or the deadline
@@ -1078,8 +1093,7 @@ impl EvictionPolicy for Exponential {
         let scale = bytes / float(before);
         let allowance = settled * scale;
         // `keep_watch`, whose failure (`lose_watch`) goes out of line.
-        let keeps = allowance > (bytes - self.half) * self.watch;
-        if !keeps {
+        if !self.keeps(allowance, bytes) {
             return false;
         }
         self.allowance = settled;

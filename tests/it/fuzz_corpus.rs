@@ -50,6 +50,7 @@ const S1: u8 = 0;
 const S8: u8 = 4;
 const S64: u8 = 6;
 const S100: u8 = 7;
+const S128: u8 = 9;
 const S129: u8 = 10;
 const S500: u8 = 11;
 const S1000: u8 = 13;
@@ -650,6 +651,33 @@ fn pool_seeds() -> Vec<(String, Vec<u8>)> {
         seed(
             &cfg(0, P16).class(3, 3).palette(&[S1025, S3000, S129]),
             steady(16),
+        ),
+    );
+    // Blocks of 2^63 + 1 bytes beside blocks of 2^40, 1025 and 128, with
+    // a half-life of 4 ticks: where an ulp is 2048, the allowance and the
+    // bytes cached round apart at each release (the allowance as a float
+    // sum, the bytes as an integer), and the allowance came out an ulp
+    // above the clamp of a collection that the deadline let the pool
+    // skip (found by `cargo fuzz run pool_ops`).
+    add(
+        "exponential-clamp-rounding",
+        seed(
+            &cfg(1, P4)
+                .palette(&[S1025, S128])
+                .trim()
+                .faults()
+                .drop_seed(171),
+            [
+                op::huge(3),
+                op::huge(3),
+                op::huge(2),
+                op::alloc(0),
+                op::alloc(0),
+                op::alloc(1),
+                op::release(0),
+                op::advance(4, 0),
+                op::inject(ON_FREE, 1),
+            ],
         ),
     );
     for (i, kind) in [0u8, 1, 2, 2].into_iter().enumerate() {
