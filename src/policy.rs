@@ -1522,6 +1522,128 @@ mod tests {
         );
     }
 
+    /// While a deadline holds, a collection the pool skips would have
+    /// changed nothing: `must_evict` would answer `false` and leave the
+    /// allowance as it was, unclamped (the model's check of every skipped
+    /// collection). Here a clamp leaves the allowance exactly on `bytes +
+    /// half` with 2^63 bytes cached, where an ulp is 2048 bytes, and a
+    /// deadline is planned; two releases of 1025 bytes then round the
+    /// allowance (a float sum) up twice and the bytes cached (an integer,
+    /// converted) once, which must cost the deadline.
+    #[test]
+    fn a_release_that_rounds_the_allowance_above_the_clamp_loses_the_deadline() {
+        use super::FreeReason;
+        // A long half-life, so that the deadline (a 2^-23 of it ahead)
+        // is far more than a nanosecond.
+        let h = Duration::from_secs(1 << 20);
+        let t0 = Duration::from_secs(1);
+        let mut p = Exponential::new(h);
+        p.set_at(t0);
+        let (x, a, big) = (1usize << 62, 1usize << 40, (1usize << 63) + 1);
+        let mut bytes = 0;
+        for size in [x, a, big] {
+            bytes += size;
+            p.on_release(t0, size, bytes);
+        }
+        // Half a half-life on, the oldest block (2^62) is due.
+        let t1 = t0 + h / 2;
+        let oldest = |size| Oldest {
+            released_at: t0,
+            size,
+        };
+        assert!(p.must_evict(t1, oldest(x), bytes));
+        bytes -= x;
+        p.on_free(t1, x, bytes, FreeReason::Expired);
+        // The allowance is clamped to `bytes + 2^39` (the next oldest is
+        // 2^40 bytes), nothing is due, and a deadline is planned.
+        assert!(!p.must_evict(t1, oldest(a), bytes));
+        assert_eq!(p.allowance, bytes as f64 + (a / 2) as f64);
+        assert!(
+            p.provisional_deadline(oldest(a))
+                .is_some_and(|due| due > t1)
+        );
+        for _ in 0..2 {
+            bytes += 1025;
+            p.on_release(t1, 1025, bytes);
+            if let Some(due) = p.provisional_deadline(oldest(a)) {
+                // Held: a collection skipped until `due` would not clamp.
+                assert!(t1 < due);
+                let settled = p.allowance * p.scale;
+                let mut asked = p;
+                assert!(!asked.must_evict(t1, oldest(a), bytes));
+                assert_eq!(
+                    asked.allowance.to_bits(),
+                    settled.to_bits(),
+                    "a collection skipped until {due:?} clamps {settled} to {}",
+                    asked.allowance
+                );
+            }
+        }
+        assert!(
+            p.deadline_stale(),
+            "the second release rounds past the clamp"
+        );
+    }
+
+    /// The same for a hit: with the allowance clamped to `bytes + half`,
+    /// 2^61.7 bytes cached (an ulp of 512) and a `half` that is no
+    /// multiple of an ulp, a hit scales the allowance by `after / before`
+    /// rounded, which can leave it an ulp above the clamp at `after`.
+    /// Every hit of 1 to 5000 bytes (300 under Miri) from that state
+    /// either keeps a deadline whose skipped collections would not clamp,
+    /// or loses it; some do each.
+    #[test]
+    fn a_hit_that_rounds_the_allowance_above_the_clamp_loses_the_deadline() {
+        use super::FreeReason;
+        let h = Duration::from_secs(1 << 20);
+        let t0 = Duration::from_secs(1);
+        let (x, a, big) = (1usize << 62, 2_459_860_883_968, 3_768_991_187_054_580_519);
+        let oldest = |size| Oldest {
+            released_at: t0,
+            size,
+        };
+        let mut p = Exponential::new(h);
+        p.set_at(t0);
+        let mut bytes = 0;
+        for size in [x, a, big] {
+            bytes += size;
+            p.on_release(t0, size, bytes);
+        }
+        let t1 = t0 + h / 2;
+        assert!(p.must_evict(t1, oldest(x), bytes));
+        bytes -= x;
+        p.on_free(t1, x, bytes, FreeReason::Expired);
+        assert!(!p.must_evict(t1, oldest(a), bytes));
+        assert_eq!(p.allowance, bytes as f64 + (a / 2) as f64);
+        assert!(p.provisional_deadline(oldest(a)).is_some());
+        let (mut kept, mut lost) = (0, 0);
+        // Fewer under Miri, which runs this a thousand times slower.
+        let sizes = if cfg!(miri) { 300 } else { 5000 };
+        for size in 1..=sizes {
+            let mut q = p;
+            let after = bytes - size;
+            if !q.try_on_hit(t1, size, bytes, after) {
+                q.on_hit(t1, size, bytes, after);
+            }
+            let Some(due) = q.provisional_deadline(oldest(a)) else {
+                lost += 1;
+                continue;
+            };
+            kept += 1;
+            let settled = q.allowance * q.scale;
+            let mut asked = q;
+            assert!(!asked.must_evict(t1, oldest(a), after));
+            assert_eq!(
+                asked.allowance.to_bits(),
+                settled.to_bits(),
+                "after a hit of {size}, a collection skipped until {due:?} clamps {settled} \
+                 to {}",
+                asked.allowance
+            );
+        }
+        assert!(kept > 0 && lost > 0, "{kept} kept, {lost} lost");
+    }
+
     /// Planning backs off while releases make each plan stale before the
     /// next collection with the clock moving, and plans again at every
     /// collection once a plan lasts.
