@@ -1522,31 +1522,26 @@ mod tests {
         );
     }
 
-    /// While a deadline holds, a collection the pool skips would have
-    /// changed nothing: `must_evict` would answer `false` and leave the
-    /// allowance as it was, unclamped (the model's check of every skipped
-    /// collection). Here a clamp leaves the allowance exactly on `bytes +
-    /// half` with 2^63 bytes cached, where an ulp is 2048 bytes, and a
-    /// deadline is planned; two releases of 1025 bytes then round the
-    /// allowance (a float sum) up twice and the bytes cached (an integer,
-    /// converted) once, which must cost the deadline.
-    #[test]
-    fn a_release_that_rounds_the_allowance_above_the_clamp_loses_the_deadline() {
+    /// A long half-life, so that the deadlines of [`clamped`] (a 2^-23 of
+    /// it ahead) are far more than a nanosecond.
+    const LONG: Duration = Duration::from_secs(1 << 20);
+
+    /// Blocks of `x`, `a` and `big` bytes released at one time, the first
+    /// evicted half a half-life ([`LONG`]) later; the allowance is then
+    /// clamped to `bytes + a / 2` (the next oldest is `a`), nothing is due,
+    /// and a deadline is planned. Returns the policy, the bytes cached,
+    /// the time and the oldest block.
+    fn clamped(x: usize, a: usize, big: usize) -> (Exponential, usize, Duration, Oldest) {
         use super::FreeReason;
-        // A long half-life, so that the deadline (a 2^-23 of it ahead)
-        // is far more than a nanosecond.
-        let h = Duration::from_secs(1 << 20);
         let t0 = Duration::from_secs(1);
-        let mut p = Exponential::new(h);
+        let mut p = Exponential::new(LONG);
         p.set_at(t0);
-        let (x, a, big) = (1usize << 62, 1usize << 40, (1usize << 63) + 1);
         let mut bytes = 0;
         for size in [x, a, big] {
             bytes += size;
             p.on_release(t0, size, bytes);
         }
-        // Half a half-life on, the oldest block (2^62) is due.
-        let t1 = t0 + h / 2;
+        let t1 = t0 + LONG / 2;
         let oldest = |size| Oldest {
             released_at: t0,
             size,
@@ -1554,30 +1549,54 @@ mod tests {
         assert!(p.must_evict(t1, oldest(x), bytes));
         bytes -= x;
         p.on_free(t1, x, bytes, FreeReason::Expired);
-        // The allowance is clamped to `bytes + 2^39` (the next oldest is
-        // 2^40 bytes), nothing is due, and a deadline is planned.
         assert!(!p.must_evict(t1, oldest(a), bytes));
         assert_eq!(p.allowance, bytes as f64 + (a / 2) as f64);
         assert!(
             p.provisional_deadline(oldest(a))
                 .is_some_and(|due| due > t1)
         );
+        (p, bytes, t1, oldest(a))
+    }
+
+    /// Whether `p` holds a deadline for `oldest` at `now`; if so, asserts
+    /// that a collection the pool skips then would have changed nothing:
+    /// `must_evict` answers `false` and leaves the allowance as it was,
+    /// unclamped (the model's check of every skipped collection).
+    fn holds_and_skips_nothing(
+        p: Exponential,
+        now: Duration,
+        oldest: Oldest,
+        bytes: usize,
+    ) -> bool {
+        let Some(due) = p.provisional_deadline(oldest) else {
+            return false;
+        };
+        assert!(now < due);
+        let settled = p.allowance * p.scale;
+        let mut asked = p;
+        assert!(!asked.must_evict(now, oldest, bytes));
+        assert_eq!(
+            asked.allowance.to_bits(),
+            settled.to_bits(),
+            "with {bytes} bytes cached, a collection skipped until {due:?} clamps {settled} \
+             to {}",
+            asked.allowance
+        );
+        true
+    }
+
+    /// A clamp leaves the allowance exactly on `bytes + half` with 2^63
+    /// bytes cached, where an ulp is 2048 bytes, and a deadline is
+    /// planned; two releases of 1025 bytes then round the allowance (a
+    /// float sum) up twice and the bytes cached (an integer, converted)
+    /// once, which must cost the deadline.
+    #[test]
+    fn a_release_that_rounds_the_allowance_above_the_clamp_loses_the_deadline() {
+        let (mut p, mut bytes, now, oldest) = clamped(1 << 62, 1 << 40, (1 << 63) + 1);
         for _ in 0..2 {
             bytes += 1025;
-            p.on_release(t1, 1025, bytes);
-            if let Some(due) = p.provisional_deadline(oldest(a)) {
-                // Held: a collection skipped until `due` would not clamp.
-                assert!(t1 < due);
-                let settled = p.allowance * p.scale;
-                let mut asked = p;
-                assert!(!asked.must_evict(t1, oldest(a), bytes));
-                assert_eq!(
-                    asked.allowance.to_bits(),
-                    settled.to_bits(),
-                    "a collection skipped until {due:?} clamps {settled} to {}",
-                    asked.allowance
-                );
-            }
+            p.on_release(now, 1025, bytes);
+            holds_and_skips_nothing(p, now, oldest, bytes);
         }
         assert!(
             p.deadline_stale(),
@@ -1594,52 +1613,22 @@ mod tests {
     /// or loses it; some do each.
     #[test]
     fn a_hit_that_rounds_the_allowance_above_the_clamp_loses_the_deadline() {
-        use super::FreeReason;
-        let h = Duration::from_secs(1 << 20);
-        let t0 = Duration::from_secs(1);
-        let (x, a, big) = (1usize << 62, 2_459_860_883_968, 3_768_991_187_054_580_519);
-        let oldest = |size| Oldest {
-            released_at: t0,
-            size,
-        };
-        let mut p = Exponential::new(h);
-        p.set_at(t0);
-        let mut bytes = 0;
-        for size in [x, a, big] {
-            bytes += size;
-            p.on_release(t0, size, bytes);
-        }
-        let t1 = t0 + h / 2;
-        assert!(p.must_evict(t1, oldest(x), bytes));
-        bytes -= x;
-        p.on_free(t1, x, bytes, FreeReason::Expired);
-        assert!(!p.must_evict(t1, oldest(a), bytes));
-        assert_eq!(p.allowance, bytes as f64 + (a / 2) as f64);
-        assert!(p.provisional_deadline(oldest(a)).is_some());
+        let (p, bytes, now, oldest) =
+            clamped(1 << 62, 2_459_860_883_968, 3_768_991_187_054_580_519);
         let (mut kept, mut lost) = (0, 0);
         // Fewer under Miri, which runs this a thousand times slower.
         let sizes = if cfg!(miri) { 300 } else { 5000 };
         for size in 1..=sizes {
             let mut q = p;
             let after = bytes - size;
-            if !q.try_on_hit(t1, size, bytes, after) {
-                q.on_hit(t1, size, bytes, after);
+            if !q.try_on_hit(now, size, bytes, after) {
+                q.on_hit(now, size, bytes, after);
             }
-            let Some(due) = q.provisional_deadline(oldest(a)) else {
+            if holds_and_skips_nothing(q, now, oldest, after) {
+                kept += 1;
+            } else {
                 lost += 1;
-                continue;
-            };
-            kept += 1;
-            let settled = q.allowance * q.scale;
-            let mut asked = q;
-            assert!(!asked.must_evict(t1, oldest(a), after));
-            assert_eq!(
-                asked.allowance.to_bits(),
-                settled.to_bits(),
-                "after a hit of {size}, a collection skipped until {due:?} clamps {settled} \
-                 to {}",
-                asked.allowance
-            );
+            }
         }
         assert!(kept > 0 && lost > 0, "{kept} kept, {lost} lost");
     }
