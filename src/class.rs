@@ -86,11 +86,11 @@ impl SizeClass {
 }
 
 /// A [`SizeClass`] whose steps are powers of two, as shifts: every size
-/// class but [`SizeClass::Multiple`] of a number that is no power of two
-/// and [`SizeClass::PowerOfTwoDivisions`] into a number of steps that is
-/// none. Rounds any size with a mask, in a few instructions and without a
-/// branch on the variant ([`round`](Self::round)), as [`SizeClass::round`]
-/// does.
+/// class but a [`SizeClass::Multiple`] of a number that is no power of
+/// two and [`SizeClass::PowerOfTwoDivisions`] into a number of steps that
+/// is no power of two. Rounds any size as [`SizeClass::round`] does, with
+/// a mask: a few instructions and no branch on the kind of class
+/// ([`round`](Self::round)).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Steps {
     /// `log2(k)` of `k` divisions of each power of two, or `usize::BITS`
