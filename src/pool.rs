@@ -488,6 +488,27 @@ impl<A: RawAllocator, P: Policy, C: Clock> DecayingPool<A, P, C> {
         self.miss(size, class, now)
     }
 
+    /// A cached block of `class` (a class size of this pool), if the cache
+    /// holds one once the policy has run: a hit for `class` bytes, to be
+    /// released with `class` as its size. Never calls the backing
+    /// allocator: for the packing layer, which serves a large request with
+    /// a somewhat larger cached block before it would miss.
+    pub(crate) fn take_cached(&mut self, class: usize) -> Option<A::Block> {
+        let Self { alloc, cache, .. } = self;
+        let now = cache.now();
+        // SAFETY: only the cache calls it, as its free callback (`backing_free`'s contract).
+        cache.run_policy(now, &mut unsafe { backing_free(alloc) });
+        if cache.class_of::<A::Error>(class).ok()? != class {
+            return None;
+        }
+        let block = cache.take(class, class, now)?;
+        #[cfg(debug_assertions)]
+        if let Some(key) = self.alloc.block_key(&block) {
+            self.handed.insert(key, class);
+        }
+        Some(block)
+    }
+
     /// Puts `block` back into the cache.
     ///
     /// First frees whatever the policy says must go at the current time.

@@ -116,7 +116,7 @@ struct ReplayArgs {
     size_class: Vec<SizeClass>,
     /// Packing settings to try, each KEY=VALUE,... over the defaults (keys:
     /// small, medium, small_segment, medium_segment, max_segment, growth,
-    /// multiple, cap, slack, large_rounding, capacity, granularity; `on`
+    /// multiple, cap, slack, large_rounding, large_fit, capacity, granularity; `on`
     /// for the defaults, `off` for none). Repeat the option for several.
     #[arg(long, value_name = "KEY=VALUE,...", value_parser = parse_packing)]
     packing: Vec<PackingArg>,

@@ -187,8 +187,12 @@ fn pick<T: Copy>(table: &[T], b: u8) -> T {
     table[usize::from(b) % table.len()]
 }
 
-/// The packing settings of preset `i` with the cap fraction and device
-/// capacity given.
+/// [`Packing::large_fit`] values, chosen by bits 3 and 4 of the preset
+/// byte (so that the inputs written before the setting keep the default).
+pub const LARGE_FITS: [usize; 4] = [2, 0, 1, 8];
+
+/// The packing settings of preset `i` (`i % 8` into [`PRESETS`], `i / 8`
+/// into [`LARGE_FITS`]) with the cap fraction and device capacity given.
 pub fn preset(i: u8, cap_fraction: usize, device: Option<usize>) -> Packing {
     let (small, medium, small_seg, medium_seg, max_seg, growth, multiple, granularity, large) =
         pick(&PRESETS, i);
@@ -201,6 +205,7 @@ pub fn preset(i: u8, cap_fraction: usize, device: Option<usize>) -> Packing {
         .growth(growth)
         .segment_multiple(multiple)
         .large_rounding(large)
+        .large_fit(pick(&LARGE_FITS, i / 8))
         .granularity(granularity)
         .cap_fraction(cap_fraction);
     match device {
@@ -361,6 +366,8 @@ pub struct PackedSummary {
     pub failures: u64,
     /// Segments the exact pool served from its cache (a hit).
     pub pool_hits: u64,
+    /// Large requests served by a cached block of a larger class.
+    pub larger_reuses: u64,
     /// Blocks the exact pool's policy evicted.
     pub evictions: u64,
     /// Whether the run went through a `SharedPool`.
@@ -536,8 +543,30 @@ impl Harness {
         if h.packed {
             round_up(h.size, self.packing.granularity.max(1).next_power_of_two())
         } else {
-            self.class_size(self.exact_bytes(h.size))
+            // Its class, or a larger one it was swapped for (see
+            // `Packing::large_fit`): the backing block it starts, checked
+            // against the bounds in `check`.
+            let class = self.class_size(self.exact_bytes(h.size));
+            self.backing
+                .get(&h.block)
+                .copied()
+                .or(class)
                 .expect("a block held has a class")
+        }
+    }
+
+    /// The class an exact block of a request of `size` may have been taken
+    /// from: its own, or up to `1 / large_fit` larger above the medium
+    /// threshold.
+    fn exact_classes(&self, size: usize) -> (usize, usize) {
+        let class = self
+            .class_size(self.exact_bytes(size))
+            .expect("a block held has a class");
+        let fit = self.packing.large_fit;
+        if size > self.packing.medium_threshold && fit > 0 {
+            (class, class.saturating_add(class / fit))
+        } else {
+            (class, class)
         }
     }
 
@@ -595,6 +624,16 @@ impl Harness {
         assert_eq!(ps.packed_bytes, packed_bytes, "packed bytes, {}", ctx());
         let exact: Vec<&Held> = self.held.iter().filter(|h| !h.packed).collect();
         let exact_bytes: usize = exact.iter().map(|h| self.extent(h)).sum();
+        let oversize: usize = exact
+            .iter()
+            .map(|h| self.extent(h) - self.exact_classes(h.size).0)
+            .sum();
+        assert_eq!(
+            ps.oversize_bytes,
+            oversize,
+            "oversize bytes: exact blocks beyond their classes, {}",
+            ctx()
+        );
 
         // Every segment is in the exact pool once, in use.
         assert_eq!(
@@ -665,6 +704,15 @@ impl Harness {
                     h.block,
                     "exact block {:#x} is not a whole backing block, {}",
                     h.block,
+                    ctx()
+                );
+                let (least, most) = self.exact_classes(h.size);
+                assert!(
+                    (least..=most).contains(&size),
+                    "exact block {:#x} for {} bytes is a block of {size} bytes, not of \
+                     {least}..={most}, {}",
+                    h.block,
+                    h.size,
                     ctx()
                 );
             }
@@ -966,6 +1014,7 @@ pub fn run_packed(input: &PackedInput) -> PackedSummary {
     summary.segments_created = ps.segments_created;
     summary.segments_released = ps.segments_released;
     summary.pool_hits = s.hits;
+    summary.larger_reuses = ps.larger_reuses;
     summary.evictions = s.evictions;
 
     let Harness {

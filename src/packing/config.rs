@@ -85,6 +85,18 @@ pub struct Packing {
     /// size CUDA maps large allocations with), so sizes a few bytes apart
     /// share cached blocks; 1 keeps them exact to the byte.
     pub large_rounding: usize,
+    /// A request above the medium threshold whose class has no cached
+    /// block takes the smallest cached large block up to `1 / large_fit`
+    /// larger than its class, whole, rather than miss: requests whose sizes
+    /// vary (a batch or sequence length that changes from call to call)
+    /// reuse each other's blocks. The block is not split: it goes back to
+    /// the pool whole when released, as the class it is. On a known
+    /// capacity (or limit), the bytes such blocks hold beyond their
+    /// requests' classes stay, with the free space inside segments, within
+    /// the larger of `1 / slack_fraction` of it and half the room the
+    /// requests have left so far (capacity less their peak). Default 2: up
+    /// to half again; 0 reuses exact classes only.
+    pub large_fit: usize,
 }
 
 impl Default for Packing {
@@ -102,6 +114,7 @@ impl Default for Packing {
             capacity: None,
             granularity: 512,
             large_rounding: 2 * MIB,
+            large_fit: 2,
         }
     }
 }
@@ -191,6 +204,14 @@ impl Packing {
         large_rounding: usize
     );
     setter!(
+        /// Sets [`large_fit`](Self::large_fit).
+        ///
+        /// ```
+        /// assert_eq!(decaying_pool::Packing::default().large_fit(0).large_fit, 0);
+        /// ```
+        large_fit: usize
+    );
+    setter!(
         /// Sets [`cap_fraction`](Self::cap_fraction).
         ///
         /// ```
@@ -222,7 +243,8 @@ impl Packing {
     }
 
     /// No packing at all: every request is an exact block of its own size
-    /// (thresholds 0, no large rounding), as from the pool alone.
+    /// (thresholds 0, no large rounding, no larger block reused), as from
+    /// the pool alone.
     ///
     /// # Examples
     ///
@@ -234,6 +256,7 @@ impl Packing {
             .small_threshold(0)
             .medium_threshold(0)
             .large_rounding(1)
+            .large_fit(0)
     }
 
     /// The largest segment allowed with this setting over a pool whose
@@ -327,7 +350,7 @@ impl FromStr for Packing {
     /// `small_segment`, `medium_segment`, `max_segment`, `growth`,
     /// `segment_multiple`
     /// (`multiple`), `cap_fraction` (`cap`), `slack_fraction` (`slack`),
-    /// `large_rounding`,
+    /// `large_rounding`, `large_fit`,
     /// `capacity`, `granularity`. Sizes take `K`, `M`, `G` suffixes; `off`
     /// alone turns packing off.
     fn from_str(s: &str) -> Result<Self, Self::Err> {
@@ -354,6 +377,7 @@ impl FromStr for Packing {
                 "capacity" => p.capacity = Some(size()?),
                 "granularity" => p.granularity = size()?,
                 "large_rounding" => p.large_rounding = size()?,
+                "large_fit" => p.large_fit = size()?,
                 "slack_fraction" | "slack" => p.slack_fraction = size()?,
                 other => return Err(ParsePackingError(format!("unknown packing key `{other}`"))),
             }

@@ -15,6 +15,7 @@ mod segment;
 mod stats;
 
 use core::fmt;
+use std::collections::BTreeMap;
 
 use hashbrown::HashMap;
 use offset_allocator::{Allocation, Allocator};
@@ -43,6 +44,9 @@ const SPARES: usize = 4;
 /// next step take them back: on the shared training trace, three passes
 /// peak at 1.17x peak live with 64 remembered, 1.48x with 16.
 const RECENT: usize = 64;
+/// Distinct large class sizes remembered as given back to the pool (see
+/// `PackedPool::larger`); past it, the smallest is forgotten.
+const LARGER: usize = 64;
 
 /// A [`DecayingPool`] with packing: requests up to a threshold are carved
 /// from *segments* (blocks of the pool), larger ones are the pool's exact
@@ -115,6 +119,14 @@ pub struct PackedPool<A: Packable, P: Policy = FixedTime, C: Clock = MonotonicCl
     freed_mark: u64,
     /// Carved blocks handed out, by address.
     live: HashMap<usize, Live>,
+    /// Class sizes of large blocks given back to the pool, with how many:
+    /// likely still cached there (a class whose block the pool no longer
+    /// holds is dropped when a request finds it gone). Ordered, so that a
+    /// large request finds the smallest class at least its own.
+    larger: BTreeMap<usize, u32>,
+    /// Large blocks handed out from a larger class than their request's,
+    /// by address: the class taken and the request's class.
+    swapped: HashMap<usize, (usize, usize)>,
     st: PackingStats,
 }
 
@@ -216,6 +228,8 @@ impl<A: Packable, P: Policy, C: Clock> PackedPool<A, P, C> {
             recent: Vec::new(),
             freed_mark: 0,
             live: HashMap::new(),
+            larger: BTreeMap::new(),
+            swapped: HashMap::new(),
             st: PackingStats::default(),
         }
     }
@@ -251,6 +265,9 @@ impl<A: Packable, P: Policy, C: Clock> PackedPool<A, P, C> {
         }
         if size > self.packing.medium_threshold {
             let large = self.large_size(size);
+            if let Some(block) = self.reuse_larger(large, size) {
+                return Ok(block);
+            }
             return self.exact(large, size, false);
         }
         let units = self.units_of(size);
@@ -345,16 +362,33 @@ impl<A: Packable, P: Policy, C: Clock> PackedPool<A, P, C> {
         let addr = A::address(&block);
         let Some(live) = self.live.remove(&addr) else {
             // An exact block: the pool checks the size.
-            let bytes = if size > self.packing.medium_threshold {
-                self.large_size(size)
-            } else {
-                size
+            let large = size > self.packing.medium_threshold;
+            let bytes = if large { self.large_size(size) } else { size };
+            let bytes = match self.swapped.remove(&addr) {
+                Some((taken, class)) if large && Some(class) == self.pool.class_size(bytes) => {
+                    self.st.oversize_bytes -= taken - class;
+                    taken
+                }
+                Some(wrong) => {
+                    self.swapped.insert(addr, wrong);
+                    panic!(
+                        "PackedPool::release: a large block allocated for a class of {} bytes \
+                         released as {size} bytes",
+                        wrong.1
+                    );
+                }
+                None => bytes,
             };
             // SAFETY: the caller's contract; the block was not carved, so it
             // came from `self.pool.allocate(bytes)` (`allocate` asks for
-            // `large_size(size)` above the medium threshold).
+            // `large_size(size)` above the medium threshold), or from
+            // `self.pool.take_cached(bytes)` when it was swapped for a
+            // larger class.
             unsafe { self.pool.release(block, bytes) };
             self.st.bytes_requested = self.st.bytes_requested.saturating_sub(size);
+            if large && self.packing.large_fit > 0 {
+                self.remember_larger(bytes);
+            }
             return;
         };
         if live.size != size {
@@ -630,6 +664,20 @@ impl<A: Packable, P: Policy, C: Clock> PackedPool<A, P, C> {
         assert!(st.bytes_requested >= requested_packed);
         assert_eq!(st.requests, st.carved + st.exact + st.exact_fallbacks);
         assert_eq!(st.segments_created - st.segments_released, segments);
+        assert_eq!(
+            st.oversize_bytes,
+            self.swapped
+                .values()
+                .map(|&(taken, class)| taken - class)
+                .sum::<usize>(),
+            "oversize bytes: the excess of the large blocks swapped for a larger class"
+        );
+        assert!(st.larger_reuses >= self.swapped.len() as u64);
+        assert!(self.larger.len() <= LARGER);
+        assert!(
+            self.swapped.keys().all(|a| !self.live.contains_key(a)),
+            "a swapped large block is not carved"
+        );
         assert!(self.stats().bytes_in_use >= segment_bytes);
     }
 
@@ -699,6 +747,79 @@ impl<A: Packable, P: Policy, C: Clock> PackedPool<A, P, C> {
         }
         self.requested(size);
         Ok(block)
+    }
+
+    /// A cached large block for a request of `size` bytes (`bytes` once
+    /// rounded), of its class or up to `1 / large_fit` larger, if the pool
+    /// holds one (see [`Packing::large_fit`]); `None` sends the request to
+    /// the pool (a hit there, or a miss).
+    ///
+    /// The classes tried are those remembered as given back to the pool,
+    /// smallest first; one the pool no longer holds is forgotten, so each
+    /// remembered class costs one failed try at most (O(1) amortised, and
+    /// O(log) for the ordered lookup).
+    fn reuse_larger(&mut self, bytes: usize, size: usize) -> Option<A::Block> {
+        let fit = self.packing.large_fit;
+        if fit == 0 || self.larger.is_empty() {
+            return None;
+        }
+        let class = self.pool.class_size(bytes)?;
+        let most = class.saturating_add(class / fit);
+        // On a known capacity, what larger blocks hold beyond their
+        // requests is free space that live blocks pin, as inside segments:
+        // the two stay within the slack budget together, or within half
+        // the room the requests have left so far when that is more.
+        let budget = self
+            .packing
+            .capacity
+            .or(self.pool.limit())
+            .map_or(usize::MAX, |c| {
+                let slack = c / self.packing.slack_fraction.max(1);
+                let room = c.saturating_sub(self.st.peak_bytes_requested) / 2;
+                slack
+                    .max(room)
+                    .saturating_sub(self.st.free_segment_bytes)
+                    .saturating_sub(self.st.oversize_bytes)
+            });
+        let most = most.min(class.saturating_add(budget));
+        loop {
+            let (&taken, count) = self.larger.range_mut(class..=most).next()?;
+            let block = self.pool.take_cached(taken);
+            if block.is_none() || *count == 1 {
+                self.larger.remove(&taken);
+            } else {
+                *count -= 1;
+            }
+            let Some(block) = block else {
+                // Freed by the pool since: forgotten, try the next.
+                continue;
+            };
+            let st = &mut self.st;
+            st.requests += 1;
+            st.exact += 1;
+            if taken != class {
+                st.larger_reuses += 1;
+                st.oversize_bytes += taken - class;
+                self.swapped.insert(A::address(&block), (taken, class));
+            }
+            self.requested(size);
+            return Some(block);
+        }
+    }
+
+    /// Remembers that a large block of `bytes` went back to the pool.
+    fn remember_larger(&mut self, bytes: usize) {
+        let Some(class) = self.pool.class_size(bytes) else {
+            return;
+        };
+        if let Some(count) = self.larger.get_mut(&class) {
+            *count = count.saturating_add(1);
+            return;
+        }
+        if self.larger.len() == LARGER {
+            self.larger.pop_first();
+        }
+        self.larger.insert(class, 1);
     }
 
     /// The segment of `kind` whose largest free range fits `units` most
@@ -773,8 +894,11 @@ impl<A: Packable, P: Policy, C: Clock> PackedPool<A, P, C> {
         // full device (live blocks cannot move): on a known capacity, new
         // segments shrink towards the request's size so that it stays
         // within 1/slack_fraction of the device.
-        let slack =
-            (c / self.packing.slack_fraction.max(1)).saturating_sub(self.st.free_segment_bytes);
+        // (Large blocks handed out from a larger class pin their excess the
+        // same way, and share the budget: `reuse_larger`.)
+        let slack = (c / self.packing.slack_fraction.max(1))
+            .saturating_sub(self.st.free_segment_bytes)
+            .saturating_sub(self.st.oversize_bytes);
         let size = size.min(need.saturating_add(slack)).max(need);
         size >> self.shift << self.shift
     }

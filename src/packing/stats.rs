@@ -65,4 +65,10 @@ pub struct PackingStats {
     pub bytes_requested: usize,
     /// The highest `bytes_requested` seen.
     pub peak_bytes_requested: usize,
+    /// Large requests served by a cached block of a larger class than
+    /// their own (see [`Packing::large_fit`](crate::Packing::large_fit)).
+    pub larger_reuses: u64,
+    /// Bytes the large blocks handed out from a larger class hold beyond
+    /// their requests' classes.
+    pub oversize_bytes: usize,
 }

@@ -515,6 +515,127 @@ fn bad_input_gives_errors_not_panics() {
     unsafe { off.release(b, 100) };
 }
 
+/// Large requests whose sizes vary take a cached block up to
+/// `1 / large_fit` larger than their class, whole, and give it back whole.
+#[test]
+fn a_large_request_takes_a_somewhat_larger_cached_block_whole() {
+    let large = || {
+        Packing::default()
+            .medium_threshold(4 * KIB)
+            .large_rounding(1)
+    };
+    let (mut pool, alloc, _) = packed(large());
+    assert_eq!(large().large_fit, 2, "the default: up to half again");
+    let a = pool.allocate(10_000).unwrap();
+    // SAFETY: each block came from this pool with this size and is released once.
+    unsafe { pool.release(a, 10_000) };
+    // 8000 bytes take the cached 10 000-byte block (at most 12 000).
+    let b = pool.allocate(8_000).unwrap();
+    assert_eq!((b, alloc.size_of(b)), (a, Some(10_000)));
+    let s = pool.packing_stats();
+    assert_eq!((s.larger_reuses, s.oversize_bytes, s.exact), (1, 2_000, 2));
+    assert_eq!(pool.stats().backing_allocs, 1);
+    pool.validate();
+    // Another 8000 misses: the block is in use.
+    let c = pool.allocate(8_000).unwrap();
+    assert_eq!(alloc.size_of(c), Some(8_000));
+    // Released with the size it was asked for: it goes back as the 10 000
+    // bytes it is.
+    // SAFETY: each block came from this pool with this size and is released once.
+    unsafe {
+        pool.release(b, 8_000);
+        pool.release(c, 8_000);
+    }
+    assert_eq!(pool.packing_stats().oversize_bytes, 0);
+    assert_eq!(pool.stats().bytes_cached, 18_000);
+    pool.validate();
+    // 6000 bytes may take up to 9000: the 8000-byte block, not the other.
+    let d = pool.allocate(6_000).unwrap();
+    assert_eq!((d, pool.packing_stats().oversize_bytes), (c, 2_000));
+    // A request above every cached class within its bound misses.
+    let e = pool.allocate(12_001).unwrap();
+    assert_eq!(alloc.size_of(e), Some(12_001));
+    // SAFETY: each block came from this pool with this size and is released once.
+    unsafe {
+        pool.release(d, 6_000);
+        pool.release(e, 12_001);
+    }
+    assert_eq!(pool.stats().backing_allocs, 3);
+    pool.validate();
+    drop(pool);
+    alloc.assert_all_freed();
+
+    // Off: exact classes only.
+    let (mut pool, alloc, _) = packed(large().large_fit(0));
+    let a = pool.allocate(10_000).unwrap();
+    // SAFETY: each block came from this pool with this size and is released once.
+    unsafe { pool.release(a, 10_000) };
+    let b = pool.allocate(8_000).unwrap();
+    assert_eq!(alloc.size_of(b), Some(8_000));
+    assert_eq!(pool.packing_stats().larger_reuses, 0);
+    // SAFETY: each block came from this pool with this size and is released once.
+    unsafe { pool.release(b, 8_000) };
+    drop(pool);
+    alloc.assert_all_freed();
+}
+
+/// On a known capacity, what larger blocks hold beyond their requests stays
+/// within half the room the requests left (or the slack budget); a block
+/// the pool freed meanwhile is skipped; a wrong size at release is refused.
+#[test]
+fn reusing_larger_blocks_keeps_to_the_room_and_to_the_cache() {
+    let large = |capacity| {
+        Packing::default()
+            .medium_threshold(4 * KIB)
+            .large_rounding(1)
+            .large_fit(1)
+            .capacity(capacity)
+    };
+    // Capacity 16 000, peak requested 10 000: 3000 bytes of room for
+    // oversize, so 6000 bytes may take at most 9000, not the 10 000 cached.
+    let (mut pool, alloc, _) = packed(large(16_000));
+    let a = pool.allocate(10_000).unwrap();
+    // SAFETY: each block came from this pool with this size and is released once.
+    unsafe { pool.release(a, 10_000) };
+    let b = pool.allocate(6_000).unwrap();
+    assert_ne!(b, a);
+    // SAFETY: each block came from this pool with this size and is released once.
+    unsafe { pool.release(b, 6_000) };
+    drop(pool);
+    alloc.assert_all_freed();
+    // With more room it does.
+    let (mut pool, alloc, clock) = packed(large(1 << 20));
+    let a = pool.allocate(10_000).unwrap();
+    // SAFETY: each block came from this pool with this size and is released once.
+    unsafe { pool.release(a, 10_000) };
+    let b = pool.allocate(6_000).unwrap();
+    assert_eq!(b, a);
+    // A release with a size of another class is refused, and nothing is lost.
+    // SAFETY: the wrong size is refused before anything is touched.
+    let err = catch_unwind(AssertUnwindSafe(|| unsafe { pool.release(b, 5_000) })).unwrap_err();
+    let msg = err.downcast_ref::<String>().unwrap();
+    assert!(
+        msg.contains("class of 6000 bytes released as 5000"),
+        "{msg}"
+    );
+    pool.validate();
+    // SAFETY: each block came from this pool with this size and is released once.
+    unsafe { pool.release(b, 6_000) };
+    // The cached block decays; the next request misses rather than take a
+    // freed block.
+    clock.advance(Duration::from_secs(1));
+    pool.collect();
+    assert_eq!(pool.stats().blocks_cached, 0);
+    let c = pool.allocate(6_000).unwrap();
+    assert_eq!(alloc.size_of(c), Some(6_000));
+    assert_eq!(pool.packing_stats().larger_reuses, 1);
+    // SAFETY: each block came from this pool with this size and is released once.
+    unsafe { pool.release(c, 6_000) };
+    pool.validate();
+    drop(pool);
+    alloc.assert_all_freed();
+}
+
 #[test]
 fn releasing_a_carved_block_with_the_wrong_size_is_refused() {
     let (mut pool, alloc, _) = packed(Packing::default());

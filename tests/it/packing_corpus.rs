@@ -241,6 +241,33 @@ fn pressure() -> Vec<Vec<u8>> {
     ]
 }
 
+/// Large requests of varying sizes: blocks released, then requests a
+/// little smaller (a larger block is reused), much smaller (a miss), and
+/// the same again under pressure.
+fn varying() -> Vec<Vec<u8>> {
+    vec![
+        op::burst(3, 3),
+        op::release(0),
+        op::release(0),
+        op::release(0),
+        op::release(0),
+        op::burst(2, 1),
+        op::burst(0, 1),
+        op::release(1),
+        op::alloc(1),
+        op::alloc(2),
+        op::release(0),
+        op::advance(3),
+        op::burst(3, 2),
+        op::release_alloc(2),
+        op::fail(1),
+        op::alloc(2),
+        op::release(2),
+        op::alloc(0),
+        op::collect(),
+    ]
+}
+
 fn errors() -> Vec<Vec<u8>> {
     vec![
         op::zero(),
@@ -326,6 +353,25 @@ fn seeds() -> Vec<(String, Vec<u8>)> {
     );
     add("injected-failures", cfg(0).palette(&mixed), pressure());
     add("errors", cfg(0).palette(&mixed), errors());
+    // Preset byte + 8 * index into `LARGE_FITS` (2, 0, 1, 8).
+    let varying_sizes = [S4097, S5000, S8192, S10000];
+    add("large-fit", cfg(0).palette(&varying_sizes), varying());
+    add("large-fit-off", cfg(8).palette(&varying_sizes), varying());
+    add(
+        "large-fit-1-capacity",
+        cfg(16).capacity(1).palette(&varying_sizes),
+        varying(),
+    );
+    add(
+        "large-fit-1-device",
+        cfg(16).device(1).palette(&varying_sizes),
+        varying(),
+    );
+    add(
+        "shared-large-fit",
+        cfg(24).shared().palette(&varying_sizes),
+        varying(),
+    );
     add("shared-holes", cfg(0).shared().palette(&mixed), holes());
     add(
         "shared-decay",
@@ -365,6 +411,9 @@ fn packed_ops_corpus_replays() {
     reach("an exact fallback", &|s| s.exact_fallbacks > 0);
     reach("a failed request", &|s| s.failures > 0);
     reach("a segment served from the cache", &|s| s.pool_hits > 0);
+    reach("a large request served by a larger block", &|s| {
+        s.larger_reuses > 0
+    });
     reach("an eviction", &|s| s.evictions > 0);
     reach("three segments at once", &|s| s.peak_segments >= 3);
     reach("eight blocks in one segment", &|s| {
