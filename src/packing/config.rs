@@ -93,9 +93,10 @@ pub struct Packing {
     /// the pool whole when released, as the class it is. On a known
     /// capacity (or limit), the bytes such blocks hold beyond their
     /// requests' classes stay, with the free space inside segments, within
-    /// the larger of `1 / slack_fraction` of it and half the room the
-    /// requests have left so far (capacity less their peak). Default 2: up
-    /// to half again; 0 reuses exact classes only.
+    /// `1 / slack_fraction` of it: live blocks pin that excess, and on a
+    /// device the requests nearly fill it would fail requests an exact
+    /// block would serve. Default 2: up to half again; 0 reuses exact
+    /// classes only.
     pub large_fit: usize,
 }
 

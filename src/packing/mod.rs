@@ -765,19 +765,15 @@ impl<A: Packable, P: Policy, C: Clock> PackedPool<A, P, C> {
         }
         let class = self.pool.class_size(bytes)?;
         let most = class.saturating_add(class / fit);
-        // On a known capacity, what larger blocks hold beyond their
-        // requests is free space that live blocks pin, as inside segments:
-        // the two stay within the slack budget together, or within half
-        // the room the requests have left so far when that is more.
+        // On a known capacity (or limit), what larger blocks hold beyond
+        // their requests is free space that live blocks pin, as inside
+        // segments: the two stay within the slack budget together.
         let budget = self
             .packing
             .capacity
             .or(self.pool.limit())
             .map_or(usize::MAX, |c| {
-                let slack = c / self.packing.slack_fraction.max(1);
-                let room = c.saturating_sub(self.st.peak_bytes_requested) / 2;
-                slack
-                    .max(room)
+                (c / self.packing.slack_fraction.max(1))
                     .saturating_sub(self.st.free_segment_bytes)
                     .saturating_sub(self.st.oversize_bytes)
             });

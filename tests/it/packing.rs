@@ -580,8 +580,8 @@ fn a_large_request_takes_a_somewhat_larger_cached_block_whole() {
 }
 
 /// On a known capacity, what larger blocks hold beyond their requests stays
-/// within half the room the requests left (or the slack budget); a block
-/// the pool freed meanwhile is skipped; a wrong size at release is refused.
+/// within the slack budget; a block the pool freed meanwhile is skipped; a
+/// wrong size at release is refused.
 #[test]
 fn reusing_larger_blocks_keeps_to_the_room_and_to_the_cache() {
     let large = |capacity| {
@@ -591,8 +591,8 @@ fn reusing_larger_blocks_keeps_to_the_room_and_to_the_cache() {
             .large_fit(1)
             .capacity(capacity)
     };
-    // Capacity 16 000, peak requested 10 000: 3000 bytes of room for
-    // oversize, so 6000 bytes may take at most 9000, not the 10 000 cached.
+    // Capacity 16 000: a slack budget of 250 bytes (1/64), so 6000 bytes
+    // may take at most 6250, not the 10 000 cached.
     let (mut pool, alloc, _) = packed(large(16_000));
     let a = pool.allocate(10_000).unwrap();
     // SAFETY: each block came from this pool with this size and is released once.
@@ -603,7 +603,7 @@ fn reusing_larger_blocks_keeps_to_the_room_and_to_the_cache() {
     unsafe { pool.release(b, 6_000) };
     drop(pool);
     alloc.assert_all_freed();
-    // With more room it does.
+    // With a budget of 16 KiB (1 MiB / 64) it does.
     let (mut pool, alloc, clock) = packed(large(1 << 20));
     let a = pool.allocate(10_000).unwrap();
     // SAFETY: each block came from this pool with this size and is released once.
