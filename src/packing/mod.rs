@@ -62,6 +62,9 @@ const LARGER: usize = 64;
 /// - a segment that empties goes back to the pool, where it decays like
 ///   any cached block (and is trimmed, or freed by the out-of-memory
 ///   retry); a later segment of the same size is a cache hit;
+/// - a large request whose class has nothing cached takes the smallest
+///   cached large block up to [`Packing::large_fit`] larger, whole (not
+///   split: it goes back to the pool whole);
 /// - segments grow with the footprint and are capped by
 ///   [`Packing::segment_cap`]; when the pool cannot supply a segment (the
 ///   backing allocator fails after the pool's retry ladder, or the limit
