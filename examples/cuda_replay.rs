@@ -2,7 +2,7 @@
 //! and what they really cost, beside what the replay's model says.
 //!
 //! ```text
-//! cargo run --release --example cuda_replay --features cuda,trace -- TRACE [PASSES]
+//! cargo run --release --example cuda_replay --features cuda,trace -- TRACE [PASSES [FACTOR]]
 //! ```
 //!
 //! It reads `TRACE` (any format the replay tool reads) and replays it
@@ -16,6 +16,13 @@
 //! clock. The model's row (the same configuration through
 //! `trace::Replayer`, `CostModel::cuda`) comes first, the device's second.
 //! Without a CUDA driver and device only the model's rows are printed.
+//!
+//! With `FACTOR` (say `1.1`), the two pools are built with a byte limit of
+//! `FACTOR` times the trace's peak live bytes
+//! ([`Builder::limit`](decaying_pool::Builder::limit)), as on a
+//! device that small: a request the limit refuses is counted as a failure
+//! and the replay goes on (`benches/gpu/torch_replay.py TRACE PASSES FACTOR`
+//! gives PyTorch the same bound).
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -209,12 +216,19 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut args = std::env::args().skip(1);
     let path = args
         .next()
-        .ok_or("usage: cuda_replay TRACE [PASSES]  (a trace the replay tool reads)")?;
+        .ok_or("usage: cuda_replay TRACE [PASSES [FACTOR]]  (a trace the replay tool reads)")?;
     let passes: u32 = match args.next() {
         Some(p) => p
             .parse()
             .map_err(|_| format!("PASSES: not a number: {p}"))?,
         None => 1,
+    };
+    let factor: Option<f64> = match args.next() {
+        Some(f) => match f.parse::<f64>() {
+            Ok(x) if x.is_finite() && x > 0.0 => Some(x),
+            _ => return Err(format!("FACTOR: not a positive number: {f}").into()),
+        },
+        None => None,
     };
     // Frees of blocks allocated before the trace began are skipped, as
     // the replay tool's `--lenient` does.
@@ -238,18 +252,27 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
         peak
     };
+    // The limit in bytes: `FACTOR` times the peak live bytes, rounded up.
+    let limit = factor.map(|f| (f * live_peak as f64).ceil() as usize);
     println!(
-        "{path}: {} events, {passes} pass(es), peak live {:.1} MiB",
+        "{path}: {} events, {passes} pass(es), peak live {:.1} MiB{}",
         events.len(),
-        mib(live_peak)
+        mib(live_peak),
+        limit.map_or(String::new(), |l| format!(
+            ", pools limited to {:.1} MiB",
+            mib(l)
+        ))
     );
 
     let ttl = Duration::from_secs(1);
+    let bounded = |c: Config| match limit {
+        Some(l) => c.limit(l),
+        None => c,
+    };
     let configs = [
         Config::new(PolicyKind::NoPool),
-        Config::new(PolicyKind::FixedTime(ttl)),
-        Config::new(PolicyKind::FixedTime(ttl))
-            .packing(Packing::default())
+        bounded(Config::new(PolicyKind::FixedTime(ttl))),
+        bounded(Config::new(PolicyKind::FixedTime(ttl)).packing(Packing::default()))
             .named("packed"),
     ];
     let mut model = Replayer::new(&configs, ReplayOptions::default());
@@ -308,9 +331,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             peak_reserved: 0,
         };
         let builder = |timed| {
-            DecayingPool::builder(timed)
+            let b = DecayingPool::builder(timed)
                 .policy(FixedTime::new(ttl))
-                .clock(clock.clone())
+                .clock(clock.clone());
+            match limit {
+                Some(l) => b.limit(l),
+                None => b,
+            }
         };
         let mut exact;
         let mut packed;

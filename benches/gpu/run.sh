@@ -8,6 +8,11 @@
 # Everything goes to $OUT/log (default /tmp/gpu-out/log).
 #
 #   bash benches/gpu/run.sh [PASSES]   # default 3
+#
+# LIMITS="1.1 1.5" adds, for each trace, one pass with the pools and
+# PyTorch's allocator bounded to that many times the trace's peak live
+# bytes (failures counted); QUICK=1 leaves out the allocators' costs, the
+# C++ calls and the no-caching replay (the device's time is scarce).
 set -u
 export PYTHONUNBUFFERED=1
 cd "$(dirname "$0")/../.."
@@ -23,10 +28,12 @@ g=.gpu
     timeout 180 $g/bin/it cuda:: --test-threads=1
     echo "== tensor_store"
     timeout 60 $g/bin/tensor_store
-    echo "== cuda_costs"
-    timeout 180 $g/bin/cuda_costs
+    if [ -z "${QUICK:-}" ]; then
+        echo "== cuda_costs"
+        timeout 180 $g/bin/cuda_costs
+    fi
     for t in $g/traces/*.csv; do
-        for p in 1 "$passes"; do
+        for p in $(printf '%s\n' 1 "$passes" | sort -un); do
             echo "== cuda_replay $t $p"
             timeout 90 $g/bin/cuda_replay "$t" "$p"
             echo "== torch_replay $t $p"
@@ -34,6 +41,15 @@ g=.gpu
             PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True \
                 timeout 90 python3 benches/gpu/torch_replay.py "$t" "$p"
         done
+        for f in ${LIMITS:-}; do
+            echo "== cuda_replay $t 1 $f"
+            timeout 120 $g/bin/cuda_replay "$t" 1 "$f"
+            echo "== torch_replay $t 1 $f"
+            timeout 120 python3 benches/gpu/torch_replay.py "$t" 1 "$f"
+            PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True \
+                timeout 120 python3 benches/gpu/torch_replay.py "$t" 1 "$f"
+        done
+        [ -n "${QUICK:-}" ] && continue
         echo "== torch_cpp $t $passes"
         timeout 240 python3 benches/gpu/torch_cpp.py "$t" "$passes"
         echo "== torch_replay $t 1, no caching (every request a cudaMalloc)"

@@ -1,13 +1,19 @@
 """PyTorch's own CUDA caching allocator replaying a trace, for the rows of
 `examples/cuda_replay.rs` to stand beside.
 
-    python3 benches/gpu/torch_replay.py TRACE [PASSES]
+    python3 benches/gpu/torch_replay.py TRACE [PASSES [FACTOR]]
     PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True python3 benches/gpu/torch_replay.py TRACE
 
-TRACE is a PyTorch snapshot CSV (`device,time_us,action,addr,size,stream`),
-replayed as the crate's reader does: `alloc` allocates, `free_completed`
-frees, frees of blocks allocated before the trace are skipped, the first
-device's rows only; the blocks a pass leaves live are freed at its end.
+TRACE is a PyTorch snapshot CSV (`device,time_us,action,addr,size,stream`)
+or the crate's native format (`time_ns,action,addr,size`, as
+`benches/traces/serving.py` writes), replayed as the crate's reader does:
+`alloc` allocates, `free_completed` (or `free`) frees, frees of blocks
+allocated before the trace are skipped, the first device's rows only; the
+blocks a pass leaves live are freed at its end. With FACTOR, the allocator
+may hold at most FACTOR times the trace's peak live bytes
+(`torch.cuda.set_per_process_memory_fraction`), as on a device that small
+(`cca_sim.py --factor` models the same); a request it cannot serve is
+counted as a failure and the replay goes on.
 Each request goes straight to the allocator
 (`torch.cuda.caching_allocator_alloc` / `caching_allocator_delete`, no
 tensor), timed with `time.perf_counter_ns`, so a call's time includes the
@@ -39,7 +45,7 @@ def read_trace(path):
                 col = {name: i for i, name in enumerate(header)}
                 continue
             row = line.split(",")
-            dev = int(row[col["device"]])
+            dev = int(row[col["device"]]) if "device" in col else 0
             if device is None:
                 device = dev
             if dev != device:
@@ -50,7 +56,7 @@ def read_trace(path):
             if action == "alloc":
                 live.add(addr)
                 events.append((True, addr, size))
-            elif action == "free_completed" and addr in live:
+            elif action in ("free_completed", "free") and addr in live:
                 live.discard(addr)
                 events.append((False, addr, size))
     return events
@@ -65,9 +71,23 @@ def median(xs):
 def main():
     path = sys.argv[1]
     passes = int(sys.argv[2]) if len(sys.argv) > 2 else 1
+    factor = float(sys.argv[3]) if len(sys.argv) > 3 else None
     events = read_trace(path)
     conf = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "") or "default"
     torch.cuda.init()
+    if factor is not None:
+        sizes, live_now, trace_peak = {}, 0, 0
+        for is_alloc, addr, size in events:
+            if is_alloc:
+                sizes[addr] = size
+                live_now += size
+                trace_peak = max(trace_peak, live_now)
+            else:
+                live_now -= sizes.pop(addr, 0)
+        total = torch.cuda.get_device_properties(0).total_memory
+        torch.cuda.set_per_process_memory_fraction(min(1.0, factor * trace_peak / total), 0)
+        conf += f", limit {factor}x peak live ({factor * trace_peak / 2**30:.4f} GiB)"
+    failures = 0
     stream = torch.cuda.current_stream().cuda_stream
     torch.cuda.reset_peak_memory_stats()
     base = torch.cuda.memory_stats()
@@ -78,7 +98,11 @@ def main():
         for is_alloc, addr, size in events:
             if is_alloc:
                 t = time.perf_counter_ns()
-                ptr = torch.cuda.caching_allocator_alloc(size, 0, stream)
+                try:
+                    ptr = torch.cuda.caching_allocator_alloc(size, 0, stream)
+                except torch.OutOfMemoryError:
+                    failures += 1
+                    continue
                 alloc_ns.append(time.perf_counter_ns() - t)
                 live[addr] = (ptr, size)
                 live_bytes += size
@@ -104,7 +128,7 @@ def main():
         f"torch {torch.__version__} {torch.cuda.get_device_name(0)} [{conf}] {os.path.basename(path)} x{passes}: "
         f"cudaMalloc {allocs}, cudaFree {frees}, segments {segments}, peak reserved {peak / 2**20:.1f} MiB "
         f"({peak / max(peak_live, 1):.2f}x live {peak_live / 2**20:.1f} MiB), "
-        f"alloc_retries {s.get('num_alloc_retries', 0)}, ooms {s.get('num_ooms', 0)}; "
+        f"alloc_retries {s.get('num_alloc_retries', 0)}, ooms {s.get('num_ooms', 0)}, failures {failures}; "
         f"time in calls {sum(calls) / 1e9:.4f} s, median alloc {median(alloc_ns) / 1e3:.2f} us, "
         f"median free {median(free_ns) / 1e3:.2f} us, most {max(calls) / 1e3:.0f} us"
     )
