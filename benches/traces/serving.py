@@ -15,14 +15,18 @@ standard output:
     python3 benches/traces/serving.py 1 200 > serving.csv
     cargo run --release -p decaying-pool-cli -- replay serving.csv
 
-Arguments: the seed (default 1) and the number of requests (default 200).
+Arguments: the seed (default 1), the number of requests (default 200) and
+the order of the requests: `random` (default: as drawn), `ascending` or
+`descending` (all drawn first, then sorted by their footprint: the largest
+request comes last, or first, the cases hardest and easiest for a cache
+that learns from the peak seen so far).
 """
 
 import random
 import sys
 
 
-def serve(seed, requests, d=2048, layers=24, heads=16, vocab=50304, max_seq=2048):
+def serve(seed, requests, order="random", d=2048, layers=24, heads=16, vocab=50304, max_seq=2048):
     rnd = random.Random(seed)
     t = 0
     addr = 0x10000000
@@ -40,9 +44,17 @@ def serve(seed, requests, d=2048, layers=24, heads=16, vocab=50304, max_seq=2048
         t += rnd.randint(500, 5000)
         rows.append(f"{t},free,{hex(block[0])},{block[1]}")
 
-    for _ in range(requests):
-        b = rnd.choice([1, 1, 2, 4, 8])
-        s = rnd.randint(16, max_seq)
+    def shapes():
+        # Drawn one by one as the requests come, or all first and sorted.
+        if order == "random":
+            for _ in range(requests):
+                yield rnd.choice([1, 1, 2, 4, 8]), rnd.randint(16, max_seq)
+            return
+        drawn = [(rnd.choice([1, 1, 2, 4, 8]), rnd.randint(16, max_seq)) for _ in range(requests)]
+        drawn.sort(key=lambda r: r[0] * r[1] * (1 + r[1] / 256), reverse=order == "descending")
+        yield from drawn
+
+    for b, s in shapes():
         kv = []
         x = alloc(b * s * d * 2)
         for _ in range(layers):
@@ -75,9 +87,12 @@ def serve(seed, requests, d=2048, layers=24, heads=16, vocab=50304, max_seq=2048
 def main():
     seed = int(sys.argv[1]) if len(sys.argv) > 1 else 1
     requests = int(sys.argv[2]) if len(sys.argv) > 2 else 200
-    print("# synthetic LLM serving, dynamic shapes: benches/traces/serving.py", seed, requests)
+    order = sys.argv[3] if len(sys.argv) > 3 else "random"
+    if order not in ("random", "ascending", "descending"):
+        sys.exit(f"ORDER: random, ascending or descending, not {order!r}")
+    print("# synthetic LLM serving, dynamic shapes: benches/traces/serving.py", seed, requests, order)
     print("time_ns,action,addr,size")
-    print("\n".join(serve(seed, requests)))
+    print("\n".join(serve(seed, requests, order)))
 
 
 if __name__ == "__main__":

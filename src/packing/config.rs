@@ -95,7 +95,11 @@ pub struct Packing {
     /// requests' classes stay, with the free space inside segments, within
     /// `1 / slack_fraction` of it: live blocks pin that excess, and on a
     /// device the requests nearly fill it would fail requests an exact
-    /// block would serve. Default 2: up to half again; 0 reuses exact
+    /// block would serve. On a device more than twice the peak of the bytes
+    /// requested so far (`p`), they may pin up to `(capacity - 2p) / 2`
+    /// instead, when that is more: a bet that the live bytes will not
+    /// double, since a request fails for that excess only once they pass
+    /// `capacity / 2 + p`. Default 2: up to half again; 0 reuses exact
     /// classes only.
     pub large_fit: usize,
 }

@@ -770,16 +770,13 @@ impl<A: Packable, P: Policy, C: Clock> PackedPool<A, P, C> {
         let most = class.saturating_add(class / fit);
         // On a known capacity (or limit), what larger blocks hold beyond
         // their requests is free space that live blocks pin, as inside
-        // segments: the two stay within the slack budget together.
+        // segments: the two stay within the slack budget together (a
+        // larger one on a roomy device: `slack_left`).
         let budget = self
             .packing
             .capacity
             .or(self.pool.limit())
-            .map_or(usize::MAX, |c| {
-                (c / self.packing.slack_fraction.max(1))
-                    .saturating_sub(self.st.free_segment_bytes)
-                    .saturating_sub(self.st.oversize_bytes)
-            });
+            .map_or(usize::MAX, |c| self.slack_left(c, true));
         let most = most.min(class.saturating_add(budget));
         loop {
             let (&taken, count) = self.larger.range_mut(class..=most).next()?;
@@ -895,11 +892,38 @@ impl<A: Packable, P: Policy, C: Clock> PackedPool<A, P, C> {
         // within 1/slack_fraction of the device.
         // (Large blocks handed out from a larger class pin their excess the
         // same way, and share the budget: `reuse_larger`.)
-        let slack = (c / self.packing.slack_fraction.max(1))
-            .saturating_sub(self.st.free_segment_bytes)
-            .saturating_sub(self.st.oversize_bytes);
+        let slack = self.slack_left(c, false);
         let size = size.min(need.saturating_add(slack)).max(need);
         size >> self.shift << self.shift
+    }
+
+    /// What is left of the slack budget on a device of `c` bytes: the
+    /// bytes that free space inside segments and the excess of larger
+    /// blocks may still grow by, together (see
+    /// [`Packing::slack_fraction`] and [`Packing::large_fit`]).
+    ///
+    /// The budget is `c / slack_fraction`. For the excess of a larger
+    /// block (`larger`) it is half of what the device holds beyond twice
+    /// the peak of the bytes requested so far, when that is more: on a
+    /// device more than twice the largest live set seen, such blocks may
+    /// pin more. That share is a bet that the live bytes will not double:
+    /// an excess granted when the peak was `p` keeps the pinned bytes
+    /// within `(c - 2p) / 2`, so a request fails for it only once the live
+    /// bytes pass `c - (c - 2p) / 2 = c / 2 + p`, more than `2p`. (Segments
+    /// keep to `c / slack_fraction`: their free space grows after they are
+    /// made, as their blocks go back, and measured on dynamic-shape traces
+    /// the larger share failed more requests on tight devices.)
+    fn slack_left(&self, c: usize, larger: bool) -> usize {
+        let strict = c / self.packing.slack_fraction.max(1);
+        let budget = if larger {
+            let roomy = c.saturating_sub(self.st.peak_bytes_requested.saturating_mul(2)) / 2;
+            strict.max(roomy)
+        } else {
+            strict
+        };
+        budget
+            .saturating_sub(self.st.free_segment_bytes)
+            .saturating_sub(self.st.oversize_bytes)
     }
 
     /// A segment size for `units` that the pool likely holds cached (a

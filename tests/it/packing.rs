@@ -636,6 +636,45 @@ fn reusing_larger_blocks_keeps_to_the_room_and_to_the_cache() {
     alloc.assert_all_freed();
 }
 
+/// On a known capacity more than twice the largest live set seen, a larger
+/// block may pin up to half of what lies beyond twice that set, more than
+/// the 1/64 slack budget; as the live set grows, that share shrinks.
+#[test]
+fn on_a_roomy_device_larger_blocks_may_pin_more_than_the_slack() {
+    let (mut pool, alloc, _) = packed(
+        Packing::default()
+            .medium_threshold(4 * KIB)
+            .large_rounding(1)
+            .large_fit(1)
+            .capacity(64_000),
+    );
+    // The peak so far is 10 000 bytes: half of 64 000 - 20 000 is 22 000,
+    // so 6000 bytes may take the cached 10 000 (the slack, 1000, would not).
+    let a = pool.allocate(10_000).unwrap();
+    // SAFETY: each block came from this pool with this size and is released once.
+    unsafe { pool.release(a, 10_000) };
+    let b = pool.allocate(6_000).unwrap();
+    assert_eq!(b, a);
+    assert_eq!(pool.packing_stats().oversize_bytes, 4_000);
+    pool.validate();
+    // SAFETY: each block came from this pool with this size and is released once.
+    unsafe { pool.release(b, 6_000) };
+    // A peak of 30 000 leaves half of 64 000 - 60 000: 2000, and the
+    // 10 000 block is no longer taken for 6000 bytes.
+    let x = pool.allocate(30_000).unwrap();
+    // SAFETY: each block came from this pool with this size and is released once.
+    unsafe { pool.release(x, 30_000) };
+    let c = pool.allocate(6_000).unwrap();
+    assert_ne!(c, a);
+    assert_eq!(alloc.size_of(c), Some(6_000));
+    assert_eq!(pool.packing_stats().larger_reuses, 1);
+    // SAFETY: each block came from this pool with this size and is released once.
+    unsafe { pool.release(c, 6_000) };
+    pool.validate();
+    drop(pool);
+    alloc.assert_all_freed();
+}
+
 #[test]
 fn releasing_a_carved_block_with_the_wrong_size_is_refused() {
     let (mut pool, alloc, _) = packed(Packing::default());
