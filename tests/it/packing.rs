@@ -626,14 +626,7 @@ fn reusing_larger_blocks_keeps_to_the_room_and_to_the_cache() {
     clock.advance(Duration::from_secs(1));
     pool.collect();
     assert_eq!(pool.stats().blocks_cached, 0);
-    let c = pool.allocate(6_000).unwrap();
-    assert_eq!(alloc.size_of(c), Some(6_000));
-    assert_eq!(pool.packing_stats().larger_reuses, 1);
-    // SAFETY: each block came from this pool with this size and is released once.
-    unsafe { pool.release(c, 6_000) };
-    pool.validate();
-    drop(pool);
-    alloc.assert_all_freed();
+    misses_then_frees_all(pool, &alloc, 6_000, 1);
 }
 
 /// On a known capacity more than twice the largest live set seen, a larger
@@ -664,12 +657,17 @@ fn on_a_roomy_device_larger_blocks_may_pin_more_than_the_slack() {
     let x = pool.allocate(30_000).unwrap();
     // SAFETY: each block came from this pool with this size and is released once.
     unsafe { pool.release(x, 30_000) };
-    let c = pool.allocate(6_000).unwrap();
-    assert_ne!(c, a);
-    assert_eq!(alloc.size_of(c), Some(6_000));
-    assert_eq!(pool.packing_stats().larger_reuses, 1);
-    // SAFETY: each block came from this pool with this size and is released once.
-    unsafe { pool.release(c, 6_000) };
+    misses_then_frees_all(pool, &alloc, 6_000, 1);
+}
+
+/// A large request of `size` bytes takes a new exact block (no cached
+/// larger one: `larger_reuses` stays `reuses`); then every block goes back.
+fn misses_then_frees_all(mut pool: Checked, alloc: &CheckingAllocator, size: usize, reuses: u64) {
+    let c = pool.allocate(size).unwrap();
+    assert_eq!(alloc.size_of(c), Some(size));
+    assert_eq!(pool.packing_stats().larger_reuses, reuses);
+    // SAFETY: `c` came from this pool with this size and is released once.
+    unsafe { pool.release(c, size) };
     pool.validate();
     drop(pool);
     alloc.assert_all_freed();
