@@ -643,17 +643,17 @@ impl<A: RawAllocator, P: Policy, C: Clock> Inner<A, P, C> {
         let mag = unsafe { &*mag };
         let mut word = mag.skip_word();
         if word != 0 {
-            // Passed by, and empty: the shared cache serves this call.
-            word = mag.pass_by(word, true)?;
+            // Passed by: the shared cache serves this call (and looks in
+            // the magazine before a backing call: `allocate_locked`).
+            word = mag.pass_by(word)?;
         }
         let now = tc.clock.now_nanos();
-        // `Err(None)`: a block is due; `Err(Some(empty))`: no block of the
-        // class (`empty`: none at all).
+        // `Err(true)`: a block is due; `Err(false)`: no block of the class.
         let found = mag.owned(|m| {
             if m.oldest_due(now, tc.ttl) {
-                return Err(None);
+                return Err(true);
             }
-            m.take_hit(class, size).ok_or(Some(m.blocks.is_empty()))
+            m.take_hit(class, size).ok_or(false)
         });
         match found {
             Some(Ok(block)) => {
@@ -661,10 +661,10 @@ impl<A: RawAllocator, P: Policy, C: Clock> Inner<A, P, C> {
                 Some(block)
             }
             // A due block first.
-            Some(Err(None)) => self.allocate_cached_slow(this, tc, size, class, now),
+            Some(Err(true)) => self.allocate_cached_slow(this, tc, size, class, now),
             // No block of the class: the shared cache serves this call.
-            Some(Err(Some(empty))) => {
-                mag.missed(word, empty);
+            Some(Err(false)) => {
+                mag.missed(word);
                 None
             }
             // A visitor holds the magazine (`collect`, `stats` on another
@@ -712,6 +712,44 @@ impl<A: RawAllocator, P: Policy, C: Clock> Inner<A, P, C> {
         }
     }
 
+    /// Before the shared cache's miss goes to the backing allocator: a
+    /// block of `size`'s class from this thread's magazine, if it has one
+    /// (a thread that passes its magazine by does not look there; see
+    /// `thread_cache::Skip`), after freeing the magazine's blocks due at
+    /// `now` (to `free`, as evictions), as its hot path would. `cache` is
+    /// the shared cache, under its lock: no visitor holds the magazine.
+    #[cold]
+    #[inline(never)]
+    fn take_own(
+        &self,
+        this: &Arc<Self>,
+        cache: &mut Cache<A::Block, P, C>,
+        size: usize,
+        now: u64,
+        free: &mut (impl FnMut(A::Block, usize) + ?Sized),
+    ) -> Option<A::Block> {
+        let tc = self.tc.as_ref()?;
+        let class = tc.round(size)?;
+        let key = Arc::as_ptr(this).cast::<()>();
+        // SAFETY: `key` is this live pool, whose magazines hold its blocks.
+        let found = unsafe {
+            thread_cache::with_magazine::<A::Block, _>(key, |mag| {
+                mag.owned(|m| {
+                    if m.oldest_due(now, tc.ttl) {
+                        for (block, class) in m.take_due(now, tc.ttl) {
+                            cache.free_lent(block, class, Reason::Expired, free);
+                        }
+                    }
+                    m.take_hit(class, size)
+                })
+            })
+        };
+        match found {
+            Found::Ran(Some(block)) => block,
+            Found::Ran(None) | Found::Missing | Found::Unavailable => None,
+        }
+    }
+
     /// The hot path of a release to this thread's magazine: the block
     /// goes in if the magazine has room and nothing due, else it comes
     /// back (and [`Pooled`]'s drop takes the whole path) with whether the
@@ -737,9 +775,6 @@ impl<A: RawAllocator, P: Policy, C: Clock> Inner<A, P, C> {
         size: usize,
         block: A::Block,
     ) -> Result<(), (A::Block, bool)> {
-        let Some(class) = tc.round(size) else {
-            return Err((block, true));
-        };
         // SAFETY: `pool` is alive while the block is counted lent (the
         // caller's promise), and its magazines hold its blocks.
         let mag = unsafe { thread_cache::last::<A::Block>(pool.cast()) };
@@ -752,12 +787,15 @@ impl<A: RawAllocator, P: Policy, C: Clock> Inner<A, P, C> {
         let mag = unsafe { &*mag };
         let mut word = mag.skip_word();
         if word != 0 {
-            match mag.pass_by(word, false) {
+            match mag.pass_by(word) {
                 Some(w) => word = w,
                 // Passed by: the shared cache takes the block.
                 None => return Err((block, false)),
             }
         }
+        let Some(class) = tc.round(size) else {
+            return Err((block, true));
+        };
         // A clock that panics: the whole path reads it again, and knows
         // what to do with the block then.
         let Ok(now) = catch_unwind(AssertUnwindSafe(|| tc.clock.now_nanos())) else {
@@ -780,7 +818,7 @@ impl<A: RawAllocator, P: Policy, C: Clock> Inner<A, P, C> {
             Ok(Err((block, due))) => {
                 if !due {
                     // Full (or no handle left).
-                    mag.missed(word, false);
+                    mag.missed(word);
                 }
                 Err((block, due))
             }
@@ -962,6 +1000,10 @@ impl<A: RawAllocator, P: Policy, C: Clock> Inner<A, P, C> {
             let class = cache.class_of(size)?;
             if let Some(block) = cache.take(size, class, now) {
                 lending.lend(this);
+                return Ok(Step::Hit(block));
+            }
+            // Counted lent by the magazine, as its hits are.
+            if let Some(block) = self.take_own(this, cache, size, now, free) {
                 return Ok(Step::Hit(block));
             }
             cache.make_room(size, class, now, free)?;
@@ -1779,10 +1821,12 @@ impl<A: RawAllocator, C: Clock + Clone + Sync> SharedPool<A, FixedTime, C> {
     ///
     /// Decay stays exact: a [`FixedTime`] block expires at its release
     /// time plus the time to live whoever holds it, so each operation
-    /// checks its magazine's oldest block against the time it reads (one
-    /// clock read; one that goes on to the shared cache reads it again
-    /// there, under the lock, so the shared cache sees its times in order),
-    /// and [`collect`](Self::collect) (so the
+    /// that uses its magazine checks the magazine's oldest block against
+    /// the time it reads (one clock read; one that goes on to the shared
+    /// cache reads it again there, under the lock, so the shared cache
+    /// sees its times in order), as does an allocation that the shared
+    /// cache cannot serve before it asks the backing allocator, and
+    /// [`collect`](Self::collect) (so the
     /// [reaper](Self::spawn_reaper)) frees the due blocks of every
     /// magazine, an idle or exited thread's too, counted as evictions. The
     /// blocks in magazines count as cached (and against the limit):
@@ -1809,10 +1853,13 @@ impl<A: RawAllocator, C: Clock + Clone + Sync> SharedPool<A, FixedTime, C> {
     ///
     /// A thread that uses more classes than its magazine holds (8 blocks)
     /// misses there at most calls: after 16 misses with no hit and no
-    /// release taken in between, its next 1 024 calls pass the magazine by (releases go
-    /// to the shared cache; allocations too, once the magazine is empty),
-    /// then it tries the magazine again. Such a thread then pays little
-    /// more than through [`SharedPool::new`].
+    /// release taken in between, its next 1 024 calls pass the magazine
+    /// by (they go to the shared cache after one test of one word), then
+    /// it tries the magazine again. Such a thread then pays little more
+    /// than through [`SharedPool::new`]. The blocks its magazine still
+    /// holds are not stranded meanwhile: an allocation that the shared
+    /// cache cannot serve takes its thread's block of the class, if the
+    /// magazine has one, before a backing call.
     ///
     /// [`stats`](Self::stats) adds the magazines up, so
     /// the counts stay exact, except `peak_bytes_in_use`, which counts

@@ -119,31 +119,29 @@ pub(super) struct Magazine<B> {
 /// the shared cache's own work. After [`MISSES_BEFORE_SKIP`] misses with
 /// no hit and no release taken in between (each hit restarts the count:
 /// under contention a hit saves a turn of the shared lock, worth more than
-/// the magazine costs), its next [`SKIPPED_OPERATIONS`]
-/// operations pass the magazine by: releases go to the shared cache at
-/// once, and allocations too once the magazine is known to be empty
-/// (until then they may still take its blocks, and free its due ones, so
-/// no block is stranded there). Then the magazine is tried again.
+/// the magazine costs), its next [`SKIPPED_OPERATIONS`] operations pass
+/// the magazine by: allocations and releases go to the shared cache at
+/// once, with one test of this word. The blocks the magazine still holds
+/// are not stranded: an allocation that the shared cache cannot serve
+/// looks in its thread's magazine before it asks the backing allocator
+/// (out of line: see `SharedPool`'s `allocate_locked`), and `collect`
+/// frees them when due. Then the magazine is tried again.
 ///
 /// One word, which only the owner reads and writes (a relaxed atomic,
 /// plain loads and stores, only so that the magazine stays `Sync`): zero
-/// (no miss since the last hit or release taken, not passed by, maybe
-/// stocked)
-/// on the hot path, which then tests one word per call. Visitors only
-/// take blocks out of a magazine, so [`Skip::EMPTY`] set is always true.
+/// (no miss since the last hit or release taken, not passed by) on the
+/// hot path, which then tests one word per call.
 #[derive(Default)]
 struct Skip(AtomicU32);
 
 impl Skip {
-    /// The magazine is known to be empty.
-    const EMPTY: u32 = 1;
-    /// One miss (the misses since the last hit or release taken: bits 1
-    /// to 5).
-    const MISS: u32 = 1 << 1;
+    /// One miss (the misses since the last hit or release taken: bits 0
+    /// to 4).
+    const MISS: u32 = 1;
     /// The bits of the misses.
-    const MISSES: u32 = 0x1f << 1;
+    const MISSES: u32 = 0x1f;
     /// One operation left to pass the magazine by (the bits above).
-    const LEFT: u32 = 1 << 6;
+    const LEFT: u32 = 1 << 5;
 }
 
 const _: () = assert!(MISSES_BEFORE_SKIP * Skip::MISS <= Skip::MISSES);
@@ -218,31 +216,28 @@ impl<B> Magazine<B> {
         self.skip.0.load(Ordering::Relaxed)
     }
 
-    /// For the owner, before an allocation (`allocating`) or a release,
-    /// with a skip `word` that is not zero: the word to hand to
+    /// For the owner, before an allocation or a release, with a skip
+    /// `word` that is not zero: the word to hand to
     /// [`served`](Self::served), [`stocked`](Self::stocked) or
-    /// [`missed`](Self::missed), or `None`
-    /// when the call goes straight to the shared cache (the magazine is
-    /// passed by, and for an allocation known to be empty).
+    /// [`missed`](Self::missed), or `None` when the call goes straight to
+    /// the shared cache (the magazine is passed by).
     #[inline(always)]
-    pub(super) fn pass_by(&self, word: u32, allocating: bool) -> Option<u32> {
+    pub(super) fn pass_by(&self, word: u32) -> Option<u32> {
         if word < Skip::LEFT {
             return Some(word);
         }
-        let word = word - Skip::LEFT;
-        self.skip.0.store(word, Ordering::Relaxed);
-        (allocating && word & Skip::EMPTY == 0).then_some(word)
+        self.skip.0.store(word - Skip::LEFT, Ordering::Relaxed);
+        None
     }
 
     /// For the owner: the magazine served an allocation, which ends a run
     /// of misses; `word` as [`skip_word`](Self::skip_word) or
-    /// [`pass_by`](Self::pass_by) gave it. (Whether that emptied the
-    /// magazine is left for the next miss to see: a round trip would
-    /// otherwise mark it empty and stocked again every time.)
+    /// [`pass_by`](Self::pass_by) gave it (only misses are left in such
+    /// a word).
     #[inline(always)]
     pub(super) fn served(&self, word: u32) {
-        if word & Skip::MISSES != 0 {
-            self.skip.0.store(word & !Skip::MISSES, Ordering::Relaxed);
+        if word != 0 {
+            self.skip.0.store(0, Ordering::Relaxed);
         }
     }
 
@@ -252,26 +247,18 @@ impl<B> Magazine<B> {
     #[inline(always)]
     pub(super) fn stocked(&self, word: Option<u32>) {
         let word = word.unwrap_or_else(|| self.skip.0.load(Ordering::Relaxed));
-        if word & (Skip::EMPTY | Skip::MISSES) != 0 {
-            self.skip
-                .0
-                .store(word & !(Skip::EMPTY | Skip::MISSES), Ordering::Relaxed);
-        }
+        self.served(word);
     }
 
-    /// For the owner: the magazine had no block for an allocation
-    /// (`empty`: none at all), or no room for a release; `word` as
-    /// [`stocked`](Self::stocked) takes it. After
-    /// [`MISSES_BEFORE_SKIP`] of them with no hit and no release taken in
-    /// between, it is passed by for a while.
+    /// For the owner: the magazine had no block for an allocation, or no
+    /// room for a release; `word` as [`stocked`](Self::stocked) takes it.
+    /// After [`MISSES_BEFORE_SKIP`] of them with no hit and no release
+    /// taken in between, it is passed by for a while.
     #[inline(never)]
-    pub(super) fn missed(&self, word: u32, empty: bool) {
+    pub(super) fn missed(&self, word: u32) {
         let mut word = word + Skip::MISS;
-        if empty {
-            word |= Skip::EMPTY;
-        }
         if (word & Skip::MISSES) >= MISSES_BEFORE_SKIP * Skip::MISS {
-            word = (word & Skip::EMPTY) | (SKIPPED_OPERATIONS * Skip::LEFT);
+            word = SKIPPED_OPERATIONS * Skip::LEFT;
         }
         self.skip.0.store(word, Ordering::Relaxed);
     }

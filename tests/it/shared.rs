@@ -1089,6 +1089,55 @@ fn blocks_left_in_a_cache_passed_by_still_expire_on_time() {
     alloc.assert_all_freed();
 }
 
+/// On a thread of its own: caches a block of 10 bytes in its magazine,
+/// then (after `wait`) misses there 20 times at once, which makes it pass
+/// its magazine by, drops those blocks, waits `wait` again and asks for
+/// 10 bytes: the shared cache has none.
+fn pass_by_with_a_block_left(pool: &Tc, clock: &ManualClock, wait: Duration) {
+    let (pool, clock) = (pool.clone(), clock.clone());
+    thread::spawn(move || {
+        drop(pool.allocate(10).unwrap());
+        clock.advance(wait);
+        let blocks: Vec<_> = (1..=20).map(|i| pool.allocate(64 * i).unwrap()).collect();
+        drop(blocks);
+        clock.advance(wait);
+        drop(pool.allocate(10).unwrap());
+    })
+    .join()
+    .unwrap();
+}
+
+#[test]
+fn a_thread_that_passes_its_cache_by_takes_its_block_before_a_backing_call() {
+    // The request for 10 bytes passes the magazine by and misses in the
+    // shared cache; the block idle in its own magazine serves it.
+    let (pool, alloc, clock) = tc_pool(Duration::from_secs(1));
+    pass_by_with_a_block_left(&pool, &clock, Duration::ZERO);
+    let s = pool.stats();
+    assert_eq!((s.hits, s.misses, s.evictions), (1, 21, 0));
+    assert_eq!((alloc.allocs(), s.blocks_cached), (21, 21));
+    assert_eq!(s.bytes_cached, alloc.live_bytes());
+    drop(pool);
+    alloc.assert_all_freed();
+}
+
+#[test]
+fn a_due_block_of_a_cache_passed_by_is_freed_not_reused() {
+    // The same, but the block has been idle for its time-to-live when the
+    // request comes (the 20 others for half of it): it goes, as an
+    // eviction, and the request goes to the backing allocator.
+    let (pool, alloc, clock) = tc_pool(Duration::from_secs(1));
+    pass_by_with_a_block_left(&pool, &clock, Duration::from_millis(500));
+    let s = pool.stats();
+    assert_eq!((s.hits, s.misses, s.evictions), (0, 22, 1));
+    assert_eq!(
+        (alloc.allocs(), alloc.live(), s.blocks_cached),
+        (22, 21, 21)
+    );
+    drop(pool);
+    alloc.assert_all_freed();
+}
+
 #[test]
 fn a_due_block_of_the_threads_own_cache_is_not_reused() {
     let (pool, alloc, clock) = tc_pool(Duration::from_secs(1));
