@@ -120,6 +120,33 @@ fn shared_pool(c: &mut Criterion) {
         });
         assert_eq!(shared.stats().misses, 64, "{name}: every round trip hits");
     }
+    // Two threads, each over 64 classes of its own, one block each, in
+    // the same random order: time per operation = wall time / total
+    // operations, against one thread over 64 classes of the plain pool.
+    let both = sizes(128);
+    for (name, thread_caches) in [
+        ("shared_pool_64_classes_2_threads", false),
+        ("thread_caches_64_classes_2_threads", true),
+    ] {
+        let mut filled = pool();
+        fill(&mut filled, &both, 1);
+        let shared = if thread_caches {
+            SharedPool::with_thread_caches(filled)
+        } else {
+            SharedPool::new(filled)
+        };
+        let size = |thread: usize, k: usize| both[thread * 64 + walk[k % walk.len()]];
+        g.bench_function(name, |b| {
+            b.iter_custom(|iters| {
+                let t = two_threads_with(&shared, iters, size);
+                // The magazines of the threads that exited go back to the
+                // shared cache (`with` puts them there), untimed.
+                shared.with(|_| ());
+                t
+            })
+        });
+        assert_eq!(shared.stats().misses, 128, "{name}: every round trip hits");
+    }
 
     // What the owners' lock-free path costs the calls that visit every
     // magazine (on Linux, one `membarrier` system call each). This thread
@@ -134,17 +161,28 @@ fn shared_pool(c: &mut Criterion) {
 /// Two threads doing `iters` round trips in all, each its own size class:
 /// the wall time per operation, scaled to `iters`.
 fn two_threads(shared: &SharedPool<Null, FixedTime, ManualClock>, iters: u64) -> Duration {
+    two_threads_with(shared, iters, |thread, _| 4096 + thread)
+}
+
+/// Two threads doing `iters` round trips in all, the `k`-th of thread `t`
+/// of `size(t, k)` bytes: the wall time per operation, scaled to `iters`.
+fn two_threads_with(
+    shared: &SharedPool<Null, FixedTime, ManualClock>,
+    iters: u64,
+    size: impl Fn(usize, usize) -> usize + Sync,
+) -> Duration {
     let start = Barrier::new(2);
     let per_thread = iters.div_ceil(2);
     let t = std::thread::scope(|s| {
         let workers: Vec<_> = (0..2)
             .map(|i| {
-                let start = &start;
+                let (start, size) = (&start, &size);
                 s.spawn(move || {
                     start.wait();
                     let t = Instant::now();
-                    for _ in 0..per_thread {
-                        drop(black_box(shared.allocate(4096 + i).unwrap()));
+                    for k in 0..per_thread {
+                        let s = size(i, k as usize);
+                        drop(black_box(shared.allocate(black_box(s)).unwrap()));
                     }
                     t.elapsed()
                 })
@@ -180,7 +218,7 @@ fn main() {
     }
     .print(started);
     ratios::Table {
-        title: "64 classes, one thread: ratio to",
+        title: "64 classes (a thread): ratio to",
         baseline: (
             "plain DecayingPool",
             "shared_hit_round_trip/plain_pool_64_classes",
@@ -192,7 +230,7 @@ fn main() {
                 "shared_hit_round_trip/thread_caches_{}",
             ),
         ],
-        columns: &["64_classes"],
+        columns: &["64_classes", "64_classes_2_threads"],
     }
     .print(started);
 }

@@ -51,6 +51,26 @@
 //! it back. The system calls cost at most one per `REBIAS_AFTER`
 //! operations.
 //!
+//! # A stale owner
+//!
+//! `busy` is one flag, which every owner the lock ever has writes. An
+//! owner that read the bias as its own and was then preempted before its
+//! store of `busy = true` is *stale*: a visit meanwhile saw `busy` clear
+//! and revoked the bias without waiting for it. When it runs again it
+//! stores `busy = true`, reads the bias revoked and stores `busy = false`
+//! as it backs out, harmless while the lock has no owner; but had another
+//! thread earned the bias meanwhile and been inside its fast path then,
+//! that `false` would let the next visitor in beside it (two threads
+//! alternating on a pool, preempted on a loaded machine, lost updates
+//! this way: `cargo bench --bench shared_pool -- 64_classes_2_threads`
+//! next to other processes). So after a revocation the lock takes no
+//! new owner until the revoked one has taken the flag (then its window
+//! is behind it: it backs out before it takes the flag): the lock
+//! remembers it (`revoked`), under the flag. The revoked owner itself
+//! may earn the bias back at once; an owner that exits or leaves the
+//! pool for good keeps the lock unbiased, which costs the other threads
+//! the flag's read-modify-write, not correctness.
+//!
 //! A panic under the lock releases it (the guard is dropped on unwinding):
 //! there is no poisoning, as the pool recovers from panics under its locks
 //! anyway.
@@ -77,6 +97,12 @@ pub(super) struct CacheLock<T> {
     /// written and read under the flag.
     streak_token: AtomicUsize,
     streak: AtomicU32,
+    /// The owner whose bias was revoked last, until it takes the flag
+    /// ([`NONE`] then): until it does, it may still be inside the window
+    /// of its fast path, and no other thread may own the lock (see
+    /// "A stale owner" in the module documentation). Written and read
+    /// under the flag.
+    revoked: AtomicUsize,
     value: UnsafeCell<T>,
 }
 
@@ -165,6 +191,7 @@ impl<T> CacheLock<T> {
             busy: AtomicBool::new(false),
             streak_token: AtomicUsize::new(NONE),
             streak: AtomicU32::new(0),
+            revoked: AtomicUsize::new(NONE),
             value: UnsafeCell::new(value),
         }
     }
@@ -282,6 +309,15 @@ impl<T> CacheLock<T> {
                 }
                 back_off(&mut round);
             }
+            // A bias is given only while no revoked owner is pending.
+            debug_assert_eq!(self.revoked.load(Ordering::Relaxed), NONE);
+            self.revoked.store(bias, Ordering::Relaxed);
+        }
+        // The last owner, come by the flag: it is past its fast path's
+        // window (it took the flag after it), so another thread may own
+        // the lock now.
+        if self.revoked.load(Ordering::Relaxed) == me {
+            self.revoked.store(NONE, Ordering::Relaxed);
         }
         // No owner now: the first taker, or one with a long enough streak,
         // becomes it (no fast path to exclude; the flag's release
@@ -293,7 +329,8 @@ impl<T> CacheLock<T> {
             1
         };
         self.streak.store(streak, Ordering::Relaxed);
-        if me != NO_THREAD && (bias == FIRST || streak >= REBIAS_AFTER) {
+        let stale = self.revoked.load(Ordering::Relaxed) != NONE;
+        if me != NO_THREAD && (bias == FIRST || (streak >= REBIAS_AFTER && !stale)) {
             self.bias.store(me, Ordering::Relaxed);
         }
         Some(self.flag_guard())
@@ -499,6 +536,40 @@ mod tests {
     }
 
     #[test]
+    fn no_other_thread_owns_the_lock_until_the_revoked_owner_takes_the_flag() {
+        if !biasable() {
+            return;
+        }
+        let lock = CacheLock::biased(0u32);
+        drop(lock.lock());
+        // A visitor revokes this thread's bias, then takes the flag twice
+        // the streak in a row: this thread might still be inside its fast
+        // path's window (a stale owner), so no bias for the visitor.
+        thread::scope(|s| {
+            s.spawn(|| {
+                for _ in 0..2 * REBIAS_AFTER {
+                    *lock.lock() += 1;
+                }
+            });
+        });
+        assert_eq!(lock.bias.load(Ordering::Relaxed), NONE, "a stale owner");
+        // Once the revoked owner has taken the flag, a streak earns it.
+        *lock.lock() += 1;
+        let other = thread::scope(|s| {
+            s.spawn(|| {
+                for _ in 0..REBIAS_AFTER {
+                    *lock.lock() += 1;
+                }
+                token()
+            })
+            .join()
+            .unwrap()
+        });
+        assert_eq!(lock.bias.load(Ordering::Relaxed), other);
+        assert_eq!(*lock.lock(), 3 * REBIAS_AFTER + 1);
+    }
+
+    #[test]
     fn a_visitor_waits_for_the_owner_inside_its_fast_path() {
         let lock = CacheLock::biased(Vec::<u32>::new());
         drop(lock.lock());
@@ -592,7 +663,9 @@ mod tests {
                     let g = bump(&lock);
                     if biasable() {
                         // Releasing, under the flag: the owner that reads
-                        // it back sees our writes.
+                        // it back sees our writes. (As the owner's streak
+                        // would: it took the flag in between.)
+                        lock.revoked.store(NONE, Ordering::Relaxed);
                         lock.bias.store(owner, Ordering::Release);
                     }
                     drop(g);
