@@ -38,6 +38,21 @@ fn pool() -> DecayingPool<Null, FixedTime, ManualClock> {
         .build()
 }
 
+/// A shared pool (`thread_caches`: with a cache per thread) with one
+/// cached block of each of `classes`.
+fn filled_shared(
+    classes: &[usize],
+    thread_caches: bool,
+) -> SharedPool<Null, FixedTime, ManualClock> {
+    let mut filled = pool();
+    fill(&mut filled, classes, 1);
+    if thread_caches {
+        SharedPool::with_thread_caches(filled)
+    } else {
+        SharedPool::new(filled)
+    }
+}
+
 fn shared_pool(c: &mut Criterion) {
     let mut g = c.benchmark_group("shared_hit_round_trip");
     g.warm_up_time(Duration::from_millis(500));
@@ -103,13 +118,7 @@ fn shared_pool(c: &mut Criterion) {
         ("shared_pool_64_classes", false),
         ("thread_caches_64_classes", true),
     ] {
-        let mut filled = pool();
-        fill(&mut filled, &classes, 1);
-        let shared = if thread_caches {
-            SharedPool::with_thread_caches(filled)
-        } else {
-            SharedPool::new(filled)
-        };
+        let shared = filled_shared(&classes, thread_caches);
         let mut i = 0;
         g.bench_function(name, |b| {
             b.iter(|| {
@@ -128,13 +137,7 @@ fn shared_pool(c: &mut Criterion) {
         ("shared_pool_64_classes_2_threads", false),
         ("thread_caches_64_classes_2_threads", true),
     ] {
-        let mut filled = pool();
-        fill(&mut filled, &both, 1);
-        let shared = if thread_caches {
-            SharedPool::with_thread_caches(filled)
-        } else {
-            SharedPool::new(filled)
-        };
+        let shared = filled_shared(&both, thread_caches);
         let size = |thread: usize, k: usize| both[thread * 64 + walk[k % walk.len()]];
         g.bench_function(name, |b| {
             b.iter_custom(|iters| {
