@@ -99,8 +99,8 @@ cols=(64x1 4096x4 100000x2 batch)
 if $time; then table "ns (fastest runs)"; else table instructions; fi
 echo
 # Through `SharedPool` (FixedTime), against the plain pool: one class, as
-# `cargo bench --bench shared_pool`, and 64 classes, more than a thread
-# cache holds.
+# `cargo bench --bench shared_pool`, 64 classes (as many blocks as a
+# thread cache holds) and 256 classes (more).
 rows=(fixed_time shared thread_caches)
-cols=(1x1 64x1)
+cols=(1x1 64x1 256x1)
 table "shared, 1 thread"

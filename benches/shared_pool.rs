@@ -1,8 +1,9 @@
 //! Hit round trip through `SharedPool` against the plain pool and against
 //! the plain pool behind a `std::sync::Mutex`, uncontended and with two
 //! threads hammering one pool, without and with thread caches
-//! (`SharedPool::with_thread_caches`); the same on one thread over 64
-//! classes drawn at random, more than a thread's cache holds; and a
+//! (`SharedPool::with_thread_caches`); the same over 64 classes drawn at
+//! random (as many blocks as a thread's cache holds), on one thread and
+//! on two threads with 64 classes each; and a
 //! `stats` call on a pool with thread caches, which visits every thread's
 //! cache.
 //!
@@ -98,8 +99,8 @@ fn shared_pool(c: &mut Criterion) {
     g.bench_function("thread_caches_2_threads", |b| {
         b.iter_custom(|iters| two_threads(&cached, iters))
     });
-    // One thread over 64 classes, one block each, drawn at random: a
-    // thread cache (8 blocks) misses at most calls.
+    // One thread over 64 classes, one block each, drawn at random: as
+    // many blocks as a thread cache holds.
     let classes = sizes(64);
     let walk = order(classes.len(), 4096);
     let mut plain = pool();

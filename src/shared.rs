@@ -41,7 +41,7 @@ use crate::pool::DecayingPool;
 use crate::raw::{RawAllocator, SendBlock};
 use crate::stats::{ClassStats, Stats};
 use lock::{CacheLock, Guard as LockGuard};
-use thread_cache::{Found, MAGAZINE, MagCounts, Magazine};
+use thread_cache::{Found, MagCounts, Magazine};
 
 /// A thread-safe, cheaply cloneable handle to a [`DecayingPool`].
 ///
@@ -314,17 +314,11 @@ impl<A: RawAllocator, P: Policy, C: Clock> Lending<A, P, C> {
     ) -> (usize, usize) {
         let (mut blocks, mut bytes) = (0, 0);
         thread_cache::visit(&mut self.mags, |m| {
-            let mut i = 0;
-            while i < m.blocks.len() {
-                if pick(m.blocks[i].2) {
-                    let (block, class, _) = m.blocks.remove(i);
-                    blocks += 1;
-                    bytes += class;
-                    cache.free_lent(block, class, reason, free);
-                } else {
-                    i += 1;
-                }
-            }
+            m.remove_where(&mut pick, |block, class| {
+                blocks += 1;
+                bytes += class;
+                cache.free_lent(block, class, reason, free);
+            });
         });
         self.prune();
         (blocks, bytes)
@@ -338,9 +332,7 @@ impl<A: RawAllocator, P: Policy, C: Clock> Lending<A, P, C> {
         free: &mut (impl FnMut(A::Block, usize) + ?Sized),
     ) {
         thread_cache::visit(&mut self.mags, |m| {
-            for (block, class, _) in m.blocks.drain(..) {
-                cache.release(block, class, now, free);
-            }
+            m.drain(|block, class, _| cache.release(block, class, now, free));
         });
         self.prune();
     }
@@ -360,7 +352,7 @@ impl<A: RawAllocator, P: Policy, C: Clock> Lending<A, P, C> {
                 return true;
             };
             let m = mag.get_mut();
-            if !m.blocks.is_empty() {
+            if m.len() != 0 {
                 return true;
             }
             *lent += m.lent;
@@ -870,11 +862,16 @@ impl<A: RawAllocator, P: Policy, C: Clock> Inner<A, P, C> {
                         // the caller's path. A handle dropped after this
                         // check counts the magazines as their visitor, so
                         // sees this release.
-                        if m.blocks.len() < MAGAZINE && handles.load(Ordering::Acquire) > 0 {
+                        if m.has_room() && handles.load(Ordering::Acquire) > 0 {
                             if let Some(b) = block.take() {
-                                m.blocks.push((b, class, now));
-                                m.lent -= 1;
-                                mag.stocked(None);
+                                match m.push(b, class, now) {
+                                    Ok(()) => {
+                                        m.lent -= 1;
+                                        mag.stocked(None);
+                                    }
+                                    // Not reached (there is room).
+                                    Err(b) => block = Some(b),
+                                }
                             }
                         }
                         None
@@ -1811,9 +1808,10 @@ impl<A: RawAllocator, C: Clock + Clone + Sync> SharedPool<A, FixedTime, C> {
     /// release and reuse their own blocks do not take turns at the cache
     /// lock.
     ///
-    /// Each thread that allocates from the pool gets a *magazine*: up to 8
-    /// idle blocks it released (exact classes, the last released reused
-    /// first). An `allocate` whose class is in the thread's magazine, and
+    /// Each thread that allocates from the pool gets a *magazine*: up to
+    /// 64 idle blocks it released, in a small table keyed by class (a
+    /// class's blocks reused front first, so that those it needs no more
+    /// decay). An `allocate` whose class is in the thread's magazine, and
     /// the release of a block to a magazine with room, take no shared
     /// lock; otherwise the call goes to the shared cache as with
     /// [`SharedPool::new`]. A block is released to the magazine of the
@@ -1851,15 +1849,20 @@ impl<A: RawAllocator, C: Clock + Clone + Sync> SharedPool<A, FixedTime, C> {
     /// `--cfg decaying_pool_locked_magazines`, which ThreadSanitizer needs),
     /// each magazine has a lock that its thread takes on its operations.
     ///
-    /// A thread that uses more classes than its magazine holds (8 blocks)
-    /// misses there at most calls: after 16 misses with no hit and no
-    /// release taken in between, its next 1 024 calls pass the magazine
-    /// by (they go to the shared cache after one test of one word), then
-    /// it tries the magazine again. Such a thread then pays little more
-    /// than through [`SharedPool::new`]. The blocks its magazine still
-    /// holds are not stranded meanwhile: an allocation that the shared
-    /// cache cannot serve takes its thread's block of the class, if the
-    /// magazine has one, before a backing call.
+    /// A thread that uses more classes than its magazine holds misses
+    /// there at many calls, and a magazine that serves most calls but not
+    /// nearly all costs more than none (the processor mispredicts where
+    /// each call goes). So each miss counts 8 against the magazine, each
+    /// hit and each release taken 1 for it: when the count comes to 128
+    /// misses' worth (128 misses in a row, or a longer run in which the
+    /// magazine serves fewer than 8 calls in 9), its thread's next 16 384
+    /// calls pass it by (they go to the shared cache after one test of one
+    /// word), then it tries the magazine again. Such a thread then pays
+    /// little more than through [`SharedPool::new`]. The blocks its
+    /// magazine still holds are not stranded meanwhile: an allocation that
+    /// the shared cache cannot serve takes its thread's block of the
+    /// class, if the magazine has one, before a backing call (and its
+    /// release goes to the shared cache).
     ///
     /// [`stats`](Self::stats) adds the magazines up, so
     /// the counts stay exact, except `peak_bytes_in_use`, which counts

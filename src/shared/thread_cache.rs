@@ -3,7 +3,8 @@
 //! [`SharedPool::with_thread_caches`](crate::SharedPool::with_thread_caches).
 //!
 //! Each thread that allocates from such a pool gets a magazine for it: up
-//! to [`MAGAZINE`] idle blocks with their release times. The pool keeps
+//! to [`MAGAZINE`] idle blocks with their release times, in a small table
+//! keyed by class ([`MagState`]). The pool keeps
 //! every magazine in a list under its cache lock; the thread keeps a table
 //! from pool to magazine, which holds the pool weakly (it never keeps a
 //! pool alive) and the magazine strongly.
@@ -14,11 +15,11 @@
 //! `trim`, the limit, the out-of-memory retry and the pool's drop reach it;
 //! `collect` drops it from the list once it is empty.
 //!
-//! A thread that uses more classes than its magazine holds misses in it at
-//! most calls, and would pay for the magazine on top of the shared cache:
-//! after [`MISSES_BEFORE_SKIP`] misses with no hit and no release taken in
-//! between, it passes the magazine by for its next [`SKIPPED_OPERATIONS`] calls,
-//! then tries it again (see `Skip`).
+//! A thread that uses many more classes than its magazine holds misses in
+//! it at most calls, and would pay for the magazine on top of the shared
+//! cache: when its misses less its hits and releases taken (weighed by
+//! [`MISS_WEIGHT`]) come to [`MISSES_BEFORE_SKIP`], it passes the magazine by for its next
+//! [`SKIPPED_OPERATIONS`] calls, then tries it again (see `Skip`).
 //!
 //! # Who touches a magazine, and how
 //!
@@ -83,17 +84,29 @@ use super::barrier;
 use super::lock::CacheLock;
 
 /// The most blocks a magazine holds.
-pub(super) const MAGAZINE: usize = 8;
+pub(super) const MAGAZINE: usize = 64;
 
-/// Misses (allocations the magazine has no block for, releases it is too
-/// full to take) with no hit and no release taken in between, after which
-/// its owner passes it by.
+/// Misses in a row (allocations the magazine has no block for, releases
+/// it is too full to take) after which its owner passes it by: twice the
+/// blocks it holds (a batch that fills the magazine misses half as many
+/// times, then its releases are taken). Each hit and each release taken
+/// counts [`MISS_WEIGHT`] times less than a miss: a run in which the
+/// magazine serves fewer than 8 calls in 9 passes it by too.
 pub(super) const MISSES_BEFORE_SKIP: u32 = 2 * MAGAZINE as u32;
 
-/// How many of its owner's operations pass a magazine by, once it missed
-/// [`MISSES_BEFORE_SKIP`] times with no hit and no release taken in
-/// between.
-pub(super) const SKIPPED_OPERATIONS: u32 = 1024;
+/// How many hits or releases taken make up for one miss.
+///
+/// A magazine that serves most calls but not nearly all costs more than
+/// none: the processor mispredicts whether a call hits there (over 100
+/// classes in a random order, one thread through a magazine that served
+/// about two calls in three took twice the time of one through the shared
+/// cache alone, and two threads more than the shared cache's time too:
+/// `docs/PERFORMANCE.md`).
+pub(super) const MISS_WEIGHT: u32 = 8;
+
+/// How many of its owner's operations pass a magazine by, once its count
+/// of misses came to [`MISSES_BEFORE_SKIP`].
+pub(super) const SKIPPED_OPERATIONS: u32 = 16384;
 
 /// A magazine: its state, and the flags of the owner's lock-free access
 /// (see the module documentation). Aligned to a cache line pair, so that
@@ -113,56 +126,116 @@ pub(super) struct Magazine<B> {
     skip: Skip,
 }
 
-/// Whether a magazine is worth its owner's time: a thread that uses more
-/// classes than a magazine holds misses in it at almost every allocation
-/// and finds it full at almost every release, and paid for both on top of
-/// the shared cache's own work. After [`MISSES_BEFORE_SKIP`] misses with
-/// no hit and no release taken in between (each hit restarts the count:
-/// under contention a hit saves a turn of the shared lock, worth more than
-/// the magazine costs), its next [`SKIPPED_OPERATIONS`] operations pass
-/// the magazine by: allocations and releases go to the shared cache at
-/// once, with one test of this word. The blocks the magazine still holds
+/// Whether a magazine is worth its owner's time: a thread that uses many
+/// more classes than a magazine holds misses in it at most allocations
+/// and finds it full at most releases, and pays for both on top of the
+/// shared cache's own work (and for the branches that the mix of hits and
+/// misses makes the processor mispredict). Each miss counts
+/// [`MISS_WEIGHT`] up, each hit and each release taken one down (not below
+/// zero); when the count comes to [`MISSES_BEFORE_SKIP`] misses' worth (as
+/// many misses in a row, or a longer run in which the magazine serves
+/// fewer than 8 calls in 9), its next [`SKIPPED_OPERATIONS`] operations
+/// pass the magazine by:
+/// allocations and releases go to the shared cache at once, with one test
+/// of this word. The blocks the magazine still holds
 /// are not stranded: an allocation that the shared cache cannot serve
 /// looks in its thread's magazine before it asks the backing allocator
 /// (out of line: see `SharedPool`'s `allocate_locked`), and `collect`
-/// frees them when due. Then the magazine is tried again.
+/// frees them when due; the thread's requests for their classes take them
+/// there, and release them to the shared cache. Then the magazine is
+/// tried again.
 ///
 /// One word, which only the owner reads and writes (a relaxed atomic,
 /// plain loads and stores, only so that the magazine stays `Sync`): zero
-/// (no miss since the last hit or release taken, not passed by) on the
-/// hot path, which then tests one word per call.
+/// (no miss counted, not passed by) on the hot path, which then tests one
+/// word per call.
 #[derive(Default)]
 struct Skip(AtomicU32);
 
 impl Skip {
-    /// One miss (the misses since the last hit or release taken: bits 0
-    /// to 4).
-    const MISS: u32 = 1;
+    /// One miss (the count of misses, in hits: bits 0 to 10).
+    const MISS: u32 = MISS_WEIGHT;
     /// The bits of the misses.
-    const MISSES: u32 = 0x1f;
+    const MISSES: u32 = 0x7ff;
     /// One operation left to pass the magazine by (the bits above).
-    const LEFT: u32 = 1 << 5;
+    const LEFT: u32 = 1 << 11;
 }
 
 const _: () = assert!(MISSES_BEFORE_SKIP * Skip::MISS <= Skip::MISSES);
+const _: () = assert!(SKIPPED_OPERATIONS <= u32::MAX / Skip::LEFT);
 
 /// A magazine's blocks and counters.
 ///
-/// In this order (`repr(C)`): `lent`, which a release writes, is not next
-/// to the hit counters, which an `allocate` updates; adjacent, the two
-/// updates are merged into one 16-byte load and store, and that load waits
-/// for the release's 8-byte store to leave the store buffer (a failed
-/// store-to-load forwarding: about a third of a hit's time).
+/// The blocks are in a small open-addressing table keyed by class
+/// (linear probing over [`SLOTS`] slots), so that a thread that keeps many
+/// classes in use finds its block of a class with one hash and a probe or
+/// two, where a list would be scanned. A slot keeps its class when its
+/// block is taken: the release that follows puts the block back where it
+/// was, and a round trip moves nothing. So the blocks of a class lie
+/// along its probe sequence; an allocation takes the first, a release
+/// fills the first slot of its class left empty (or a free slot after
+/// them all). A class's blocks are reused front first, and those at the
+/// back, which stay idle while the class needs fewer blocks, are the ones
+/// that decay.
+///
+/// At most [`MAGAZINE`] blocks, and at most [`KEYED`] slots with a class
+/// (so every probe ends at a free slot within a few steps): a release
+/// that needs a free slot when that many have a class empties the slots
+/// with no block first ([`purge`](MagState::purge), out of the hot path).
+///
+/// In this order (`repr(C)`), so that no two adjacent fields are each
+/// written by both an `allocate` and a release: the compiler merges two
+/// adjacent updates of one path into one 16-byte load and store, and that
+/// load waits for the other path's 8-byte stores to leave the store
+/// buffer (a failed store-to-load forwarding: about a third of a hit's
+/// time). A hit writes `lent`, `len` and the counters; a release `lent`,
+/// `len` and `oldest`.
 #[repr(C)]
 pub(super) struct MagState<B> {
     /// Blocks lent through this magazine less those given back through it
     /// (negative when its thread gives back blocks lent elsewhere).
     pub(super) lent: isize,
-    /// Idle blocks: the block, its class and the time it was released at,
-    /// oldest first (each release pushes at the end).
-    pub(super) blocks: Vec<(B, usize, u64)>,
+    /// Slots with a class (at most [`KEYED`]).
+    keyed: usize,
+    /// Blocks held (at most [`MAGAZINE`]).
+    len: usize,
+    /// At or before the release time of every block held (`u64::MAX` when
+    /// none has been since a collection looked): a hit leaves it as it
+    /// was, so it may be older than the oldest block; a collection that
+    /// looks sets it right.
+    oldest: u64,
     /// The counters of the hits served here.
     pub(super) counts: MagCounts,
+    /// The class of each slot, 0 for a free slot (no block has class 0).
+    classes: [usize; SLOTS],
+    /// Each slot's block, if it has one, and the time it was released at
+    /// (`None` in a free slot).
+    slots: [Option<(B, u64)>; SLOTS],
+}
+
+/// The slots of a magazine's table: a power of two, four times
+/// [`MAGAZINE`] (a quarter full when it holds as many blocks, so that most
+/// classes find their blocks at their home slot).
+const SLOTS: usize = 4 * MAGAZINE;
+
+/// The most slots with a class: half the table.
+const KEYED: usize = SLOTS / 2;
+
+const _: () = assert!(SLOTS.is_power_of_two() && MAGAZINE < KEYED && KEYED < SLOTS);
+
+/// The slot where `class`'s probe sequence starts (a multiplicative
+/// hash's top bits: classes that are multiples of a power of two spread
+/// over the table).
+#[inline(always)]
+fn home(class: usize) -> usize {
+    const SHIFT: u32 = u64::BITS - SLOTS.trailing_zeros();
+    ((class as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> SHIFT) as usize
+}
+
+/// The slot after `i`, wrapping.
+#[inline(always)]
+fn next(i: usize) -> usize {
+    (i + 1) & (SLOTS - 1)
 }
 
 /// The counters of the hits a magazine served.
@@ -230,20 +303,21 @@ impl<B> Magazine<B> {
         None
     }
 
-    /// For the owner: the magazine served an allocation, which ends a run
-    /// of misses; `word` as [`skip_word`](Self::skip_word) or
-    /// [`pass_by`](Self::pass_by) gave it (only misses are left in such
-    /// a word).
+    /// For the owner: the magazine served an allocation, which takes one
+    /// off its count of misses; `word` as [`skip_word`](Self::skip_word) or
+    /// [`pass_by`](Self::pass_by) gave it.
     #[inline(always)]
     pub(super) fn served(&self, word: u32) {
-        if word != 0 {
-            self.skip.0.store(0, Ordering::Relaxed);
+        // (A word that passes the magazine by, which a release's whole
+        // path may read, is left as it is.)
+        if word != 0 && word < Skip::LEFT {
+            self.skip.0.store(word - 1, Ordering::Relaxed);
         }
     }
 
-    /// For the owner: the magazine took a released block, which ends a
-    /// run of misses; `word` as [`served`](Self::served) takes it, or
-    /// `None` to read it.
+    /// For the owner: the magazine took a released block, which takes one
+    /// off its count of misses; `word` as [`served`](Self::served) takes it,
+    /// or `None` to read it.
     #[inline(always)]
     pub(super) fn stocked(&self, word: Option<u32>) {
         let word = word.unwrap_or_else(|| self.skip.0.load(Ordering::Relaxed));
@@ -252,8 +326,9 @@ impl<B> Magazine<B> {
 
     /// For the owner: the magazine had no block for an allocation, or no
     /// room for a release; `word` as [`stocked`](Self::stocked) takes it.
-    /// After [`MISSES_BEFORE_SKIP`] of them with no hit and no release
-    /// taken in between, it is passed by for a while.
+    /// When they come to [`MISSES_BEFORE_SKIP`] (less hits and releases
+    /// taken, [`MISS_WEIGHT`] of which make up for one), it is passed by
+    /// for a while.
     #[inline(never)]
     pub(super) fn missed(&self, word: u32) {
         let mut word = word + Skip::MISS;
@@ -383,37 +458,175 @@ pub(super) fn visit<B>(mags: &mut [Arc<Magazine<B>>], mut f: impl FnMut(&mut Mag
 impl<B> MagState<B> {
     pub(super) fn new() -> Self {
         MagState {
-            blocks: Vec::with_capacity(MAGAZINE),
             lent: 0,
+            len: 0,
+            oldest: u64::MAX,
             counts: MagCounts::default(),
+            keyed: 0,
+            classes: [0; SLOTS],
+            slots: [const { None }; SLOTS],
         }
     }
 
-    /// Whether the oldest block is due at `now` (released `ttl` or more
-    /// ago).
+    /// Blocks held.
+    pub(super) fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether a release may add a block.
+    #[inline(always)]
+    pub(super) fn has_room(&self) -> bool {
+        self.len < MAGAZINE
+    }
+
+    /// Whether a block may be due at `now` (released `ttl` or more ago):
+    /// `false` means none is; `true`, that [`take_due`](Self::take_due)
+    /// must look (it may find none, and then sets the bound right).
     #[inline(always)]
     pub(super) fn oldest_due(&self, now: u64, ttl: u64) -> bool {
-        match self.blocks.first() {
-            Some(&(_, _, at)) => now.saturating_sub(at) >= ttl,
-            None => false,
-        }
+        // `len` is tested second, and only when the bound is due: with
+        // `ttl` zero an empty magazine's bound (`u64::MAX`) is.
+        now.saturating_sub(self.oldest) >= ttl && self.len != 0
     }
 
     /// Takes out every block due at `now`.
     #[cold]
     pub(super) fn take_due(&mut self, now: u64, ttl: u64) -> Vec<(B, usize)> {
-        let due = self
-            .blocks
-            .iter()
-            .take_while(|&&(_, _, at)| now.saturating_sub(at) >= ttl)
-            .count();
-        self.blocks.drain(..due).map(|(b, c, _)| (b, c)).collect()
+        let mut due = Vec::new();
+        self.remove_where(
+            |at| now.saturating_sub(at) >= ttl,
+            |block, class| due.push((block, class)),
+        );
+        due
+    }
+
+    /// Takes out every block whose release time `pick` chooses, handing
+    /// each with its class to `out`, and sets the bound of the release
+    /// times right. `pick` chooses every time before one it chooses (a
+    /// collection's "released `ttl` or more before now", or every time):
+    /// when it does not choose the bound, no block is chosen, and the
+    /// table is not scanned.
+    pub(super) fn remove_where(
+        &mut self,
+        mut pick: impl FnMut(u64) -> bool,
+        mut out: impl FnMut(B, usize),
+    ) {
+        if self.len == 0 || !pick(self.oldest) {
+            return;
+        }
+        // The bound, set right: the oldest of the blocks kept.
+        let mut oldest = u64::MAX;
+        for (&class, slot) in self.classes.iter().zip(&mut self.slots) {
+            match slot {
+                Some((_, at)) if pick(*at) => {
+                    if let Some((block, _)) = slot.take() {
+                        self.len -= 1;
+                        out(block, class);
+                    }
+                }
+                Some((_, at)) => oldest = oldest.min(*at),
+                None => {}
+            }
+        }
+        self.oldest = oldest;
+    }
+
+    /// Takes out every block, handing each with its class and release
+    /// time to `out`, and frees every slot.
+    pub(super) fn drain(&mut self, mut out: impl FnMut(B, usize, u64)) {
+        if self.keyed == 0 {
+            return;
+        }
+        for (class, slot) in self.classes.iter_mut().zip(&mut self.slots) {
+            if let Some((block, at)) = slot.take() {
+                out(block, *class, at);
+            }
+            *class = 0;
+        }
+        self.len = 0;
+        self.keyed = 0;
+        self.oldest = u64::MAX;
+    }
+
+    /// Adds `block` of `class` (not 0), released at `now`, to the first
+    /// slot of its class with no block, or else to a free slot; gives it
+    /// back when that needs a free slot and [`KEYED`] slots already have
+    /// a class (then [`push`](Self::push) makes room). The caller saw
+    /// [`has_room`](Self::has_room).
+    #[inline(always)]
+    pub(super) fn try_push(&mut self, block: B, class: usize, now: u64) -> Result<(), B> {
+        debug_assert!(class != 0 && self.len < MAGAZINE);
+        let mut i = home(class);
+        loop {
+            let c = self.classes[i];
+            if c == class && self.slots[i].is_none() {
+                break;
+            }
+            if c == 0 {
+                if self.keyed == KEYED {
+                    return Err(block);
+                }
+                self.keyed += 1;
+                self.classes[i] = class;
+                break;
+            }
+            i = next(i);
+        }
+        self.slots[i] = Some((block, now));
+        self.len += 1;
+        self.oldest = self.oldest.min(now);
+        Ok(())
+    }
+
+    /// [`try_push`](Self::try_push), freeing the slots with no block
+    /// first where it must; gives the block back only if the magazine is
+    /// full (the caller saw [`has_room`](Self::has_room): never).
+    #[inline(never)]
+    pub(super) fn push(&mut self, block: B, class: usize, now: u64) -> Result<(), B> {
+        if !self.has_room() {
+            return Err(block);
+        }
+        match self.try_push(block, class, now) {
+            Ok(()) => Ok(()),
+            Err(block) => {
+                self.purge();
+                // Now at most `MAGAZINE` slots have a class.
+                self.try_push(block, class, now)
+            }
+        }
+    }
+
+    /// Frees the slots with no block: the table is built again with the
+    /// blocks alone, each class's in the order they had.
+    #[cold]
+    fn purge(&mut self) {
+        let mut old = [const { None }; SLOTS];
+        let mut classes = [0; SLOTS];
+        core::mem::swap(&mut old, &mut self.slots);
+        core::mem::swap(&mut classes, &mut self.classes);
+        let (len, oldest) = (self.len, self.oldest);
+        self.keyed = 0;
+        self.len = 0;
+        // From a free slot on (there is one: fewer than `SLOTS` have a
+        // class), each class's probe sequence is met front first: none
+        // crosses a free slot.
+        let start = classes.iter().position(|&c| c == 0).unwrap_or(0);
+        for k in 0..SLOTS {
+            let i = (start + k) & (SLOTS - 1);
+            if let Some((block, at)) = old[i].take() {
+                // Not refused: there are free slots enough.
+                let _ = self.try_push(block, classes[i], at);
+            }
+        }
+        debug_assert_eq!(self.len, len);
+        self.oldest = oldest;
     }
 
     /// The hot path of a release to the magazine: `block` of `class`,
     /// released at `now`, goes in if nothing is due (by `ttl`) and there
-    /// is room and a handle left; else it comes back, with `true` when a
-    /// block is due (the whole path frees it, and may take this one).
+    /// is room and a handle left; else it comes back, with `true` when
+    /// the whole path may still take it: a block is due (the whole path
+    /// frees it first), or the table must be built again to make room.
     #[inline(always)]
     pub(super) fn put_fast(
         &mut self,
@@ -425,8 +638,8 @@ impl<B> MagState<B> {
     ) -> Result<(), (B, bool)> {
         if self.oldest_due(now, ttl) {
             Err((block, true))
-        } else if self.blocks.len() < MAGAZINE && handles.load(Ordering::Acquire) > 0 {
-            self.blocks.push((block, class, now));
+        } else if self.has_room() && handles.load(Ordering::Acquire) > 0 {
+            self.try_push(block, class, now).map_err(|b| (b, true))?;
             self.lent -= 1;
             Ok(())
         } else {
@@ -434,8 +647,8 @@ impl<B> MagState<B> {
         }
     }
 
-    /// A hit: the most recently released block of `class` for a request
-    /// of `size`, lent and counted, if the magazine has one.
+    /// A hit: the first block of `class` for a request of `size`, lent and
+    /// counted, if the magazine has one.
     #[inline(always)]
     pub(super) fn take_hit(&mut self, class: usize, size: usize) -> Option<B> {
         let block = self.take(class)?;
@@ -443,15 +656,24 @@ impl<B> MagState<B> {
         Some(block)
     }
 
-    /// The most recently released block of `class`, if any.
+    /// The first block of `class` along its probe sequence, if any; its
+    /// slot keeps the class.
     #[inline(always)]
     fn take(&mut self, class: usize) -> Option<B> {
-        let i = self.blocks.iter().rposition(|&(_, c, _)| c == class)?;
-        if i + 1 == self.blocks.len() {
-            // The usual case: the last block released is reused.
-            return self.blocks.pop().map(|(b, _, _)| b);
+        let mut i = home(class);
+        loop {
+            let c = self.classes[i];
+            if c == class {
+                if let Some((block, _)) = self.slots[i].take() {
+                    // The bound stays (a collection sets it right).
+                    self.len -= 1;
+                    return Some(block);
+                }
+            } else if c == 0 {
+                return None;
+            }
+            i = next(i);
         }
-        Some(self.blocks.remove(i).0)
     }
 
     /// Counts a hit of `class` for a request of `size` served here.
@@ -467,8 +689,17 @@ impl<B> MagState<B> {
 
     /// Blocks and class bytes held.
     pub(super) fn held(&self) -> (u64, usize) {
-        let bytes = self.blocks.iter().map(|&(_, c, _)| c).sum();
-        (self.blocks.len() as u64, bytes)
+        if self.len == 0 {
+            return (0, 0);
+        }
+        let bytes = self
+            .classes
+            .iter()
+            .zip(&self.slots)
+            .filter(|(_, slot)| slot.is_some())
+            .map(|(&c, _)| c)
+            .sum();
+        (self.len as u64, bytes)
     }
 }
 
@@ -668,6 +899,188 @@ mod tests {
     use std::sync::Barrier;
     use std::sync::atomic::AtomicUsize;
 
+    /// The blocks of `class` along its probe sequence, front first.
+    fn chain(m: &MagState<u64>, class: usize) -> Vec<u64> {
+        let (mut i, mut out) = (home(class), Vec::new());
+        while m.classes[i] != 0 {
+            if m.classes[i] == class {
+                out.extend(m.slots[i].map(|(b, _)| b));
+            }
+            i = next(i);
+        }
+        out
+    }
+
+    /// The slot of `block`.
+    fn slot_of(m: &MagState<u64>, block: u64) -> Option<usize> {
+        m.slots
+            .iter()
+            .position(|s| s.is_some_and(|(b, _)| b == block))
+    }
+
+    /// Checks `m` against `model` (its blocks as (block, class, release
+    /// time)): the blocks, the counts, the class bytes, the bound of the
+    /// release times, and that every block lies on its class's probe
+    /// sequence.
+    fn check(m: &MagState<u64>, model: &[(u64, usize, u64)]) {
+        assert_eq!(m.len(), model.len());
+        let bytes: usize = model.iter().map(|&(_, c, _)| c).sum();
+        assert_eq!(m.held(), (model.len() as u64, bytes));
+        if let Some(min) = model.iter().map(|&(_, _, at)| at).min() {
+            assert!(m.oldest <= min, "the bound {} above {min}", m.oldest);
+        }
+        let keyed = m.classes.iter().filter(|&&c| c != 0).count();
+        assert_eq!(m.keyed, keyed);
+        assert!(keyed <= KEYED);
+        for (i, (&class, slot)) in m.classes.iter().zip(&m.slots).enumerate() {
+            assert!(class != 0 || slot.is_none(), "a block in free slot {i}");
+            let Some((block, at)) = *slot else { continue };
+            assert!(
+                model.contains(&(block, class, at)),
+                "block {block} of {class}"
+            );
+            assert!(
+                chain(m, class).contains(&block),
+                "block {block} off its chain"
+            );
+        }
+    }
+
+    #[test]
+    fn the_table_agrees_with_a_list_of_its_blocks() {
+        // Classes several of which share a home slot or neighbouring ones
+        // (long probe sequences, wrapping around the table's end), and
+        // more classes than the table keeps slots for: it is built again
+        // now and then.
+        let mut classes: Vec<usize> = Vec::new();
+        let mut c = 1;
+        while classes.len() < 12 {
+            if home(c) >= SLOTS - 3 {
+                classes.push(c);
+            }
+            c += 1;
+        }
+        classes.extend((1..=150).map(|k| 64 * k));
+        let mut rng = crate::test_rng::rng(0x5eed_7ab1e);
+        let (mut m, mut model) = (MagState::new(), Vec::new());
+        let (mut next_block, mut now) = (0u64, 0u64);
+        let (mut taken, mut rebuilt, mut full) = (None, 0, 0);
+        for step in 0..40_000 {
+            now += rng(3);
+            // Mostly a few classes, now and then any.
+            let n = if rng(8) == 0 { classes.len() } else { 20 };
+            let class = classes[rng(n as u64) as usize];
+            // Phases that fill the magazine, keep it as it is, empty it.
+            let op = match (step / 2000) % 3 {
+                0 => rng(16) / 2,
+                1 => rng(16),
+                _ => 7 + rng(9),
+            };
+            match op {
+                0..=6 if m.has_room() => {
+                    let chain_before = chain(&m, class);
+                    // The first slot of the class with no block, else the
+                    // free slot after them (when the table need not be
+                    // built again).
+                    let mut want = home(class);
+                    while m.classes[want] != 0
+                        && (m.classes[want] != class || m.slots[want].is_some())
+                    {
+                        want = next(want);
+                    }
+                    let built_again = m.classes[want] == 0 && m.keyed == KEYED;
+                    let chains = |m: &MagState<u64>| {
+                        let others = classes.iter().filter(|&&c| c != class);
+                        others.map(|&c| chain(m, c)).collect::<Vec<_>>()
+                    };
+                    let others_before = if built_again { chains(&m) } else { vec![] };
+                    assert!(m.push(next_block, class, now).is_ok());
+                    if built_again {
+                        // Every class's blocks keep their order.
+                        assert_eq!(others_before, chains(&m), "step {step}");
+                    }
+                    model.push((next_block, class, now));
+                    if built_again {
+                        rebuilt += 1;
+                    } else {
+                        assert_eq!(slot_of(&m, next_block), Some(want), "step {step}");
+                    }
+                    // A round trip puts the block back where it was (or
+                    // before, where a block of its class was taken).
+                    if let Some((slot, c)) = taken.take() {
+                        if c == class && !built_again {
+                            let from_home = |i: usize| i.wrapping_sub(home(class)) & (SLOTS - 1);
+                            assert!(from_home(want) <= from_home(slot), "step {step}");
+                        }
+                    }
+                    // Behind the blocks of its class, whose order holds
+                    // (also when the table was built again).
+                    let mut chain_after = chain(&m, class);
+                    chain_after.retain(|&b| b != next_block);
+                    assert_eq!(chain_before, chain_after, "step {step}");
+                    next_block += 1;
+                }
+                0..=6 => {
+                    assert!(m.push(next_block, class, now).is_err());
+                    full += 1;
+                }
+                7..=13 => {
+                    // The front block of the class, if any.
+                    let want = chain(&m, class).first().copied();
+                    assert_eq!(want.is_some(), model.iter().any(|&(_, c, _)| c == class));
+                    let slot = want.and_then(|b| slot_of(&m, b));
+                    let got = m.take(class);
+                    assert_eq!(got, want, "step {step}");
+                    model.retain(|&(b, ..)| Some(b) != got);
+                    taken = slot.map(|s| (s, class));
+                }
+                14 => {
+                    let ttl = rng(40);
+                    let looks = m.oldest_due(now, ttl);
+                    let mut due = m.take_due(now, ttl);
+                    let mut want: Vec<_> = model
+                        .iter()
+                        .filter(|&&(_, _, at)| now - at >= ttl)
+                        .map(|&(b, c, _)| (b, c))
+                        .collect();
+                    model.retain(|&(_, _, at)| now - at < ttl);
+                    due.sort_unstable();
+                    want.sort_unstable();
+                    assert_eq!(due, want);
+                    assert!(!m.oldest_due(now, ttl));
+                    // A collection that looked sets the bound right.
+                    let min = model.iter().map(|&(_, _, at)| at).min();
+                    if looks {
+                        assert_eq!(m.oldest, min.unwrap_or(u64::MAX), "set right");
+                    }
+                }
+                _ if rng(64) == 0 => {
+                    let mut all = Vec::new();
+                    m.drain(|b, c, at| all.push((b, c, at)));
+                    all.sort_unstable();
+                    model.sort_unstable();
+                    assert_eq!(all, core::mem::take(&mut model));
+                }
+                _ => {}
+            }
+            check(&m, &model);
+        }
+        // The magazine was full, and the table built again.
+        assert!(full > 0 && rebuilt > 0, "{full} {rebuilt}");
+    }
+
+    #[test]
+    fn an_empty_magazine_has_nothing_due_even_with_no_time_to_live() {
+        let mut m = MagState::new();
+        assert!(!m.oldest_due(u64::MAX, 0));
+        assert!(m.push(1u64, 8, 5).is_ok());
+        assert!(m.oldest_due(5, 0) && !m.oldest_due(4, 2));
+        assert_eq!(m.take(8), Some(1));
+        // The bound stays at 5, but nothing is due in an empty magazine.
+        assert!(!m.oldest_due(u64::MAX, 0) && !m.oldest_due(u64::MAX, 1));
+        assert!(m.take_due(u64::MAX, 0).is_empty());
+    }
+
     #[test]
     fn an_owner_gives_up_while_a_visitor_holds_the_magazine() {
         let mag = Arc::new(Magazine::<u64>::new());
@@ -678,9 +1091,9 @@ mod tests {
             thread::spawn(move || {
                 inside.wait();
                 // The visitor is inside its visit: the owner must not get in.
-                let during = mag.owned(|m| m.blocks.push((1, 8, 0)));
+                let during = mag.owned(|m| assert!(m.push(1, 8, 0).is_ok()));
                 done.wait();
-                (during, mag.owned(|m| m.blocks.len()))
+                (during, mag.owned(|m| m.len()))
             })
         };
         let mut visits = 0;
@@ -692,7 +1105,7 @@ mod tests {
             } else {
                 20
             }));
-            m.blocks.push((2, 8, 0));
+            assert!(m.push(2, 8, 0).is_ok());
             visits += 1;
         });
         done.wait();
@@ -722,7 +1135,7 @@ mod tests {
                     } else {
                         20
                     }));
-                    m.blocks.push((7, 8, 0));
+                    assert!(m.push(7, 8, 0).is_ok());
                     m.lent -= 1;
                     step.store(1, Ordering::SeqCst);
                 })
@@ -731,7 +1144,7 @@ mod tests {
         inside.wait();
         let mut seen = None;
         visit(&mut list, |m| {
-            seen = Some((step.load(Ordering::SeqCst), m.blocks.len(), m.lent));
+            seen = Some((step.load(Ordering::SeqCst), m.len(), m.lent));
         });
         assert_eq!(owner.join().unwrap(), Some(()));
         assert_eq!(seen, Some((1, 1, -1)));

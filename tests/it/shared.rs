@@ -1003,9 +1003,14 @@ fn an_idle_threads_blocks_expire_on_time() {
     alloc.assert_all_freed();
 }
 
-/// On a thread of its own: allocates `wide` distinct sizes at once (more
-/// classes than a magazine holds: its magazine misses at every one), drops
-/// them, then makes `round_trips` round trips of 64 bytes.
+/// Distinct sizes that a thread asks for at once to make it pass its
+/// magazine by: more than the 128 misses in a row after which it does
+/// (twice the 64 blocks a magazine holds).
+const WIDE: u64 = 160;
+
+/// On a thread of its own: allocates `wide` distinct sizes at once (its
+/// magazine misses at every one), drops them, then makes `round_trips`
+/// round trips of 64 bytes.
 fn miss_wide_then_round_trips(pool: &Tc, wide: usize, round_trips: usize) {
     let pool = pool.clone();
     thread::spawn(move || {
@@ -1021,46 +1026,75 @@ fn miss_wide_then_round_trips(pool: &Tc, wide: usize, round_trips: usize) {
 
 #[test]
 fn a_thread_whose_cache_keeps_missing_passes_it_by_for_a_while() {
-    // 32 sizes at once: after 16 misses the thread passes its magazine
+    // 160 sizes at once: after 128 misses the thread passes its magazine
     // by, so its releases go to the shared cache, where another thread
-    // finds them (the magazine would have kept the first 8 released).
+    // finds them (the magazine would have kept the first 64 released).
     let (pool, alloc, _clock) = tc_pool(Duration::from_secs(3600));
-    miss_wide_then_round_trips(&pool, 32, 0);
+    miss_wide_then_round_trips(&pool, WIDE as usize, 0);
     let s = pool.stats();
-    assert_eq!((s.misses, s.blocks_cached), (32, 32));
+    assert_eq!((s.misses, s.blocks_cached), (WIDE, WIDE));
     for i in 1..=8 {
         drop(pool.allocate(64 * i).unwrap());
     }
     let s = pool.stats();
-    assert_eq!((s.hits, s.misses), (8, 32), "served by the shared cache");
+    assert_eq!((s.hits, s.misses), (8, WIDE), "served by the shared cache");
     assert_eq!(s.backing_allocs, alloc.allocs());
     drop(pool);
     alloc.assert_all_freed();
 }
 
 #[test]
-#[cfg_attr(miri, ignore)] // 2 000 round trips; the paths run in the test above
+#[cfg_attr(miri, ignore)] // 10 000 round trips; the paths run in the test above
 fn a_cache_passed_by_is_tried_again_and_serves_its_thread() {
-    // Then 2 000 round trips of one size: past the 1 024 operations the
+    // Then 10 000 round trips of one size: past the 16 384 operations the
     // magazine is passed by, it takes the block again and serves the
     // rest, so the block ends in that thread's magazine, not in the
     // shared cache: another thread's request of that size misses.
     let (pool, alloc, _clock) = tc_pool(Duration::from_secs(3600));
-    miss_wide_then_round_trips(&pool, 32, 2000);
+    miss_wide_then_round_trips(&pool, WIDE as usize, 10_000);
     let s = pool.stats();
-    assert_eq!((s.hits, s.misses, s.blocks_cached), (2000, 32, 32));
+    assert_eq!((s.hits, s.misses, s.blocks_cached), (10_000, WIDE, WIDE));
     drop(pool.allocate(64).unwrap());
     assert_eq!(
         pool.stats().misses,
-        33,
+        WIDE + 1,
         "the block is in the other thread's cache"
     );
-    for i in 2..=32 {
+    for i in 2..=WIDE as usize {
         drop(pool.allocate(64 * i).unwrap());
     }
     let s = pool.stats();
-    assert_eq!((s.hits, s.misses), (2031, 33));
+    assert_eq!((s.hits, s.misses), (10_000 + WIDE - 1, WIDE + 1));
     assert_eq!(s.bytes_cached, alloc.live_bytes());
+    drop(pool);
+    alloc.assert_all_freed();
+}
+
+#[test]
+fn a_thread_whose_cache_serves_most_calls_but_not_nearly_all_passes_it_by() {
+    // Three rounds of round trips over 100 sizes: the magazine keeps the
+    // first 64 and serves them (two calls in three hit there), which is
+    // fewer than 8 in 9: the thread passes it by, and its requests for
+    // those 64 sizes take their blocks from it and release them to the
+    // shared cache, where another thread finds all 100.
+    let (pool, alloc, _clock) = tc_pool(Duration::from_secs(3600));
+    let worker = pool.clone();
+    thread::spawn(move || {
+        for _ in 0..3 {
+            for i in 1..=100 {
+                drop(worker.allocate(64 * i).unwrap());
+            }
+        }
+    })
+    .join()
+    .unwrap();
+    let s = pool.stats();
+    assert_eq!((s.hits, s.misses, s.blocks_cached), (200, 100, 100));
+    let blocks: Vec<_> = (1..=100).map(|i| pool.allocate(64 * i).unwrap()).collect();
+    let s = pool.stats();
+    assert_eq!((s.hits, s.misses), (300, 100), "all in the shared cache");
+    drop(blocks);
+    assert_eq!(alloc.allocs(), 100);
     drop(pool);
     alloc.assert_all_freed();
 }
@@ -1073,24 +1107,29 @@ fn blocks_left_in_a_cache_passed_by_still_expire_on_time() {
     let worker = pool.clone();
     thread::spawn(move || {
         drop(worker.allocate(10).unwrap());
-        let blocks: Vec<_> = (1..=20).map(|i| worker.allocate(64 * i).unwrap()).collect();
+        let blocks: Vec<_> = (1..=WIDE as usize)
+            .map(|i| worker.allocate(64 * i).unwrap())
+            .collect();
         drop(blocks);
     })
     .join()
     .unwrap();
-    assert_eq!(pool.stats().blocks_cached, 21);
+    assert_eq!(pool.stats().blocks_cached, WIDE + 1);
     clock.advance(Duration::from_millis(999));
     assert_eq!(pool.collect(), 0);
     clock.advance(Duration::from_millis(1));
-    assert_eq!(pool.collect(), 21);
+    assert_eq!(pool.collect() as u64, WIDE + 1);
     let s = pool.stats();
-    assert_eq!((s.evictions, s.blocks_cached, alloc.live()), (21, 0, 0));
+    assert_eq!(
+        (s.evictions, s.blocks_cached, alloc.live()),
+        (WIDE + 1, 0, 0)
+    );
     drop(pool);
     alloc.assert_all_freed();
 }
 
 /// On a thread of its own: caches a block of 10 bytes in its magazine,
-/// then (after `wait`) misses there 20 times at once, which makes it pass
+/// then (after `wait`) misses there `WIDE` times at once, which makes it pass
 /// its magazine by, drops those blocks, waits `wait` again and asks for
 /// 10 bytes: the shared cache has none.
 fn pass_by_with_a_block_left(pool: &Tc, clock: &ManualClock, wait: Duration) {
@@ -1098,7 +1137,9 @@ fn pass_by_with_a_block_left(pool: &Tc, clock: &ManualClock, wait: Duration) {
     thread::spawn(move || {
         drop(pool.allocate(10).unwrap());
         clock.advance(wait);
-        let blocks: Vec<_> = (1..=20).map(|i| pool.allocate(64 * i).unwrap()).collect();
+        let blocks: Vec<_> = (1..=WIDE as usize)
+            .map(|i| pool.allocate(64 * i).unwrap())
+            .collect();
         drop(blocks);
         clock.advance(wait);
         drop(pool.allocate(10).unwrap());
@@ -1114,8 +1155,8 @@ fn a_thread_that_passes_its_cache_by_takes_its_block_before_a_backing_call() {
     let (pool, alloc, clock) = tc_pool(Duration::from_secs(1));
     pass_by_with_a_block_left(&pool, &clock, Duration::ZERO);
     let s = pool.stats();
-    assert_eq!((s.hits, s.misses, s.evictions), (1, 21, 0));
-    assert_eq!((alloc.allocs(), s.blocks_cached), (21, 21));
+    assert_eq!((s.hits, s.misses, s.evictions), (1, WIDE + 1, 0));
+    assert_eq!((alloc.allocs(), s.blocks_cached), (WIDE + 1, WIDE + 1));
     assert_eq!(s.bytes_cached, alloc.live_bytes());
     drop(pool);
     alloc.assert_all_freed();
@@ -1129,10 +1170,10 @@ fn a_due_block_of_a_cache_passed_by_is_freed_not_reused() {
     let (pool, alloc, clock) = tc_pool(Duration::from_secs(1));
     pass_by_with_a_block_left(&pool, &clock, Duration::from_millis(500));
     let s = pool.stats();
-    assert_eq!((s.hits, s.misses, s.evictions), (0, 22, 1));
+    assert_eq!((s.hits, s.misses, s.evictions), (0, WIDE + 2, 1));
     assert_eq!(
         (alloc.allocs(), alloc.live(), s.blocks_cached),
-        (22, 21, 21)
+        (WIDE + 2, WIDE as usize + 1, WIDE + 1)
     );
     drop(pool);
     alloc.assert_all_freed();
