@@ -1070,6 +1070,19 @@ mod tests {
     }
 
     #[test]
+    #[cfg(target_pointer_width = "64")]
+    fn a_magazine_of_16_byte_blocks_takes_8_to_10_kib() {
+        // As `SharedPool::with_thread_caches` documents.
+        type Niche = (core::ptr::NonNull<u8>, usize);
+        let (niche, plain) = (
+            size_of::<MagState<Niche>>(),
+            size_of::<MagState<[u64; 2]>>(),
+        );
+        assert!((8 * 1024..=8 * 1024 + 128).contains(&niche), "{niche}");
+        assert!((10 * 1024..=10 * 1024 + 128).contains(&plain), "{plain}");
+    }
+
+    #[test]
     fn an_empty_magazine_has_nothing_due_even_with_no_time_to_live() {
         let mut m = MagState::new();
         assert!(!m.oldest_due(u64::MAX, 0));

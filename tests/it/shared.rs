@@ -1100,6 +1100,52 @@ fn a_thread_whose_cache_serves_most_calls_but_not_nearly_all_passes_it_by() {
 }
 
 #[test]
+fn a_thread_cache_whose_slots_keep_classes_it_no_longer_holds_makes_room() {
+    // A magazine's slot keeps its class when its block is taken. Five
+    // times, the thread caches 26 blocks of new sizes in its magazine,
+    // takes them back and drops them on another thread: 130 slots would
+    // keep a class with no block, more than half the table. A release
+    // that needs a slot for a new class then builds the table again
+    // without those, and the 26 blocks of a last round stay in the
+    // magazine (another thread's requests for them miss). (26 a round:
+    // the magazine serves a third of these calls, and 156 rounds' worth
+    // of misses would have it passed by.)
+    const ROUND: usize = 26;
+    let (pool, alloc, _clock) = tc_pool(Duration::from_secs(3600));
+    let size = |round: usize, i: usize| 64 * (100 * round + i);
+    let worker = pool.clone();
+    thread::spawn(move || {
+        for round in 0..6 {
+            let blocks: Vec<_> = (1..=ROUND)
+                .map(|i| worker.allocate(size(round, i)).unwrap())
+                .collect();
+            drop(blocks); // to the magazine
+            if round < 5 {
+                let hits: Vec<_> = (1..=ROUND)
+                    .map(|i| worker.allocate(size(round, i)).unwrap())
+                    .collect();
+                thread::spawn(move || drop(hits)).join().unwrap();
+            }
+        }
+    })
+    .join()
+    .unwrap();
+    let s = pool.stats();
+    assert_eq!((s.hits, s.misses, s.blocks_cached), (130, 156, 156));
+    let last: Vec<_> = (1..=ROUND)
+        .map(|i| pool.allocate(size(5, i)).unwrap())
+        .collect();
+    assert_eq!(
+        pool.stats().misses,
+        156 + ROUND as u64,
+        "the last round's blocks are in its magazine"
+    );
+    drop(last);
+    drop(pool);
+    alloc.assert_all_freed();
+}
+
+#[test]
 fn blocks_left_in_a_cache_passed_by_still_expire_on_time() {
     // The magazine holds a block when the misses start; the thread passes
     // it by and exits; the block still goes at its time.
