@@ -41,7 +41,7 @@ use crate::pool::DecayingPool;
 use crate::raw::{RawAllocator, SendBlock};
 use crate::stats::{ClassStats, Stats};
 use lock::{CacheLock, Guard as LockGuard};
-use thread_cache::{Found, MagCounts, Magazine};
+use thread_cache::{Found, MAGAZINE, MagCounts, Magazine};
 
 /// A thread-safe, cheaply cloneable handle to a [`DecayingPool`].
 ///
@@ -216,6 +216,9 @@ struct ThreadCaches<C> {
     /// The [`FixedTime`] time to live, in nanoseconds.
     ttl: u64,
     size_class: SizeClass,
+    /// The most blocks a magazine holds: [`MAGAZINE`], fewer in the fuzz
+    /// harness (which then reaches full magazines and passes them by).
+    magazine: usize,
 }
 
 impl<C: Clock> ThreadCaches<C> {
@@ -600,7 +603,8 @@ impl<A: RawAllocator, P: Policy, C: Clock> Inner<A, P, C> {
     #[cold]
     #[inline(never)]
     fn register(&self, this: &Arc<Self>) -> bool {
-        let mag = Arc::new(Magazine::new());
+        let blocks = self.tc.as_ref().map_or(MAGAZINE, |tc| tc.magazine);
+        let mag = Arc::new(Magazine::new(blocks));
         if !thread_cache::register(this, &mag) {
             return false;
         }
@@ -1903,11 +1907,18 @@ impl<A: RawAllocator, C: Clock + Clone + Sync> SharedPool<A, FixedTime, C> {
     /// # }
     /// ```
     pub fn with_thread_caches(pool: DecayingPool<A, FixedTime, C>) -> Self {
+        Self::with_magazines(pool, MAGAZINE)
+    }
+
+    /// [`with_thread_caches`](Self::with_thread_caches) with magazines of
+    /// up to `blocks` blocks (1 to 64), for the fuzz harness.
+    pub(crate) fn with_magazines(pool: DecayingPool<A, FixedTime, C>, blocks: usize) -> Self {
         let (alloc, cache) = pool.into_parts();
         let tc = (!cache.has_extras() && cache.reuse() == Reuse::Lifo).then(|| ThreadCaches {
             clock: cache.clock().clone(),
             ttl: u64::try_from(cache.store().policy().ttl().as_nanos()).unwrap_or(u64::MAX),
             size_class: cache.size_class(),
+            magazine: blocks,
         });
         let inner = Arc::new(Inner::new(Some(cache), Some(alloc), None, tc));
         // Held from the start: a magazine lends without the cache lock.

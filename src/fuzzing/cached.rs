@@ -394,7 +394,7 @@ pub(super) fn run_thread_cached(cfg: Config, ops: &[SharedOp]) -> Summary {
     if let Some(limit) = cfg.limit {
         builder = builder.limit(limit);
     }
-    let pool = SharedPool::with_thread_caches(builder.build());
+    let pool = SharedPool::with_magazines(builder.build(), cfg.magazine);
     let (trim_before_drop, mut order) = (cfg.trim_before_drop, DropOrder::new(cfg.drop_seed));
     let mut h = CachedHarness {
         held: Held::new(pool),

@@ -35,6 +35,11 @@ pub const PERIODS: [u64; 12] = [0, 1, 2, 3, 4, 8, 16, 64, 100, 512, 1024, 5];
 /// [`FixedCapacity::WINDOW`](crate::FixedCapacity::WINDOW)).
 pub const SLOTS: [usize; 16] = [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 12, 16, 24, 64, 3];
 
+/// Thread caches' magazine sizes, in blocks (flags bits 3 and 4 of a
+/// [`Config`]): the pool's own, and smaller ones, which the few blocks of
+/// a run fill and whose thread then passes them by.
+pub const MAGAZINES: [usize; 4] = [64, 1, 2, 8];
+
 /// Limit choices (byte 5 of a [`Config`], when `>= 128`).
 pub const LIMITS: [usize; 8] = [0, 1, 100, 1000, 4096, 10_000, 50_000, 2000];
 
@@ -117,7 +122,8 @@ pub enum Kind {
 /// [`CAPACITIES`]); palette length (`1 + b % 5`); that many palette
 /// entries (indices into [`SIZES`]); flags (`& 1`: trim before the drop;
 /// `& 2`: panic injection, see [`Common::Inject`]; `& 4`: thread caches,
-/// for a `shared_ops` run with `FixedTime`); drop-order seed.
+/// for a `shared_ops` run with `FixedTime`; `>> 3 & 3`: their magazines'
+/// size, an index into [`MAGAZINES`]); drop-order seed.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Config {
     /// The policy.
@@ -144,6 +150,9 @@ pub struct Config {
     /// [`SharedPool::with_thread_caches`](crate::SharedPool::with_thread_caches)
     /// (flag `& 4`; ignored elsewhere).
     pub thread_caches: bool,
+    /// The most blocks each of its magazines holds (flags `>> 3 & 3`, an
+    /// index into [`MAGAZINES`]).
+    pub magazine: usize,
 }
 
 fn byte(u: &mut Unstructured<'_>) -> arbitrary::Result<u8> {
@@ -195,6 +204,7 @@ impl<'a> Arbitrary<'a> for Config {
         let trim_before_drop = flags & 1 == 1;
         let faults = flags & 2 == 2;
         let thread_caches = flags & 4 == 4;
+        let magazine = pick(&MAGAZINES, flags >> 3 & 3);
         let drop_seed = byte(u)?;
         Ok(Config {
             kind,
@@ -207,6 +217,7 @@ impl<'a> Arbitrary<'a> for Config {
             faults,
             drop_seed,
             thread_caches,
+            magazine,
         })
     }
 }

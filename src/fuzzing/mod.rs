@@ -114,8 +114,8 @@ mod pool;
 mod shared;
 
 pub use input::{
-    CAPACITIES, Common, Config, DIVISIONS, FAULTS, Fault, HUGE, Kind, LIMITS, MAX_OPS, MULTIPLES,
-    Op, PERIODS, PoolInput, SIZES, SLOTS, SharedInput, SharedOp, Size, TICK_NS,
+    CAPACITIES, Common, Config, DIVISIONS, FAULTS, Fault, HUGE, Kind, LIMITS, MAGAZINES, MAX_OPS,
+    MULTIPLES, Op, PERIODS, PoolInput, SIZES, SLOTS, SharedInput, SharedOp, Size, TICK_NS,
 };
 pub use model::model_round;
 pub use pool::{pool_ops, run_pool};

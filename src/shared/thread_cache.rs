@@ -83,7 +83,8 @@ use std::thread;
 use super::barrier;
 use super::lock::CacheLock;
 
-/// The most blocks a magazine holds.
+/// The most blocks a magazine holds (the fuzz harness asks for fewer:
+/// [`Magazine::new`]).
 pub(super) const MAGAZINE: usize = 64;
 
 /// Misses in a row (allocations the magazine has no block for, releases
@@ -124,6 +125,10 @@ pub(super) struct Magazine<B> {
     /// How the magazine has served its owner lately: read and written by
     /// the owner alone, outside the protocol (see [`Skip`]).
     skip: Skip,
+    /// The count of misses (in [`Skip`]'s units) that passes the magazine
+    /// by: [`MISSES_BEFORE_SKIP`] for a magazine of [`MAGAZINE`] blocks,
+    /// as many per block for a smaller one.
+    skip_after: u32,
 }
 
 /// Whether a magazine is worth its owner's time: a thread that uses many
@@ -197,8 +202,10 @@ pub(super) struct MagState<B> {
     pub(super) lent: isize,
     /// Slots with a class (at most [`KEYED`]).
     keyed: usize,
-    /// Blocks held (at most [`MAGAZINE`]).
+    /// Blocks held (at most `cap`).
     len: usize,
+    /// The most blocks it holds: [`MAGAZINE`], fewer in the fuzz harness.
+    cap: usize,
     /// At or before the release time of every block held (`u64::MAX` when
     /// none has been since a collection looked): a hit leaves it as it
     /// was, so it may be older than the oldest block; a collection that
@@ -269,15 +276,18 @@ impl Drop for Busy<'_> {
 }
 
 impl<B> Magazine<B> {
-    /// An empty magazine, lock-free for its owner where the barrier is
-    /// available.
-    pub(super) fn new() -> Self {
+    /// An empty magazine for up to `blocks` blocks (1 to [`MAGAZINE`];
+    /// out of range, the nearest), lock-free for its owner where the
+    /// barrier is available.
+    pub(super) fn new(blocks: usize) -> Self {
+        let blocks = blocks.clamp(1, MAGAZINE);
         Magazine {
-            state: CacheLock::new(MagState::new()),
+            state: CacheLock::new(MagState::new(blocks)),
             fast: barrier::available(),
             busy: AtomicBool::new(false),
             claimed: AtomicBool::new(false),
             skip: Skip::default(),
+            skip_after: MISSES_BEFORE_SKIP * Skip::MISS / MAGAZINE as u32 * blocks as u32,
         }
     }
 
@@ -332,7 +342,7 @@ impl<B> Magazine<B> {
     #[inline(never)]
     pub(super) fn missed(&self, word: u32) {
         let mut word = word + Skip::MISS;
-        if (word & Skip::MISSES) >= MISSES_BEFORE_SKIP * Skip::MISS {
+        if (word & Skip::MISSES) >= self.skip_after {
             word = SKIPPED_OPERATIONS * Skip::LEFT;
         }
         self.skip.0.store(word, Ordering::Relaxed);
@@ -456,10 +466,14 @@ pub(super) fn visit<B>(mags: &mut [Arc<Magazine<B>>], mut f: impl FnMut(&mut Mag
 }
 
 impl<B> MagState<B> {
-    pub(super) fn new() -> Self {
+    /// An empty magazine's state, for up to `cap` blocks (at most
+    /// [`MAGAZINE`]).
+    pub(super) fn new(cap: usize) -> Self {
+        debug_assert!(cap <= MAGAZINE);
         MagState {
             lent: 0,
             len: 0,
+            cap,
             oldest: u64::MAX,
             counts: MagCounts::default(),
             keyed: 0,
@@ -476,7 +490,7 @@ impl<B> MagState<B> {
     /// Whether a release may add a block.
     #[inline(always)]
     pub(super) fn has_room(&self) -> bool {
-        self.len < MAGAZINE
+        self.len < self.cap
     }
 
     /// Whether a block may be due at `now` (released `ttl` or more ago):
@@ -555,7 +569,7 @@ impl<B> MagState<B> {
     /// [`has_room`](Self::has_room).
     #[inline(always)]
     pub(super) fn try_push(&mut self, block: B, class: usize, now: u64) -> Result<(), B> {
-        debug_assert!(class != 0 && self.len < MAGAZINE);
+        debug_assert!(class != 0 && self.len < self.cap);
         let mut i = home(class);
         loop {
             let c = self.classes[i];
@@ -962,7 +976,7 @@ mod tests {
         }
         classes.extend((1..=150).map(|k| 64 * k));
         let mut rng = crate::test_rng::rng(0x5eed_7ab1e);
-        let (mut m, mut model) = (MagState::new(), Vec::new());
+        let (mut m, mut model) = (MagState::new(MAGAZINE), Vec::new());
         let (mut next_block, mut now) = (0u64, 0u64);
         let (mut taken, mut rebuilt, mut full) = (None, 0, 0);
         for step in 0..40_000 {
@@ -1084,7 +1098,7 @@ mod tests {
 
     #[test]
     fn an_empty_magazine_has_nothing_due_even_with_no_time_to_live() {
-        let mut m = MagState::new();
+        let mut m = MagState::new(MAGAZINE);
         assert!(!m.oldest_due(u64::MAX, 0));
         assert!(m.push(1u64, 8, 5).is_ok());
         assert!(m.oldest_due(5, 0) && !m.oldest_due(4, 2));
@@ -1096,7 +1110,7 @@ mod tests {
 
     #[test]
     fn an_owner_gives_up_while_a_visitor_holds_the_magazine() {
-        let mag = Arc::new(Magazine::<u64>::new());
+        let mag = Arc::new(Magazine::<u64>::new(MAGAZINE));
         let mut list = vec![Arc::clone(&mag)];
         let (inside, done) = (Arc::new(Barrier::new(2)), Arc::new(Barrier::new(2)));
         let owner = {
@@ -1134,7 +1148,7 @@ mod tests {
 
     #[test]
     fn a_visitor_waits_for_an_owner_at_work_and_sees_its_writes() {
-        let mag = Arc::new(Magazine::<u64>::new());
+        let mag = Arc::new(Magazine::<u64>::new(MAGAZINE));
         let mut list = vec![Arc::clone(&mag)];
         let inside = Arc::new(Barrier::new(2));
         let step = Arc::new(AtomicUsize::new(0));

@@ -43,6 +43,8 @@ struct Cfg {
     drop_seed: u8,
     /// `shared_ops` with `FixedTime`: a thread-cached pool.
     thread_caches: bool,
+    /// Index into `MAGAZINES`: its magazines' size.
+    magazine: u8,
 }
 
 /// Indices into `SIZES`.
@@ -79,6 +81,7 @@ fn cfg(kind: u8, param: u8) -> Cfg {
         faults: false,
         drop_seed: 0,
         thread_caches: false,
+        magazine: 0,
     }
 }
 
@@ -98,7 +101,8 @@ impl Cfg {
         b.push(
             u8::from(self.trim_before_drop)
                 | u8::from(self.faults) << 1
-                | u8::from(self.thread_caches) << 2,
+                | u8::from(self.thread_caches) << 2
+                | self.magazine << 3,
         );
         b.push(self.drop_seed);
         b
@@ -137,6 +141,12 @@ impl Cfg {
     }
     fn thread_caches(mut self) -> Self {
         self.thread_caches = true;
+        self
+    }
+    /// Thread caches whose magazines hold `MAGAZINES[i]` blocks.
+    fn magazine(mut self, i: u8) -> Self {
+        self.thread_caches = true;
+        self.magazine = i;
         self
     }
 }
@@ -1062,12 +1072,33 @@ fn thread_cache_seeds() -> Vec<(&'static str, Cfg, Vec<Vec<u8>>)> {
         (
             "thread-caches-many-threads",
             cfg(0, P4).thread_caches(),
-            many,
+            many.clone(),
         ),
         (
             "thread-caches-magazine-outlives-thread",
             cfg(0, P64).thread_caches(),
             thread_leaves_a_block(),
+        ),
+        // Magazines of 1, 2 and 8 blocks (`MAGAZINES`), which a run's few
+        // blocks fill, and which their threads pass by.
+        (
+            "thread-caches-magazine-1",
+            cfg(0, P4).magazine(1),
+            threads(),
+        ),
+        (
+            "thread-caches-magazine-2-many-threads",
+            cfg(0, P4).magazine(2).drop_seed(5),
+            many.clone(),
+        ),
+        (
+            "thread-caches-magazine-8-oom",
+            cfg(0, P16)
+                .magazine(3)
+                .capacity(3)
+                .palette(&[S1000, S500, S1025, S64])
+                .drop_seed(13),
+            many,
         ),
     ]
 }
@@ -1236,6 +1267,31 @@ fn thread_cached_runs_use_magazines() {
         cached.stats.blocks_cached, 3,
         "a block in each magazine, one more"
     );
+    // A thread allocates four blocks (missing four times), hands one to
+    // the main thread, releases three to its magazine and takes one back
+    // (a hit); the main thread then asks for their three sizes: each
+    // misses, unless the magazine holds one block only (the fuzz
+    // harness's small magazines: `MAGAZINES[1]`), which its thread passes
+    // by after two misses in a row: the three blocks went to the shared
+    // cache, and the main thread hits them.
+    let ops = [
+        sop::via_block(6),
+        sop::alloc(0, 1),
+        sop::alloc(0, 2),
+        sop::alloc(0, 0),
+    ];
+    for (magazine, main_hits) in [(0, 0), (1, 3)] {
+        let c = cfg(0, P64).magazine(magazine);
+        let s = fuzzing::shared_ops(&seed(&c, ops.clone()))
+            .expect("parses")
+            .stats;
+        assert_eq!(
+            (s.hits, s.misses),
+            (1 + main_hits, 7 - main_hits),
+            "magazine {}",
+            fuzzing::MAGAZINES[usize::from(magazine)]
+        );
+    }
 }
 
 /// Writes the seeds into `fuzz/corpus/` (when `DECAYING_POOL_WRITE_CORPUS`

@@ -77,6 +77,7 @@ fn config(kind: impl Strategy<Value = Kind>) -> impl Strategy<Value = Config> {
                 faults: true,
                 drop_seed: 0,
                 thread_caches: false,
+                magazine: 64,
             },
         )
 }
@@ -146,6 +147,7 @@ fn the_model_checks_the_deadline_path() {
             faults: false,
             drop_seed: 0,
             thread_caches: false,
+            magazine: 64,
         };
         let mut ops = vec![
             Op::Allocate(Size::Palette(0)),
@@ -262,6 +264,7 @@ fn regression_exponential_untold_release() {
         faults: true,
         drop_seed: 0,
         thread_caches: false,
+        magazine: 64,
     };
     let ops = vec![
         Op::Allocate(Size::Palette(0)),
