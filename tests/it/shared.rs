@@ -1071,6 +1071,7 @@ fn a_cache_passed_by_is_tried_again_and_serves_its_thread() {
 }
 
 #[test]
+#[cfg_attr(miri, ignore)] // hundreds of calls, a minute under Miri; safe paths (the table, the skip word)
 fn a_thread_whose_cache_serves_most_calls_but_not_nearly_all_passes_it_by() {
     // Three rounds of round trips over 100 sizes: the magazine keeps the
     // first 64 and serves them (two calls in three hit there), which is
@@ -1100,6 +1101,7 @@ fn a_thread_whose_cache_serves_most_calls_but_not_nearly_all_passes_it_by() {
 }
 
 #[test]
+#[cfg_attr(miri, ignore)] // hundreds of calls, a minute under Miri; safe paths (the table, the skip word)
 fn a_thread_cache_whose_slots_keep_classes_it_no_longer_holds_makes_room() {
     // A magazine's slot keeps its class when its block is taken. Five
     // times, the thread caches 26 blocks of new sizes in its magazine,
