@@ -307,7 +307,9 @@ impl<A: RawAllocator, P: Policy, C: Clock> Lending<A, P, C> {
     /// Frees the blocks of every magazine that `pick` (given a block's
     /// release time) chooses, counted for `reason`; then drops from the
     /// list the magazines of exited threads that are empty. Returns the
-    /// class bytes freed.
+    /// class bytes freed. `pick` chooses every time before one it chooses:
+    /// a magazine whose bound of the release times it does not choose is
+    /// not scanned (`MagState::remove_where`).
     fn drain_mags(
         &mut self,
         cache: &mut Cache<A::Block, P, C>,

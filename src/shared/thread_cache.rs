@@ -498,8 +498,9 @@ impl<B> MagState<B> {
     /// must look (it may find none, and then sets the bound right).
     #[inline(always)]
     pub(super) fn oldest_due(&self, now: u64, ttl: u64) -> bool {
-        // `len` is tested second, and only when the bound is due: with
-        // `ttl` zero an empty magazine's bound (`u64::MAX`) is.
+        // `len` is tested second, and only when the bound is due: an empty
+        // magazine's may be (a hit leaves the bound as it was, and with
+        // `ttl` zero even `u64::MAX` is due).
         now.saturating_sub(self.oldest) >= ttl && self.len != 0
     }
 
