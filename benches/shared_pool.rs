@@ -2,8 +2,8 @@
 //! the plain pool behind a `std::sync::Mutex`, uncontended and with two
 //! threads hammering one pool, without and with thread caches
 //! (`SharedPool::with_thread_caches`); the same over 64 classes drawn at
-//! random (as many blocks as a thread's cache holds), on one thread and
-//! on two threads with 64 classes each; and a
+//! random (as many blocks as a thread's cache holds at first) and over
+//! 256, on one thread and on two threads with as many classes each; and a
 //! `stats` call on a pool with thread caches, which visits every thread's
 //! cache.
 //!
@@ -13,7 +13,7 @@
 //!
 //! The run ends with the ratios side by side: each estimate over the plain
 //! pool's from the same run (with two threads, wall time per operation;
-//! over 64 classes, the plain pool's over the same classes).
+//! over many classes, the plain pool's over the same classes).
 
 use std::hint::black_box;
 use std::sync::Barrier;
@@ -99,57 +99,64 @@ fn shared_pool(c: &mut Criterion) {
     g.bench_function("thread_caches_2_threads", |b| {
         b.iter_custom(|iters| two_threads(&cached, iters))
     });
-    // One thread over 64 classes, one block each, drawn at random: as
-    // many blocks as a thread cache holds.
-    let classes = sizes(64);
-    let walk = order(classes.len(), 4096);
-    let mut plain = pool();
-    fill(&mut plain, &classes, 1);
-    let mut i = 0;
-    g.bench_function("plain_pool_64_classes", |b| {
-        b.iter(|| {
-            let s = classes[walk[i]];
-            i = (i + 1) % walk.len();
-            let block = plain.allocate(black_box(s)).unwrap();
-            // SAFETY: from this pool with this size, released once.
-            unsafe { plain.release(black_box(block), s) };
-        })
-    });
-    for (name, thread_caches) in [
-        ("shared_pool_64_classes", false),
-        ("thread_caches_64_classes", true),
-    ] {
-        let shared = filled_shared(&classes, thread_caches);
+    // One thread over 64 classes, one block each, drawn at random (as
+    // many blocks as a thread cache holds at first), and over 256 (more);
+    // then two threads, each over as many classes of its own, one block
+    // each, in the same random order: time per operation = wall time /
+    // total operations, against one thread over as many classes of the
+    // plain pool.
+    for n in [64, 256] {
+        let classes = sizes(n);
+        let walk = order(classes.len(), 4096);
+        let mut plain = pool();
+        fill(&mut plain, &classes, 1);
         let mut i = 0;
-        g.bench_function(name, |b| {
+        g.bench_function(format!("plain_pool_{n}_classes"), |b| {
             b.iter(|| {
                 let s = classes[walk[i]];
                 i = (i + 1) % walk.len();
-                drop(black_box(shared.allocate(black_box(s)).unwrap()))
+                let block = plain.allocate(black_box(s)).unwrap();
+                // SAFETY: from this pool with this size, released once.
+                unsafe { plain.release(black_box(block), s) };
             })
         });
-        assert_eq!(shared.stats().misses, 64, "{name}: every round trip hits");
-    }
-    // Two threads, each over 64 classes of its own, one block each, in
-    // the same random order: time per operation = wall time / total
-    // operations, against one thread over 64 classes of the plain pool.
-    let both = sizes(128);
-    for (name, thread_caches) in [
-        ("shared_pool_64_classes_2_threads", false),
-        ("thread_caches_64_classes_2_threads", true),
-    ] {
-        let shared = filled_shared(&both, thread_caches);
-        let size = |thread: usize, k: usize| both[thread * 64 + walk[k % walk.len()]];
-        g.bench_function(name, |b| {
-            b.iter_custom(|iters| {
-                let t = two_threads_with(&shared, iters, size);
-                // The magazines of the threads that exited go back to the
-                // shared cache (`with` puts them there), untimed.
-                shared.with(|_| ());
-                t
-            })
-        });
-        assert_eq!(shared.stats().misses, 128, "{name}: every round trip hits");
+        for (name, thread_caches) in [("shared_pool", false), ("thread_caches", true)] {
+            let name = format!("{name}_{n}_classes");
+            let shared = filled_shared(&classes, thread_caches);
+            let mut i = 0;
+            g.bench_function(&name, |b| {
+                b.iter(|| {
+                    let s = classes[walk[i]];
+                    i = (i + 1) % walk.len();
+                    drop(black_box(shared.allocate(black_box(s)).unwrap()))
+                })
+            });
+            assert_eq!(
+                shared.stats().misses,
+                n as u64,
+                "{name}: every round trip hits"
+            );
+        }
+        let both = sizes(2 * n);
+        for (name, thread_caches) in [("shared_pool", false), ("thread_caches", true)] {
+            let name = format!("{name}_{n}_classes_2_threads");
+            let shared = filled_shared(&both, thread_caches);
+            let size = |thread: usize, k: usize| both[thread * n + walk[k % walk.len()]];
+            g.bench_function(&name, |b| {
+                b.iter_custom(|iters| {
+                    let t = two_threads_with(&shared, iters, size);
+                    // The magazines of the threads that exited go back to
+                    // the shared cache (`with` puts them there), untimed.
+                    shared.with(|_| ());
+                    t
+                })
+            });
+            assert_eq!(
+                shared.stats().misses,
+                2 * n as u64,
+                "{name}: every round trip hits"
+            );
+        }
     }
 
     // What the owners' lock-free path costs the calls that visit every
@@ -235,6 +242,22 @@ fn main() {
             ),
         ],
         columns: &["64_classes", "64_classes_2_threads"],
+    }
+    .print(started);
+    ratios::Table {
+        title: "256 classes (a thread): ratio to",
+        baseline: (
+            "plain DecayingPool",
+            "shared_hit_round_trip/plain_pool_256_classes",
+        ),
+        rows: &[
+            ("SharedPool::new", "shared_hit_round_trip/shared_pool_{}"),
+            (
+                "with_thread_caches",
+                "shared_hit_round_trip/thread_caches_{}",
+            ),
+        ],
+        columns: &["256_classes", "256_classes_2_threads"],
     }
     .print(started);
 }
