@@ -41,7 +41,7 @@ use crate::pool::DecayingPool;
 use crate::raw::{RawAllocator, SendBlock};
 use crate::stats::{ClassStats, Stats};
 use lock::{CacheLock, Guard as LockGuard};
-use thread_cache::{Found, MAGAZINE, MagCounts, Magazine};
+use thread_cache::{Found, MAGAZINE, MagCounts, Magazine, Miss};
 
 /// A thread-safe, cheaply cloneable handle to a [`DecayingPool`].
 ///
@@ -216,8 +216,9 @@ struct ThreadCaches<C> {
     /// The [`FixedTime`] time to live, in nanoseconds.
     ttl: u64,
     size_class: SizeClass,
-    /// The most blocks a magazine holds: [`MAGAZINE`], fewer in the fuzz
-    /// harness (which then reaches full magazines and passes them by).
+    /// The most blocks a magazine holds at first: [`MAGAZINE`], fewer in
+    /// the fuzz harness (which then reaches full magazines, grows them
+    /// and passes them by). It grows to eight times as many.
     magazine: usize,
 }
 
@@ -606,7 +607,7 @@ impl<A: RawAllocator, P: Policy, C: Clock> Inner<A, P, C> {
     #[inline(never)]
     fn register(&self, this: &Arc<Self>) -> bool {
         let blocks = self.tc.as_ref().map_or(MAGAZINE, |tc| tc.magazine);
-        let mag = Arc::new(Magazine::new(blocks));
+        let mag = Arc::new(Magazine::new(blocks, 8 * blocks));
         if !thread_cache::register(this, &mag) {
             return false;
         }
@@ -646,12 +647,17 @@ impl<A: RawAllocator, P: Policy, C: Clock> Inner<A, P, C> {
             word = mag.pass_by(word)?;
         }
         let now = tc.clock.now_nanos();
-        // `Err(true)`: a block is due; `Err(false)`: no block of the class.
+        // `Err(None)`: a block is due; `Err(Some(miss))`: no block of the
+        // class, with the magazine full or not.
         let found = mag.owned(|m| {
             if m.oldest_due(now, tc.ttl) {
-                return Err(true);
+                return Err(None);
             }
-            m.take_hit(class, size).ok_or(false)
+            match m.take_hit(class, size) {
+                Some(block) => Ok(block),
+                None if m.has_room() => Err(Some(Miss::Room)),
+                None => Err(Some(Miss::Full)),
+            }
         });
         match found {
             Some(Ok(block)) => {
@@ -659,10 +665,10 @@ impl<A: RawAllocator, P: Policy, C: Clock> Inner<A, P, C> {
                 Some(block)
             }
             // A due block first.
-            Some(Err(true)) => self.allocate_cached_slow(this, tc, size, class, now),
+            Some(Err(None)) => self.allocate_cached_slow(this, tc, size, class, now),
             // No block of the class: the shared cache serves this call.
-            Some(Err(false)) => {
-                mag.missed(word);
+            Some(Err(Some(miss))) => {
+                mag.missed(word, miss);
                 None
             }
             // A visitor holds the magazine (`collect`, `stats` on another
@@ -816,7 +822,7 @@ impl<A: RawAllocator, P: Policy, C: Clock> Inner<A, P, C> {
             Ok(Err((block, due))) => {
                 if !due {
                     // Full (or no handle left).
-                    mag.missed(word);
+                    mag.missed(word, Miss::Release);
                 }
                 Err((block, due))
             }
@@ -1913,7 +1919,8 @@ impl<A: RawAllocator, C: Clock + Clone + Sync> SharedPool<A, FixedTime, C> {
     }
 
     /// [`with_thread_caches`](Self::with_thread_caches) with magazines of
-    /// up to `blocks` blocks (1 to 64), for the fuzz harness.
+    /// up to `blocks` blocks at first (1 to 64; they grow to eight times
+    /// as many), for the fuzz harness.
     pub(crate) fn with_magazines(pool: DecayingPool<A, FixedTime, C>, blocks: usize) -> Self {
         let (alloc, cache) = pool.into_parts();
         let tc = (!cache.has_extras() && cache.reuse() == Reuse::Lifo).then(|| ThreadCaches {

@@ -83,9 +83,20 @@ use std::thread;
 use super::barrier;
 use super::lock::CacheLock;
 
-/// The most blocks a magazine holds (the fuzz harness asks for fewer:
-/// [`Magazine::new`]).
+/// The most blocks a magazine holds at first (the fuzz harness asks for
+/// fewer: [`Magazine::new`]).
 pub(super) const MAGAZINE: usize = 64;
+
+/// The most blocks a magazine grows to: a thread whose allocations miss
+/// in its magazine while it is full (more classes in use than it holds)
+/// doubles it, up to this many, before it passes it by (see
+/// [`Magazine::missed`]).
+pub(super) const MAGAZINE_MOST: usize = 512;
+
+/// Slots of a magazine's table per block it may hold (rounded up to a
+/// power of two): a table a quarter full when the magazine is, so that
+/// most classes find their blocks at their home slot.
+const SLOTS_PER_BLOCK: usize = 4;
 
 /// Misses in a row (allocations the magazine has no block for, releases
 /// it is too full to take) after which its owner passes it by: twice the
@@ -129,6 +140,13 @@ pub(super) struct Magazine<B> {
     /// by: [`MISSES_BEFORE_SKIP`] for a magazine of [`MAGAZINE`] blocks,
     /// as many per block for a smaller one.
     skip_after: u32,
+    /// The most blocks the magazine grows to.
+    most: usize,
+    /// Allocations that missed while the magazine was full, since the
+    /// count of misses last came to `skip_after`: owner only, as `skip`.
+    full_misses: AtomicU32,
+    /// Whether the magazine grew: owner only, as `skip`.
+    grown: AtomicBool,
 }
 
 /// Whether a magazine is worth its owner's time: a thread that uses many
@@ -169,10 +187,22 @@ impl Skip {
 const _: () = assert!(MISSES_BEFORE_SKIP * Skip::MISS <= Skip::MISSES);
 const _: () = assert!(SKIPPED_OPERATIONS <= u32::MAX / Skip::LEFT);
 
+/// What a magazine missed ([`Magazine::missed`]).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(super) enum Miss {
+    /// An allocation, which found no block of its class and room for more.
+    Room,
+    /// An allocation, which found no block of its class and no room.
+    Full,
+    /// A release, which found no room.
+    Release,
+}
+
 /// A magazine's blocks and counters.
 ///
 /// The blocks are in a small open-addressing table keyed by class
-/// (linear probing over [`SLOTS`] slots), so that a thread that keeps many
+/// (linear probing over [`SLOTS_PER_BLOCK`] slots per block it may hold),
+/// so that a thread that keeps many
 /// classes in use finds its block of a class with one hash and a probe or
 /// two, where a list would be scanned. A slot keeps its class when its
 /// block is taken: the release that follows puts the block back where it
@@ -183,10 +213,12 @@ const _: () = assert!(SKIPPED_OPERATIONS <= u32::MAX / Skip::LEFT);
 /// back, which stay idle while the class needs fewer blocks, are the ones
 /// that decay.
 ///
-/// At most [`MAGAZINE`] blocks, and at most [`KEYED`] slots with a class
-/// (so every probe ends at a free slot within a few steps): a release
-/// that needs a free slot when that many have a class empties the slots
-/// with no block first ([`purge`](MagState::purge), out of the hot path).
+/// At most `cap` blocks, and at most half the slots with a class (so
+/// every probe ends at a free slot within a few steps): a release that
+/// needs a free slot when that many have a class empties the slots with
+/// no block first ([`purge`](MagState::purge), out of the hot path, in
+/// place). A magazine that grows ([`grow`](MagState::grow)) gets a
+/// larger table.
 ///
 /// In this order (`repr(C)`), so that no two adjacent fields are each
 /// written by both an `allocate` and a release: the compiler merges two
@@ -200,11 +232,12 @@ pub(super) struct MagState<B> {
     /// Blocks lent through this magazine less those given back through it
     /// (negative when its thread gives back blocks lent elsewhere).
     pub(super) lent: isize,
-    /// Slots with a class (at most [`KEYED`]).
+    /// Slots with a class (at most half the table).
     keyed: usize,
     /// Blocks held (at most `cap`).
     len: usize,
-    /// The most blocks it holds: [`MAGAZINE`], fewer in the fuzz harness.
+    /// The most blocks it holds now: [`MAGAZINE`] at first (fewer in the
+    /// fuzz harness), more once it grew.
     cap: usize,
     /// At or before the release time of every block held (`u64::MAX` when
     /// none has been since a collection looked): a hit leaves it as it
@@ -213,36 +246,41 @@ pub(super) struct MagState<B> {
     oldest: u64,
     /// The counters of the hits served here.
     pub(super) counts: MagCounts,
-    /// The class of each slot, 0 for a free slot (no block has class 0).
-    classes: [usize; SLOTS],
-    /// Each slot's block, if it has one, and the time it was released at
+    /// The table's length less one (a power of two less one).
+    mask: usize,
+    /// The slots: a power of two of them, [`SLOTS_PER_BLOCK`] per block
+    /// it may hold, at least.
+    table: Box<[Slot<B>]>,
+}
+
+/// A slot of a magazine's table.
+struct Slot<B> {
+    /// The slot's class, 0 for a free slot (no block has class 0).
+    class: usize,
+    /// The slot's block, if it has one, and the time it was released at
     /// (`None` in a free slot).
-    slots: [Option<(B, u64)>; SLOTS],
+    entry: Option<(B, u64)>,
 }
 
-/// The slots of a magazine's table: a power of two, four times
-/// [`MAGAZINE`] (a quarter full when it holds as many blocks, so that most
-/// classes find their blocks at their home slot).
-const SLOTS: usize = 4 * MAGAZINE;
-
-/// The most slots with a class: half the table.
-const KEYED: usize = SLOTS / 2;
-
-const _: () = assert!(SLOTS.is_power_of_two() && MAGAZINE < KEYED && KEYED < SLOTS);
-
-/// The slot where `class`'s probe sequence starts (a multiplicative
-/// hash's top bits: classes that are multiples of a power of two spread
-/// over the table).
-#[inline(always)]
-fn home(class: usize) -> usize {
-    const SHIFT: u32 = u64::BITS - SLOTS.trailing_zeros();
-    ((class as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> SHIFT) as usize
+impl<B> Slot<B> {
+    const FREE: Self = Slot {
+        class: 0,
+        entry: None,
+    };
 }
 
-/// The slot after `i`, wrapping.
-#[inline(always)]
-fn next(i: usize) -> usize {
-    (i + 1) & (SLOTS - 1)
+/// The slots of the largest table, and the bits of a hash that choose
+/// among them.
+const MOST_SLOTS: usize = (SLOTS_PER_BLOCK * MAGAZINE_MOST).next_power_of_two();
+const HASH_SHIFT: u32 = u64::BITS - MOST_SLOTS.trailing_zeros();
+
+/// A table for a magazine of up to `cap` blocks (at most
+/// [`MAGAZINE_MOST`]), and its mask (see [`MagState::mask`]).
+fn table_for<B>(cap: usize) -> (usize, Box<[Slot<B>]>) {
+    let slots = (SLOTS_PER_BLOCK * cap.max(1)).next_power_of_two();
+    debug_assert!(slots <= MOST_SLOTS);
+    let table = (0..slots).map(|_| Slot::FREE).collect();
+    (slots - 1, table)
 }
 
 /// The counters of the hits a magazine served.
@@ -276,10 +314,11 @@ impl Drop for Busy<'_> {
 }
 
 impl<B> Magazine<B> {
-    /// An empty magazine for up to `blocks` blocks (1 to [`MAGAZINE`];
-    /// out of range, the nearest), lock-free for its owner where the
+    /// An empty magazine for up to `blocks` blocks at first (1 to
+    /// [`MAGAZINE`]; out of range, the nearest), which grows to `most`
+    /// (`blocks` to [`MAGAZINE_MOST`]), lock-free for its owner where the
     /// barrier is available.
-    pub(super) fn new(blocks: usize) -> Self {
+    pub(super) fn new(blocks: usize, most: usize) -> Self {
         let blocks = blocks.clamp(1, MAGAZINE);
         Magazine {
             state: CacheLock::new(MagState::new(blocks)),
@@ -288,6 +327,9 @@ impl<B> Magazine<B> {
             claimed: AtomicBool::new(false),
             skip: Skip::default(),
             skip_after: MISSES_BEFORE_SKIP * Skip::MISS / MAGAZINE as u32 * blocks as u32,
+            most: most.clamp(blocks, MAGAZINE_MOST),
+            full_misses: AtomicU32::new(0),
+            grown: AtomicBool::new(false),
         }
     }
 
@@ -335,17 +377,58 @@ impl<B> Magazine<B> {
     }
 
     /// For the owner: the magazine had no block for an allocation, or no
-    /// room for a release; `word` as [`stocked`](Self::stocked) takes it.
-    /// When they come to [`MISSES_BEFORE_SKIP`] (less hits and releases
-    /// taken, [`MISS_WEIGHT`] of which make up for one), it is passed by
-    /// for a while.
+    /// room for a release (`miss`); `word` as [`stocked`](Self::stocked)
+    /// takes it. When the misses come to [`MISSES_BEFORE_SKIP`] (less hits
+    /// and releases taken, [`MISS_WEIGHT`] of which make up for one), the
+    /// magazine grows if a quarter of those misses or more were
+    /// allocations that found it full (its thread uses more classes than
+    /// it holds) and it is not at its most; else it is passed by for a
+    /// while.
+    ///
+    /// Once the magazine grew, an allocation that finds it with room
+    /// counts as much as a hit ([`Miss::Room`]): the magazine is filling
+    /// the room it grew for, where at eight times the weight the misses
+    /// of the classes it did not hold yet would have it passed by before
+    /// it is full (and so before it could grow again). A thread that only
+    /// releases blocks (the consumer of another's) finds its magazine
+    /// full at its releases, never at allocations: its magazine does not
+    /// grow.
     #[inline(never)]
-    pub(super) fn missed(&self, word: u32) {
-        let mut word = word + Skip::MISS;
+    pub(super) fn missed(&self, word: u32, miss: Miss) {
+        let full = miss == Miss::Full;
+        let filling = miss == Miss::Room && self.grown.load(Ordering::Relaxed);
+        let mut word = word + if filling { 1 } else { Skip::MISS };
+        let full_misses = self.full_misses.load(Ordering::Relaxed) + u32::from(full);
         if (word & Skip::MISSES) >= self.skip_after {
-            word = SKIPPED_OPERATIONS * Skip::LEFT;
+            self.full_misses.store(0, Ordering::Relaxed);
+            // (Not when none was: with a small magazine, a quarter of
+            // its misses may round to none.)
+            let quarter = full_misses > 0 && 4 * full_misses >= self.skip_after / Skip::MISS;
+            word = if quarter && self.grow() {
+                0
+            } else {
+                SKIPPED_OPERATIONS * Skip::LEFT
+            };
+        } else if full {
+            self.full_misses.store(full_misses, Ordering::Relaxed);
         }
         self.skip.0.store(word, Ordering::Relaxed);
+    }
+
+    /// For the owner, out of [`owned`](Self::owned): doubles the blocks
+    /// the magazine may hold, up to its most; `false` when it is at its
+    /// most, or a visitor holds it.
+    #[cold]
+    fn grow(&self) -> bool {
+        let most = self.most;
+        self.owned(|m| {
+            let more = m.cap < most;
+            if more {
+                m.grow((2 * m.cap).min(most));
+                self.grown.store(true, Ordering::Relaxed);
+            }
+            more
+        }) == Some(true)
     }
 
     /// Runs `f` on the state for the owner; `None` (without running it)
@@ -467,9 +550,10 @@ pub(super) fn visit<B>(mags: &mut [Arc<Magazine<B>>], mut f: impl FnMut(&mut Mag
 
 impl<B> MagState<B> {
     /// An empty magazine's state, for up to `cap` blocks (at most
-    /// [`MAGAZINE`]).
+    /// [`MAGAZINE_MOST`]).
     pub(super) fn new(cap: usize) -> Self {
-        debug_assert!(cap <= MAGAZINE);
+        debug_assert!(cap <= MAGAZINE_MOST);
+        let (mask, table) = table_for(cap);
         MagState {
             lent: 0,
             len: 0,
@@ -477,9 +561,45 @@ impl<B> MagState<B> {
             oldest: u64::MAX,
             counts: MagCounts::default(),
             keyed: 0,
-            classes: [0; SLOTS],
-            slots: [const { None }; SLOTS],
+            mask,
+            table,
         }
+    }
+
+    /// The slot where `class`'s probe sequence starts: from a
+    /// multiplicative hash's top bits (so that classes that are multiples
+    /// of a power of two spread over the table), as many as the largest
+    /// table needs, masked to this one's (a shift by a constant and a
+    /// mask, where a shift by a variable takes more of the processor's
+    /// time).
+    #[inline(always)]
+    fn home(&self, class: usize) -> usize {
+        ((class as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> HASH_SHIFT) as usize & self.mask
+    }
+
+    /// The slot after `i`, wrapping.
+    #[inline(always)]
+    fn next(&self, i: usize) -> usize {
+        (i + 1) & self.mask
+    }
+
+    /// Slot `i`, which [`home`](Self::home) or [`next`](Self::next) gave:
+    /// without the bounds check that the compiler cannot drop, on the hot
+    /// path.
+    #[inline(always)]
+    fn slot(&mut self, i: usize) -> &mut Slot<B> {
+        debug_assert!(i < self.table.len());
+        // SAFETY: `home` and `next` mask their slot with `mask`, the
+        // table's length less one, a power of two less one (`table_for`
+        // makes both, `new` and `grow` set them together): below the
+        // length.
+        unsafe { self.table.get_unchecked_mut(i) }
+    }
+
+    /// The most slots with a class: half the table.
+    #[inline(always)]
+    fn keyed_most(&self) -> usize {
+        self.table.len() / 2
     }
 
     /// Blocks held.
@@ -531,12 +651,12 @@ impl<B> MagState<B> {
         }
         // The bound, set right: the oldest of the blocks kept.
         let mut oldest = u64::MAX;
-        for (&class, slot) in self.classes.iter().zip(&mut self.slots) {
-            match slot {
+        for slot in self.table.iter_mut() {
+            match &mut slot.entry {
                 Some((_, at)) if pick(*at) => {
-                    if let Some((block, _)) = slot.take() {
+                    if let Some((block, _)) = slot.entry.take() {
                         self.len -= 1;
-                        out(block, class);
+                        out(block, slot.class);
                     }
                 }
                 Some((_, at)) => oldest = oldest.min(*at),
@@ -552,11 +672,11 @@ impl<B> MagState<B> {
         if self.keyed == 0 {
             return;
         }
-        for (class, slot) in self.classes.iter_mut().zip(&mut self.slots) {
-            if let Some((block, at)) = slot.take() {
-                out(block, *class, at);
+        for slot in self.table.iter_mut() {
+            if let Some((block, at)) = slot.entry.take() {
+                out(block, slot.class, at);
             }
-            *class = 0;
+            slot.class = 0;
         }
         self.len = 0;
         self.keyed = 0;
@@ -565,29 +685,30 @@ impl<B> MagState<B> {
 
     /// Adds `block` of `class` (not 0), released at `now`, to the first
     /// slot of its class with no block, or else to a free slot; gives it
-    /// back when that needs a free slot and [`KEYED`] slots already have
+    /// back when that needs a free slot and half the slots already have
     /// a class (then [`push`](Self::push) makes room). The caller saw
     /// [`has_room`](Self::has_room).
     #[inline(always)]
     pub(super) fn try_push(&mut self, block: B, class: usize, now: u64) -> Result<(), B> {
         debug_assert!(class != 0 && self.len < self.cap);
-        let mut i = home(class);
+        let mut i = self.home(class);
         loop {
-            let c = self.classes[i];
-            if c == class && self.slots[i].is_none() {
+            let slot = self.slot(i);
+            let c = slot.class;
+            if c == class && slot.entry.is_none() {
                 break;
             }
             if c == 0 {
-                if self.keyed == KEYED {
+                if self.keyed == self.keyed_most() {
                     return Err(block);
                 }
                 self.keyed += 1;
-                self.classes[i] = class;
+                self.slot(i).class = class;
                 break;
             }
-            i = next(i);
+            i = self.next(i);
         }
-        self.slots[i] = Some((block, now));
+        self.slot(i).entry = Some((block, now));
         self.len += 1;
         self.oldest = self.oldest.min(now);
         Ok(())
@@ -605,32 +726,69 @@ impl<B> MagState<B> {
             Ok(()) => Ok(()),
             Err(block) => {
                 self.purge();
-                // Now at most `MAGAZINE` slots have a class.
+                // Now at most `cap - 1` slots have a class, fewer than
+                // half of them.
                 self.try_push(block, class, now)
             }
         }
     }
 
-    /// Frees the slots with no block: the table is built again with the
-    /// blocks alone, each class's in the order they had.
+    /// Frees the slots with no block, in place: the table is built again
+    /// with the blocks alone, each class's in the order they had.
+    ///
+    /// From a slot that was free (there is one: at most half have a
+    /// class), each class's probe sequence is met front first, since none
+    /// crosses a free slot. Once the slots with no block are freed, each
+    /// block met is taken out and put back at the first free slot from
+    /// its class's home: at its own slot or before it along the sequence
+    /// (the slots between were met before, and only fill), and behind the
+    /// blocks of its class put back before it.
     #[cold]
     fn purge(&mut self) {
-        let mut old = [const { None }; SLOTS];
-        let mut classes = [0; SLOTS];
-        core::mem::swap(&mut old, &mut self.slots);
-        core::mem::swap(&mut classes, &mut self.classes);
+        let start = self.table.iter().position(|s| s.class == 0).unwrap_or(0);
+        for slot in self.table.iter_mut() {
+            if slot.entry.is_none() {
+                slot.class = 0;
+            }
+        }
+        let (len, oldest) = (self.len, self.oldest);
+        self.keyed = len;
+        let mask = self.mask;
+        for k in 0..self.table.len() {
+            let slot = &mut self.table[(start + k) & mask];
+            if let Some((block, at)) = slot.entry.take() {
+                let class = core::mem::take(&mut slot.class);
+                self.keyed -= 1;
+                self.len -= 1;
+                // Not refused: fewer than half the slots have a class.
+                let _ = self.try_push(block, class, at);
+            }
+        }
+        debug_assert_eq!((self.len, self.keyed), (len, len));
+        self.oldest = oldest;
+    }
+
+    /// Makes room for up to `cap` blocks (more than now), in a larger
+    /// table, each class's blocks in the order they had.
+    #[cold]
+    pub(super) fn grow(&mut self, cap: usize) {
+        debug_assert!(cap > self.cap);
+        let (mask, table) = table_for(cap);
+        let mut old = core::mem::replace(&mut self.table, table).into_vec();
+        self.mask = mask;
+        self.cap = cap;
         let (len, oldest) = (self.len, self.oldest);
         self.keyed = 0;
         self.len = 0;
-        // From a free slot on (there is one: fewer than `SLOTS` have a
-        // class), each class's probe sequence is met front first: none
-        // crosses a free slot.
-        let start = classes.iter().position(|&c| c == 0).unwrap_or(0);
-        for k in 0..SLOTS {
-            let i = (start + k) & (SLOTS - 1);
-            if let Some((block, at)) = old[i].take() {
-                // Not refused: there are free slots enough.
-                let _ = self.try_push(block, classes[i], at);
+        // From a free slot on: each class's probe sequence front first
+        // (see `purge`), put back behind the blocks of its class.
+        let start = old.iter().position(|s| s.class == 0).unwrap_or(0);
+        let mask = old.len() - 1;
+        for k in 0..old.len() {
+            let slot = &mut old[(start + k) & mask];
+            if let Some((block, at)) = slot.entry.take() {
+                // Not refused: the new table has room for `cap` classes.
+                let _ = self.try_push(block, slot.class, at);
             }
         }
         debug_assert_eq!(self.len, len);
@@ -675,19 +833,19 @@ impl<B> MagState<B> {
     /// slot keeps the class.
     #[inline(always)]
     fn take(&mut self, class: usize) -> Option<B> {
-        let mut i = home(class);
+        let mut i = self.home(class);
         loop {
-            let c = self.classes[i];
-            if c == class {
-                if let Some((block, _)) = self.slots[i].take() {
+            let slot = self.slot(i);
+            if slot.class == class {
+                if let Some((block, _)) = slot.entry.take() {
                     // The bound stays (a collection sets it right).
                     self.len -= 1;
                     return Some(block);
                 }
-            } else if c == 0 {
+            } else if slot.class == 0 {
                 return None;
             }
-            i = next(i);
+            i = self.next(i);
         }
     }
 
@@ -708,11 +866,10 @@ impl<B> MagState<B> {
             return (0, 0);
         }
         let bytes = self
-            .classes
+            .table
             .iter()
-            .zip(&self.slots)
-            .filter(|(_, slot)| slot.is_some())
-            .map(|(&c, _)| c)
+            .filter(|slot| slot.entry.is_some())
+            .map(|slot| slot.class)
             .sum();
         (self.len as u64, bytes)
     }
@@ -916,21 +1073,21 @@ mod tests {
 
     /// The blocks of `class` along its probe sequence, front first.
     fn chain(m: &MagState<u64>, class: usize) -> Vec<u64> {
-        let (mut i, mut out) = (home(class), Vec::new());
-        while m.classes[i] != 0 {
-            if m.classes[i] == class {
-                out.extend(m.slots[i].map(|(b, _)| b));
+        let (mut i, mut out) = (m.home(class), Vec::new());
+        while m.table[i].class != 0 {
+            if m.table[i].class == class {
+                out.extend(m.table[i].entry.map(|(b, _)| b));
             }
-            i = next(i);
+            i = m.next(i);
         }
         out
     }
 
     /// The slot of `block`.
     fn slot_of(m: &MagState<u64>, block: u64) -> Option<usize> {
-        m.slots
+        m.table
             .iter()
-            .position(|s| s.is_some_and(|(b, _)| b == block))
+            .position(|s| s.entry.is_some_and(|(b, _)| b == block))
     }
 
     /// Checks `m` against `model` (its blocks as (block, class, release
@@ -944,12 +1101,20 @@ mod tests {
         if let Some(min) = model.iter().map(|&(_, _, at)| at).min() {
             assert!(m.oldest <= min, "the bound {} above {min}", m.oldest);
         }
-        let keyed = m.classes.iter().filter(|&&c| c != 0).count();
+        let keyed = m.table.iter().filter(|s| s.class != 0).count();
         assert_eq!(m.keyed, keyed);
-        assert!(keyed <= KEYED);
-        for (i, (&class, slot)) in m.classes.iter().zip(&m.slots).enumerate() {
-            assert!(class != 0 || slot.is_none(), "a block in free slot {i}");
-            let Some((block, at)) = *slot else { continue };
+        assert!(keyed <= m.keyed_most());
+        assert!(m.len <= m.cap && m.cap < m.keyed_most());
+        assert_eq!(m.table.len(), (SLOTS_PER_BLOCK * m.cap).next_power_of_two());
+        for (i, slot) in m.table.iter().enumerate() {
+            let class = slot.class;
+            assert!(
+                class != 0 || slot.entry.is_none(),
+                "a block in free slot {i}"
+            );
+            let Some((block, at)) = slot.entry else {
+                continue;
+            };
             assert!(
                 model.contains(&(block, class, at)),
                 "block {block} of {class}"
@@ -963,24 +1128,47 @@ mod tests {
 
     #[test]
     fn the_table_agrees_with_a_list_of_its_blocks() {
+        // A magazine as the pool makes it, which grows twice; and one of
+        // two blocks (as the fuzz harness makes), whose table of 8 slots
+        // is built again all the time, and which grows to 8 blocks.
+        the_table_agrees_with_a_list_of_its_blocks_from(MAGAZINE, 0x5eed_7ab1e);
+        the_table_agrees_with_a_list_of_its_blocks_from(2, 0x5eed_2);
+    }
+
+    fn the_table_agrees_with_a_list_of_its_blocks_from(cap: usize, seed: u64) {
         // Classes several of which share a home slot or neighbouring ones
-        // (long probe sequences, wrapping around the table's end), and
-        // more classes than the table keeps slots for: it is built again
-        // now and then.
+        // of the first table (long probe sequences, wrapping around the
+        // table's end), and more classes than the table keeps slots for:
+        // it is built again now and then, also once it grew.
+        let mut m = MagState::new(cap);
+        let slots = m.table.len();
         let mut classes: Vec<usize> = Vec::new();
         let mut c = 1;
         while classes.len() < 12 {
-            if home(c) >= SLOTS - 3 {
+            if m.home(c) >= slots - 3 {
                 classes.push(c);
             }
             c += 1;
         }
-        classes.extend((1..=150).map(|k| 64 * k));
-        let mut rng = crate::test_rng::rng(0x5eed_7ab1e);
-        let (mut m, mut model) = (MagState::new(MAGAZINE), Vec::new());
+        classes.extend((1..=600).map(|k| 64 * k));
+        let mut rng = crate::test_rng::rng(seed);
+        let mut model = Vec::new();
         let (mut next_block, mut now) = (0u64, 0u64);
-        let (mut taken, mut rebuilt, mut full) = (None, 0, 0);
+        let (mut taken, mut rebuilt, mut full, mut grown) = (None, 0, 0, 0);
         for step in 0..40_000 {
+            if step % 15_000 == 14_999 {
+                // Grows, each class's blocks in their order.
+                let chains =
+                    |m: &MagState<u64>| classes.iter().map(|&c| chain(m, c)).collect::<Vec<_>>();
+                let before = chains(&m);
+                let bound = m.oldest;
+                m.grow(2 * m.cap);
+                assert_eq!(before, chains(&m), "step {step}");
+                assert_eq!(m.oldest, bound);
+                check(&m, &model);
+                grown += 1;
+                taken = None;
+            }
             now += rng(3);
             // Mostly a few classes, now and then any.
             let n = if rng(8) == 0 { classes.len() } else { 20 };
@@ -997,13 +1185,13 @@ mod tests {
                     // The first slot of the class with no block, else the
                     // free slot after them (when the table need not be
                     // built again).
-                    let mut want = home(class);
-                    while m.classes[want] != 0
-                        && (m.classes[want] != class || m.slots[want].is_some())
+                    let mut want = m.home(class);
+                    while m.table[want].class != 0
+                        && (m.table[want].class != class || m.table[want].entry.is_some())
                     {
-                        want = next(want);
+                        want = m.next(want);
                     }
-                    let built_again = m.classes[want] == 0 && m.keyed == KEYED;
+                    let built_again = m.table[want].class == 0 && m.keyed == m.keyed_most();
                     let chains = |m: &MagState<u64>| {
                         let others = classes.iter().filter(|&&c| c != class);
                         others.map(|&c| chain(m, c)).collect::<Vec<_>>()
@@ -1024,7 +1212,8 @@ mod tests {
                     // before, where a block of its class was taken).
                     if let Some((slot, c)) = taken.take() {
                         if c == class && !built_again {
-                            let from_home = |i: usize| i.wrapping_sub(home(class)) & (SLOTS - 1);
+                            let from_home =
+                                |i: usize| i.wrapping_sub(m.home(class)) & (m.table.len() - 1);
                             assert!(from_home(want) <= from_home(slot), "step {step}");
                         }
                     }
@@ -1081,20 +1270,29 @@ mod tests {
             check(&m, &model);
         }
         // The magazine was full, and the table built again.
-        assert!(full > 0 && rebuilt > 0, "{full} {rebuilt}");
+        assert!(full > 0 && rebuilt > 0 && grown == 2, "{full} {rebuilt}");
     }
 
     #[test]
     #[cfg(target_pointer_width = "64")]
-    fn a_magazine_of_16_byte_blocks_takes_8_to_10_kib() {
+    fn a_magazine_of_16_byte_blocks_takes_8_to_10_kib_and_8_times_as_much_at_its_most() {
         // As `SharedPool::with_thread_caches` documents.
+        fn footprint<B>(cap: usize) -> usize {
+            let m = MagState::<B>::new(cap);
+            size_of::<Magazine<B>>() + m.table.len() * size_of::<Slot<B>>()
+        }
         type Niche = (core::ptr::NonNull<u8>, usize);
-        let (niche, plain) = (
-            size_of::<MagState<Niche>>(),
-            size_of::<MagState<[u64; 2]>>(),
-        );
-        assert!((8 * 1024..=8 * 1024 + 128).contains(&niche), "{niche}");
-        assert!((10 * 1024..=10 * 1024 + 128).contains(&plain), "{plain}");
+        for (most, kib) in [(MAGAZINE, 1), (MAGAZINE_MOST, 8)] {
+            let (niche, plain) = (footprint::<Niche>(most), footprint::<[u64; 2]>(most));
+            assert!(
+                (8 * kib * 1024..=8 * kib * 1024 + 256).contains(&niche),
+                "{niche}"
+            );
+            assert!(
+                (10 * kib * 1024..=10 * kib * 1024 + 256).contains(&plain),
+                "{plain}"
+            );
+        }
     }
 
     #[test]
@@ -1111,7 +1309,7 @@ mod tests {
 
     #[test]
     fn an_owner_gives_up_while_a_visitor_holds_the_magazine() {
-        let mag = Arc::new(Magazine::<u64>::new(MAGAZINE));
+        let mag = Arc::new(Magazine::<u64>::new(MAGAZINE, MAGAZINE_MOST));
         let mut list = vec![Arc::clone(&mag)];
         let (inside, done) = (Arc::new(Barrier::new(2)), Arc::new(Barrier::new(2)));
         let owner = {
@@ -1149,7 +1347,7 @@ mod tests {
 
     #[test]
     fn a_visitor_waits_for_an_owner_at_work_and_sees_its_writes() {
-        let mag = Arc::new(Magazine::<u64>::new(MAGAZINE));
+        let mag = Arc::new(Magazine::<u64>::new(MAGAZINE, MAGAZINE_MOST));
         let mut list = vec![Arc::clone(&mag)];
         let inside = Arc::new(Barrier::new(2));
         let step = Arc::new(AtomicUsize::new(0));
