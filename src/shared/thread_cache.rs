@@ -1132,7 +1132,7 @@ mod tests {
         // two blocks (as the fuzz harness makes), whose table of 8 slots
         // is built again all the time, and which grows to 8 blocks.
         the_table_agrees_with_a_list_of_its_blocks_from(MAGAZINE, 0x5eed_7ab1e);
-        the_table_agrees_with_a_list_of_its_blocks_from(2, 0x5eed_2);
+        the_table_agrees_with_a_list_of_its_blocks_from(2, 0x5eed_0002);
     }
 
     fn the_table_agrees_with_a_list_of_its_blocks_from(cap: usize, seed: u64) {
