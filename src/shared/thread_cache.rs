@@ -1274,6 +1274,40 @@ mod tests {
     }
 
     #[test]
+    fn a_magazine_that_grows_keeps_its_blocks_in_their_order() {
+        // Few steps, for Miri: a magazine of two blocks grows to four and
+        // eight, with blocks of classes that share their probe sequences.
+        let mut m = MagState::new(2);
+        let mut model = Vec::new();
+        let classes = [8, 16, 24, 8 << 20, 16 << 20];
+        for cap in [2, 4, 8] {
+            if cap > m.cap {
+                let before: Vec<_> = classes.iter().map(|&c| chain(&m, c)).collect();
+                m.grow(cap);
+                let after: Vec<_> = classes.iter().map(|&c| chain(&m, c)).collect();
+                assert_eq!(before, after);
+                check(&m, &model);
+            }
+            while m.has_room() {
+                let (block, class) = (model.len() as u64, classes[model.len() % 5]);
+                assert!(m.push(block, class, block).is_ok());
+                model.push((block, class, block));
+                check(&m, &model);
+            }
+            assert!(m.push(99, 8, 0).is_err(), "full at {cap}");
+        }
+        // The front block of each class first.
+        assert_eq!(m.take(8), Some(0));
+        assert_eq!(m.take(8), Some(5));
+        model.retain(|&(b, ..)| b != 0 && b != 5);
+        check(&m, &model);
+        let mut all = Vec::new();
+        m.drain(|b, c, at| all.push((b, c, at)));
+        all.sort_unstable();
+        assert_eq!(all, model);
+    }
+
+    #[test]
     #[cfg(target_pointer_width = "64")]
     fn a_magazine_of_16_byte_blocks_takes_8_to_10_kib_and_8_times_as_much_at_its_most() {
         // As `SharedPool::with_thread_caches` documents.

@@ -1107,12 +1107,12 @@ fn a_thread_over_more_classes_than_its_magazine_holds_grows_it() {
 #[test]
 fn a_thread_that_only_releases_keeps_its_magazine_as_it_was() {
     // A thread that allocated once (so it has a magazine, with that
-    // block), then releases another thread's 1000 blocks of as many
+    // block), then releases another thread's 200 blocks of as many
     // sizes: the magazine takes 63 and finds itself full at the other
     // releases, but never at an allocation, so it does not grow; the
     // rest go to the shared cache, where their thread finds them.
     let (pool, alloc, _clock) = tc_pool(Duration::from_secs(3600));
-    let blocks: Vec<_> = (1..=1000).map(|i| pool.allocate(64 * i).unwrap()).collect();
+    let blocks: Vec<_> = (1..=200).map(|i| pool.allocate(64 * i).unwrap()).collect();
     let consumer = pool.clone();
     thread::spawn(move || {
         drop(consumer.allocate(64 * 2000).unwrap());
@@ -1120,9 +1120,9 @@ fn a_thread_that_only_releases_keeps_its_magazine_as_it_was() {
     })
     .join()
     .unwrap();
-    let again: Vec<_> = (1..=1000).map(|i| pool.allocate(64 * i).unwrap()).collect();
+    let again: Vec<_> = (1..=200).map(|i| pool.allocate(64 * i).unwrap()).collect();
     let s = pool.stats();
-    assert_eq!((s.hits, s.misses), (1000 - 63, 1000 + 1 + 63));
+    assert_eq!((s.hits, s.misses), (200 - 63, 200 + 1 + 63));
     drop(again);
     drop(pool);
     alloc.assert_all_freed();
