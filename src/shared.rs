@@ -1821,15 +1821,16 @@ impl<A: RawAllocator, C: Clock + Clone + Sync> SharedPool<A, FixedTime, C> {
     /// lock.
     ///
     /// Each thread that allocates from the pool gets a *magazine*: up to
-    /// 64 idle blocks it released, in a small table keyed by class (a
-    /// class's blocks reused front first, so that those it needs no more
-    /// decay; 256 slots of a class, a block and its release time: 8 to 10
-    /// KiB for a block of 16 bytes). An `allocate` whose class is in the
-    /// thread's magazine, and the release of a block to a magazine with
-    /// room, take no shared
-    /// lock; otherwise the call goes to the shared cache as with
-    /// [`SharedPool::new`]. A block is released to the magazine of the
-    /// thread that drops it (if that thread has one for this pool).
+    /// 64 idle blocks it released at first, up to 512 once it grew (below),
+    /// in a small table keyed by class (a class's blocks reused front
+    /// first, so that those it needs no more decay; four slots per block
+    /// it may hold, of a class, a block and its release time: 8 to 10 KiB
+    /// for a block of 16 bytes, 64 to 80 KiB at 512 blocks). An
+    /// `allocate` whose class is in the thread's magazine, and the release
+    /// of a block to a magazine with room, take no shared lock; otherwise
+    /// the call goes to the shared cache as with [`SharedPool::new`]. A
+    /// block is released to the magazine of the thread that drops it (if
+    /// that thread has one for this pool).
     ///
     /// Decay stays exact: a [`FixedTime`] block expires at its release
     /// time plus the time to live whoever holds it, so each operation
@@ -1869,10 +1870,17 @@ impl<A: RawAllocator, C: Clock + Clone + Sync> SharedPool<A, FixedTime, C> {
     /// each call goes). So each miss counts 8 against the magazine, each
     /// hit and each release taken 1 for it: when the count comes to 128
     /// misses' worth (128 misses in a row, or a longer run in which the
-    /// magazine serves fewer than 8 calls in 9), its thread's next 16 384
-    /// calls pass it by (they go to the shared cache after one test of one
-    /// word), then it tries the magazine again. Such a thread then pays
-    /// little more than through [`SharedPool::new`]. The blocks its
+    /// magazine serves fewer than 8 calls in 9), the magazine doubles if a
+    /// quarter of those misses or more were allocations that found it
+    /// full, up to 512 blocks (once it grew, an allocation that finds it
+    /// with room counts as a hit: it fills the room it grew for). A thread
+    /// that only releases blocks that other threads allocated never finds
+    /// its magazine full at an allocation, so its magazine keeps 64 blocks
+    /// at most and the rest go back to the shared cache, where the other
+    /// threads find them. Otherwise, or at 512 blocks, its thread's next
+    /// 16 384 calls pass it by (they go to the shared cache after one test
+    /// of one word), then it tries the magazine again. Such a thread then
+    /// pays little more than through [`SharedPool::new`]. The blocks its
     /// magazine still holds are not stranded meanwhile: an allocation that
     /// the shared cache cannot serve takes its thread's block of the
     /// class, if the magazine has one, before a backing call (and its

@@ -3,8 +3,8 @@
 //! [`SharedPool::with_thread_caches`](crate::SharedPool::with_thread_caches).
 //!
 //! Each thread that allocates from such a pool gets a magazine for it: up
-//! to [`MAGAZINE`] idle blocks with their release times, in a small table
-//! keyed by class ([`MagState`]). The pool keeps
+//! to [`MAGAZINE`] idle blocks with their release times at first, in a
+//! small table keyed by class ([`MagState`]). The pool keeps
 //! every magazine in a list under its cache lock; the thread keeps a table
 //! from pool to magazine, which holds the pool weakly (it never keeps a
 //! pool alive) and the magazine strongly.
@@ -15,11 +15,17 @@
 //! `trim`, the limit, the out-of-memory retry and the pool's drop reach it;
 //! `collect` drops it from the list once it is empty.
 //!
-//! A thread that uses many more classes than its magazine holds misses in
-//! it at most calls, and would pay for the magazine on top of the shared
-//! cache: when its misses less its hits and releases taken (weighed by
-//! [`MISS_WEIGHT`]) come to [`MISSES_BEFORE_SKIP`], it passes the magazine by for its next
-//! [`SKIPPED_OPERATIONS`] calls, then tries it again (see `Skip`).
+//! A thread that uses more classes than its magazine holds misses in it at
+//! many calls, and would pay for the magazine on top of the shared cache:
+//! when its misses less its hits and releases taken (weighed by
+//! [`MISS_WEIGHT`]) come to [`MISSES_BEFORE_SKIP`], the magazine doubles
+//! if a quarter of those misses or more were allocations that found it
+//! full, up to [`MAGAZINE_MOST`] blocks; else (or at its most) the thread
+//! passes the magazine by for its next [`SKIPPED_OPERATIONS`] calls, then
+//! tries it again (see `Skip` and [`Magazine::missed`]). So two threads
+//! over a few hundred classes each keep off the shared cache's lock, as
+//! over a few dozen; a thread that only releases other threads' blocks
+//! keeps a magazine of [`MAGAZINE`] blocks, not more.
 //!
 //! # Who touches a magazine, and how
 //!
@@ -99,11 +105,12 @@ pub(super) const MAGAZINE_MOST: usize = 512;
 const SLOTS_PER_BLOCK: usize = 4;
 
 /// Misses in a row (allocations the magazine has no block for, releases
-/// it is too full to take) after which its owner passes it by: twice the
-/// blocks it holds (a batch that fills the magazine misses half as many
-/// times, then its releases are taken). Each hit and each release taken
-/// counts [`MISS_WEIGHT`] times less than a miss: a run in which the
-/// magazine serves fewer than 8 calls in 9 passes it by too.
+/// it is too full to take) after which its owner grows it or passes it
+/// by: twice the blocks it holds at first (a batch that fills the
+/// magazine misses half as many times, then its releases are taken).
+/// Each hit and each release taken counts [`MISS_WEIGHT`] times less than
+/// a miss: a run in which the magazine serves fewer than 8 calls in 9
+/// grows it or passes it by too.
 pub(super) const MISSES_BEFORE_SKIP: u32 = 2 * MAGAZINE as u32;
 
 /// How many hits or releases taken make up for one miss.
@@ -157,8 +164,9 @@ pub(super) struct Magazine<B> {
 /// [`MISS_WEIGHT`] up, each hit and each release taken one down (not below
 /// zero); when the count comes to [`MISSES_BEFORE_SKIP`] misses' worth (as
 /// many misses in a row, or a longer run in which the magazine serves
-/// fewer than 8 calls in 9), its next [`SKIPPED_OPERATIONS`] operations
-/// pass the magazine by:
+/// fewer than 8 calls in 9), the magazine grows if its allocations found
+/// it full (see [`Magazine::missed`]), and else its next
+/// [`SKIPPED_OPERATIONS`] operations pass it by:
 /// allocations and releases go to the shared cache at once, with one test
 /// of this word. The blocks the magazine still holds
 /// are not stranded: an allocation that the shared cache cannot serve
