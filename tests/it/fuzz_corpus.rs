@@ -1100,7 +1100,28 @@ fn thread_cache_seeds() -> Vec<(&'static str, Cfg, Vec<Vec<u8>>)> {
                 .drop_seed(13),
             many,
         ),
+        // A one-block magazine that its thread's allocations find full:
+        // it grows, to four blocks.
+        (
+            "thread-caches-magazine-1-grows",
+            cfg(0, P64).magazine(1),
+            rounds_over_three_sizes(),
+        ),
     ]
+}
+
+/// Ten rounds of round trips over three sizes on the main thread, then a
+/// thread's request for the first size.
+fn rounds_over_three_sizes() -> Vec<Vec<u8>> {
+    let mut ops = Vec::new();
+    for _ in 0..10 {
+        for i in 0..3 {
+            ops.push(sop::alloc(0, i));
+            ops.push(sop::release(0, 0));
+        }
+    }
+    ops.push(sop::via_block(0));
+    ops
 }
 
 // --- replay -----------------------------------------------------------------
@@ -1288,6 +1309,29 @@ fn thread_cached_runs_use_magazines() {
         assert_eq!(
             (s.hits, s.misses),
             (1 + main_hits, 7 - main_hits),
+            "magazine {}",
+            fuzzing::MAGAZINES[usize::from(magazine)]
+        );
+    }
+}
+
+/// The thread-cached runs reach magazines that grow: ten rounds of round
+/// trips over three sizes on the main thread, whose one-block magazine
+/// (`MAGAZINES[1]`) finds itself full at allocations, so it grows (to two
+/// blocks, then four) instead of being passed by, and ends with the three
+/// blocks: a thread's request for the first size then misses, as with
+/// the 64-block magazine.
+#[test]
+fn thread_cached_runs_grow_magazines() {
+    let ops = rounds_over_three_sizes();
+    for magazine in [0, 1] {
+        let c = cfg(0, P64).magazine(magazine);
+        let s = fuzzing::shared_ops(&seed(&c, ops.clone()))
+            .expect("parses")
+            .stats;
+        assert_eq!(
+            (s.hits, s.misses),
+            (27, 4),
             "magazine {}",
             fuzzing::MAGAZINES[usize::from(magazine)]
         );
