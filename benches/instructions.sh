@@ -100,7 +100,7 @@ if $time; then table "ns (fastest runs)"; else table instructions; fi
 echo
 # Through `SharedPool` (FixedTime), against the plain pool: one class, as
 # `cargo bench --bench shared_pool`, 64 classes (as many blocks as a
-# thread cache holds) and 256 classes (more).
+# thread cache holds at first) and 256 classes (more: it grows).
 rows=(fixed_time shared thread_caches)
 cols=(1x1 64x1 256x1)
 table "shared, 1 thread"
