@@ -1302,17 +1302,23 @@ fn thread_cached_runs_use_magazines() {
         sop::alloc(0, 0),
     ];
     for (magazine, main_hits) in [(0, 0), (1, 3)] {
-        let c = cfg(0, P64).magazine(magazine);
-        let s = fuzzing::shared_ops(&seed(&c, ops.clone()))
-            .expect("parses")
-            .stats;
-        assert_eq!(
-            (s.hits, s.misses),
-            (1 + main_hits, 7 - main_hits),
-            "magazine {}",
-            fuzzing::MAGAZINES[usize::from(magazine)]
-        );
+        assert_hits_and_misses(magazine, &ops, (1 + main_hits, 7 - main_hits));
     }
+}
+
+/// Checks the hits and misses of a thread-cached run of `ops` with the
+/// magazines `MAGAZINES[magazine]`.
+fn assert_hits_and_misses(magazine: u8, ops: &[Vec<u8>], want: (u64, u64)) {
+    let c = cfg(0, P64).magazine(magazine);
+    let s = fuzzing::shared_ops(&seed(&c, ops.to_vec()))
+        .expect("parses")
+        .stats;
+    assert_eq!(
+        (s.hits, s.misses),
+        want,
+        "magazine {}",
+        fuzzing::MAGAZINES[usize::from(magazine)]
+    );
 }
 
 /// The thread-cached runs reach magazines that grow: ten rounds of round
@@ -1325,16 +1331,7 @@ fn thread_cached_runs_use_magazines() {
 fn thread_cached_runs_grow_magazines() {
     let ops = rounds_over_three_sizes();
     for magazine in [0, 1] {
-        let c = cfg(0, P64).magazine(magazine);
-        let s = fuzzing::shared_ops(&seed(&c, ops.clone()))
-            .expect("parses")
-            .stats;
-        assert_eq!(
-            (s.hits, s.misses),
-            (27, 4),
-            "magazine {}",
-            fuzzing::MAGAZINES[usize::from(magazine)]
-        );
+        assert_hits_and_misses(magazine, &ops, (27, 4));
     }
 }
 
