@@ -35,9 +35,10 @@ pub const PERIODS: [u64; 12] = [0, 1, 2, 3, 4, 8, 16, 64, 100, 512, 1024, 5];
 /// [`FixedCapacity::WINDOW`](crate::FixedCapacity::WINDOW)).
 pub const SLOTS: [usize; 16] = [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 12, 16, 24, 64, 3];
 
-/// Thread caches' magazine sizes, in blocks (flags bits 3 and 4 of a
-/// [`Config`]): the pool's own, and smaller ones, which the few blocks of
-/// a run fill and whose thread then passes them by.
+/// Thread caches' magazine sizes at first, in blocks (flags bits 3 and 4
+/// of a [`Config`]): the pool's own, and smaller ones, which the few
+/// blocks of a run fill, and which then grow (to eight times as many at
+/// most) or whose thread passes them by.
 pub const MAGAZINES: [usize; 4] = [64, 1, 2, 8];
 
 /// Limit choices (byte 5 of a [`Config`], when `>= 128`).
