@@ -64,9 +64,11 @@
 //!   [`Exponential`](crate::Exponential): decayed by `2^(-dt/h)`, raised by a release, scaled by
 //!   `after / before` on a hit, clamped to the cached bytes after
 //!   trim / limit / retry frees, held to at most `bytes_cached + oldest / 2`
-//!   before each decision, reset when the decay empties the cache. Times
-//!   lie on a 1/512 s grid, so the `f64` arithmetic is exact and the model
-//!   rounds as the pool does;
+//!   before each decision, reset when the decay empties the cache. Like
+//!   the policy, the model keeps the allowance as a ratio of the bytes
+//!   cached (a hit leaves it, a release at a ratio of exactly 1 leaves
+//!   it) and rounds each step as the policy does; times lie on a 1/512 s
+//!   grid, so the times' arithmetic is exact;
 //! - `FixedCapacity(slots)`: no clock; with at most
 //!   [`FixedCapacity::WINDOW`](crate::FixedCapacity::WINDOW) slots the
 //!   window is the whole table and the victim of a release into a full

@@ -5,7 +5,7 @@
 
 use crate::SizeClass;
 use crate::error::PoolError;
-use crate::policy::{FixedCapacity, Reuse};
+use crate::policy::{FixedCapacity, Reuse, clamp_ratio};
 use crate::stats::Stats;
 use crate::testing::{Call, TestError};
 
@@ -113,7 +113,9 @@ pub(super) struct Model {
     issued: u64,
     pub(super) fail_next: u32,
     pub(super) calls: Vec<Call>,
-    allowance: f64,
+    /// `Exponential`'s allowance as a share of the bytes cached (the
+    /// allowance is `ratio * bytes_cached`), as of tick `allowance_at`.
+    ratio: f64,
     allowance_at: u64,
     hits: u64,
     misses: u64,
@@ -167,7 +169,7 @@ impl Model {
             issued: 0,
             fail_next: 0,
             calls: Vec::new(),
-            allowance: 0.0,
+            ratio: 0.0,
             allowance_at: 0,
             hits: 0,
             misses: 0,
@@ -322,7 +324,7 @@ impl Model {
             Kind::Exponential { half_life } => {
                 let half = oldest.class as f64 / 2.0;
                 let bytes = self.bytes_cached() as f64;
-                let allowance = self.allowance_now(half_life);
+                let allowance = self.ratio_now(half_life) * bytes;
                 assert!(
                     allowance <= bytes + half,
                     "the pool skipped a collection that clamps Exponential's allowance \
@@ -434,20 +436,34 @@ impl Model {
         self.peak_live = self.peak_live.max(self.live.len());
     }
 
-    fn allowance_now(&self, half_life: u64) -> f64 {
+    fn ratio_now(&self, half_life: u64) -> f64 {
         if self.now <= self.allowance_at {
-            return self.allowance;
+            return self.ratio;
         }
         let dt = ticks(self.now - self.allowance_at).as_secs_f64();
         let halvings = dt * (1.0 / ticks(half_life).as_secs_f64());
-        self.allowance * (-halvings).exp2()
+        self.ratio * (-halvings).exp2()
+    }
+
+    /// Whether the policy is `Exponential`.
+    fn timed_exponential(&self) -> bool {
+        matches!(self.cfg.kind, Kind::Exponential { .. })
+    }
+
+    /// After a trim freed a block (the ratio rebased): the allowance, that
+    /// of `before` bytes, clamped to the bytes left, as their ratio (zero
+    /// once none are).
+    fn clamp_to_bytes(&mut self, before: f64) {
+        let after = self.bytes_cached() as f64;
+        let allowance = (self.ratio * before).min(after);
+        self.ratio = if after == 0.0 { 0.0 } else { allowance / after };
     }
 
     fn rebase(&mut self) -> Option<()> {
         let Kind::Exponential { half_life } = self.cfg.kind else {
             return None;
         };
-        self.allowance = self.allowance_now(half_life);
+        self.ratio = self.ratio_now(half_life);
         self.allowance_at = self.now;
         Some(())
     }
@@ -523,9 +539,10 @@ impl Model {
             // `must_evict` answers no (the pool panics otherwise), after
             // clamping the allowance as every decision does.
             if let Kind::Exponential { half_life } = self.cfg.kind {
-                let bound = self.bytes_cached() as f64 + oldest.class as f64 / 2.0;
-                if self.allowance_now(half_life) > bound {
-                    self.allowance = bound;
+                let bytes = self.bytes_cached() as f64;
+                let bound = bytes + oldest.class as f64 / 2.0;
+                if self.ratio_now(half_life) * bytes > bound {
+                    self.ratio = clamp_ratio(bound, bytes);
                     self.allowance_at = self.now;
                 }
             }
@@ -548,11 +565,12 @@ impl Model {
                 Kind::FixedTime { ttl } => self.now.saturating_sub(oldest.released) >= ttl,
                 Kind::Exponential { half_life } => {
                     let half = oldest.class as f64 / 2.0;
-                    let bound = self.bytes_cached() as f64 + half;
-                    let mut allowance = self.allowance_now(half_life);
+                    let bytes = self.bytes_cached() as f64;
+                    let bound = bytes + half;
+                    let mut allowance = self.ratio_now(half_life) * bytes;
                     if allowance > bound {
                         allowance = bound;
-                        self.allowance = bound;
+                        self.ratio = clamp_ratio(bound, bytes);
                         self.allowance_at = self.now;
                     }
                     self.bytes_cached() as f64 - allowance >= half
@@ -569,13 +587,19 @@ impl Model {
             }
             // The policy is told first: a panic there leaves the block.
             self.fire(Fault::OnFree)?;
+            let before = self.bytes_cached() as f64;
             self.idle.remove(0);
             self.evictions += 1;
             self.not_before = 0;
             self.untold &= !self.idle.is_empty();
             freed += 1;
-            if self.idle.is_empty() && self.rebase().is_some() {
-                self.allowance = 0.0;
+            if self.idle.is_empty() {
+                if self.rebase().is_some() {
+                    self.ratio = 0.0;
+                }
+            } else if self.timed_exponential() {
+                // The allowance stays: a ratio of fewer bytes.
+                self.ratio = self.ratio * before / self.bytes_cached() as f64;
             }
             self.deallocate(oldest.block, oldest.class)?;
         }
@@ -587,12 +611,13 @@ impl Model {
             return Ok(None);
         };
         self.hook(Fault::OnFree)?;
+        let before = self.bytes_cached() as f64;
         self.idle.remove(0);
         self.trimmed += 1;
         self.not_before = 0;
         self.untold &= !self.idle.is_empty();
         if self.rebase().is_some() {
-            self.allowance = self.allowance.min(self.bytes_cached() as f64);
+            self.clamp_to_bytes(before);
         }
         self.deallocate(oldest.block, oldest.class)?;
         Ok(Some(oldest.class))
@@ -676,9 +701,8 @@ impl Model {
             let before = self.bytes_cached();
             let hit = self.idle.remove(i);
             let after = self.bytes_cached();
-            if self.rebase().is_some() {
-                self.allowance *= after as f64 / before as f64;
-            }
+            // The allowance scales with the bytes cached: the ratio stays.
+            let _ = (before, after, self.rebase());
             self.hits += 1;
             self.from_pool = self.from_pool.saturating_add(class);
             self.waste = self.waste.saturating_add(class - size);
@@ -800,9 +824,17 @@ impl Model {
                     self.untold = true;
                     return Err(Injected);
                 }
-                if self.rebase().is_some() && self.cfg.kind != (Kind::Exponential { half_life: 0 })
-                {
-                    self.allowance += block.class as f64;
+                if self.rebase().is_some() && self.ratio != 1.0 {
+                    // The release adds its size to the allowance (nothing
+                    // with a zero half-life); a ratio of exactly 1 stays.
+                    let after = self.bytes_cached() as f64;
+                    let before = (self.bytes_cached() - block.class) as f64;
+                    let added = if self.cfg.kind == (Kind::Exponential { half_life: 0 }) {
+                        0.0
+                    } else {
+                        block.class as f64
+                    };
+                    self.ratio = (self.ratio * before + added) / after;
                 }
                 self.stale_answer();
                 Ok(())
@@ -904,10 +936,11 @@ impl Model {
                 told = false;
                 out = Err(Injected);
             }
+            let before = self.bytes_cached() as f64;
             self.idle.remove(0);
             self.trimmed += 1;
             if told && self.rebase().is_some() {
-                self.allowance = self.allowance.min(self.bytes_cached() as f64);
+                self.clamp_to_bytes(before);
             }
             if self.deallocate(oldest.block, oldest.class).is_err() {
                 out = Err(Injected);
