@@ -94,7 +94,7 @@ table() {
 }
 
 # The hit path against the map of vectors.
-rows=(map fixed_time rounded exponential fixed_capacity fixed_capacity_fifo)
+rows=(map fixed_time rounded exponential exponential_moved fixed_capacity fixed_capacity_fifo)
 cols=(64x1 4096x4 100000x2 batch)
 if $time; then table "ns (fastest runs)"; else table instructions; fi
 echo

@@ -19,6 +19,9 @@
 //! `fixed_time`, `exponential` or `fixed_capacity`, over `ManualClock`;
 //! `rounded`, `fixed_time` with classes `SizeClass::PowerOfTwoDivisions(4)`;
 //! `fixed_capacity_fifo`, `fixed_capacity` with `Reuse::Fifo`;
+//! `exponential_moved`, `exponential` with the clock moved on a
+//! millisecond once the pool is filled, as between two ticks of
+//! `MonotonicClock`;
 //! `shared` or `thread_caches`, a `FixedTime` pool behind
 //! `SharedPool::new` or `SharedPool::with_thread_caches`, on one thread),
 //! the scale (`CLASSESxPER`, such as `1x1`, `64x1`, `4096x4` or
@@ -67,8 +70,8 @@ const BATCH: usize = 16;
 const SAMPLES: usize = 300;
 
 /// The caches a run can name.
-const CACHES: &str = "map, fixed_time, rounded, exponential, fixed_capacity, \
-                      fixed_capacity_fifo, shared or thread_caches";
+const CACHES: &str = "map, fixed_time, rounded, exponential, exponential_moved, \
+                      fixed_capacity, fixed_capacity_fifo, shared or thread_caches";
 
 /// The scale of a run: parsed from the command line.
 struct Scale {
@@ -208,13 +211,31 @@ fn pool<'a, P: Policy + 'a>(
     sizes: &'a [usize],
     walk: &'a [usize],
 ) -> Runner<'a> {
+    moved_pool(policy, class, reuse, Duration::ZERO, scale, sizes, walk)
+}
+
+/// `pool`, with the clock moved on by `moved` once the pool is filled
+/// (and then stopped again): a policy's state is then that of a clock
+/// that moved since the blocks were cached, as a real clock's between
+/// two of its ticks.
+fn moved_pool<'a, P: Policy + 'a>(
+    policy: P,
+    class: SizeClass,
+    reuse: Reuse,
+    moved: Duration,
+    scale: &'a Scale,
+    sizes: &'a [usize],
+    walk: &'a [usize],
+) -> Runner<'a> {
+    let clock = ManualClock::new();
     let mut pool = DecayingPool::builder(Null::default())
         .policy(policy)
         .size_class(class)
         .reuse(reuse)
-        .clock(ManualClock::new())
+        .clock(clock.clone())
         .build();
     fill(&mut pool, sizes, scale.per);
+    clock.advance(moved);
     let filled = pool.stats().misses;
     let mut i = 0;
     Box::new(move || {
@@ -285,6 +306,18 @@ fn runner<'a>(
             walk,
         ),
         "exponential" => pool(Exponential::new(ttl), exact, lifo, scale, sizes, walk),
+        // The clock moved a millisecond (`MonotonicClock`'s tick) after
+        // the pool was filled: the allowance has decayed below the bytes
+        // cached, so each release computes its share.
+        "exponential_moved" => moved_pool(
+            Exponential::new(ttl),
+            exact,
+            lifo,
+            Duration::from_millis(1),
+            scale,
+            sizes,
+            walk,
+        ),
         // As sized in the benchmark: four slots per cached block, and a
         // window that holds a class's blocks (the batches' 16 a class are
         // more than the default window of 8).

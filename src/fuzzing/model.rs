@@ -824,17 +824,17 @@ impl Model {
                     self.untold = true;
                     return Err(Injected);
                 }
-                if self.rebase().is_some() && self.ratio != 1.0 {
+                if self.rebase().is_some() {
                     // The release adds its size to the allowance (nothing
-                    // with a zero half-life); a ratio of exactly 1 stays.
+                    // with a zero half-life): `(ratio * before + class *
+                    // gain) / after`, in the policy's order of operations.
                     let after = self.bytes_cached() as f64;
-                    let before = (self.bytes_cached() - block.class) as f64;
-                    let added = if self.cfg.kind == (Kind::Exponential { half_life: 0 }) {
+                    let gain = if self.cfg.kind == (Kind::Exponential { half_life: 0 }) {
                         0.0
                     } else {
-                        block.class as f64
+                        1.0
                     };
-                    self.ratio = (self.ratio * before + added) / after;
+                    self.ratio += (gain - self.ratio) * (block.class as f64 / after);
                 }
                 self.stale_answer();
                 Ok(())
