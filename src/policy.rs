@@ -1095,8 +1095,9 @@ impl Exponential {
     ///
     /// Undisturbed, `L(t) = L(at) * 2^(-(t - at) / h)` reaches the
     /// threshold `T = bytes - size / 2` after `log2(L(at) / T)`
-    /// half-lives; the plan stops a hair short of that and then checks
-    /// exactly that the margin holds at the planned time. Since `L` only
+    /// half-lives; the plan stops an eighth of that short (`SHORT`), less
+    /// a hair for rounding, and then checks exactly that the margin holds
+    /// at the planned time. Since `L` only
     /// falls as time passes, `must_evict` answers `false` before it.
     fn plan(&self, oldest: Oldest, bytes: usize) -> Option<(Duration, f64)> {
         let half = float(oldest.size) / 2.0;
@@ -1232,8 +1233,8 @@ impl EvictionPolicy for Exponential {
         evict
     }
 
-    /// The time the allowance, undisturbed, first lets `oldest` go, less a
-    /// hair; a release can bring it forward, which
+    /// Seven eighths of the time until the allowance, undisturbed, first
+    /// lets `oldest` go (less a hair); a release can bring it forward, which
     /// [`deadline_stale`](EvictionPolicy::deadline_stale) reports.
     /// ([`deadline`](EvictionPolicy::deadline), which must hold whatever is
     /// released, is `None`.)
