@@ -161,8 +161,11 @@ pub trait EvictionPolicy {
     /// registers at every hit, taken or not. Answering `false` on those
     /// paths leaves the hit path calling nothing. [`Exponential`] answers
     /// `false` when the clock moved since its last hook (its allowance
-    /// decays, an exponential) or when the hit may take the block its
-    /// deadline was planned for.
+    /// decays, an exponential), when the hit may take the block its
+    /// deadline was planned for, when it empties the cache, or when its
+    /// allowance sits so close to its clamp that rounding must be
+    /// checked; else its `on_hit` changes nothing, and `try_on_hit`
+    /// answers `true` having computed nothing.
     ///
     /// # Examples
     ///
