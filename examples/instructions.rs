@@ -203,22 +203,11 @@ fn map<'a>(scale: &'a Scale, sizes: &'a [usize], walk: &'a [usize]) -> Runner<'a
 }
 
 /// A pool with `policy`, filled; each run checks that its round trips hit.
+/// The clock moves on by `moved` once the pool is filled (and then stops
+/// again): with a `moved` above zero a policy's state is that of a clock
+/// that moved since the blocks were cached, as a real clock's between two
+/// of its ticks.
 fn pool<'a, P: Policy + 'a>(
-    policy: P,
-    class: SizeClass,
-    reuse: Reuse,
-    scale: &'a Scale,
-    sizes: &'a [usize],
-    walk: &'a [usize],
-) -> Runner<'a> {
-    moved_pool(policy, class, reuse, Duration::ZERO, scale, sizes, walk)
-}
-
-/// `pool`, with the clock moved on by `moved` once the pool is filled
-/// (and then stopped again): a policy's state is then that of a clock
-/// that moved since the blocks were cached, as a real clock's between
-/// two of its ticks.
-fn moved_pool<'a, P: Policy + 'a>(
     policy: P,
     class: SizeClass,
     reuse: Reuse,
@@ -292,24 +281,33 @@ fn runner<'a>(
     walk: &'a [usize],
 ) -> Option<Runner<'a>> {
     let ttl = Duration::from_secs(3600);
-    let (exact, lifo) = (SizeClass::Exact, Reuse::Lifo);
+    let (exact, lifo, still) = (SizeClass::Exact, Reuse::Lifo, Duration::ZERO);
     Some(match name {
         "map" => map(scale, sizes, walk),
-        "fixed_time" => pool(FixedTime::new(ttl), exact, lifo, scale, sizes, walk),
+        "fixed_time" => pool(FixedTime::new(ttl), exact, lifo, still, scale, sizes, walk),
         // Classes that round, as PyTorch's `roundup_power2_divisions`.
         "rounded" => pool(
             FixedTime::new(ttl),
             SizeClass::PowerOfTwoDivisions(4),
             lifo,
+            still,
             scale,
             sizes,
             walk,
         ),
-        "exponential" => pool(Exponential::new(ttl), exact, lifo, scale, sizes, walk),
+        "exponential" => pool(
+            Exponential::new(ttl),
+            exact,
+            lifo,
+            still,
+            scale,
+            sizes,
+            walk,
+        ),
         // The clock moved a millisecond (`MonotonicClock`'s tick) after
         // the pool was filled: the allowance has decayed below the bytes
         // cached, so each release computes its share.
-        "exponential_moved" => moved_pool(
+        "exponential_moved" => pool(
             Exponential::new(ttl),
             exact,
             lifo,
@@ -330,6 +328,7 @@ fn runner<'a>(
             } else {
                 Reuse::Fifo
             },
+            still,
             scale,
             sizes,
             walk,
