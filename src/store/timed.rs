@@ -384,13 +384,6 @@ impl<B> Keyed for Class<B> {
     fn size(&self) -> usize {
         self.size
     }
-
-    fn vacant() -> Self {
-        Class {
-            size: 0,
-            items: Blocks::new(),
-        }
-    }
 }
 
 /// The timed store: see the module documentation.
@@ -584,7 +577,18 @@ impl<B, P: EvictionPolicy> TimedStore<B, P> {
     /// the table: its buckets and control bytes).
     #[cfg(any(test, feature = "testing"))]
     fn heap_bytes(&self) -> usize {
-        let table = self.classes.heap_bytes();
+        let cap = self.classes.capacity();
+        let buckets = match cap {
+            0 => 0,
+            1..8 => (cap + 1).next_power_of_two(),
+            _ => (cap * 8 / 7).next_power_of_two(),
+        };
+        let table = match buckets {
+            0 => 0,
+            // Each bucket holds a class and a control byte; one more group
+            // of control bytes mirrors the first.
+            b => b * (core::mem::size_of::<Class<B>>() + 1) + 16,
+        };
         let heap = self.heap.capacity() * core::mem::size_of::<Token>();
         let rings: usize = self
             .classes
