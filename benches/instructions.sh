@@ -18,6 +18,9 @@
 # one run.
 #
 #   bash benches/instructions.sh --time
+#
+# BIN=PATH uses that build of the example instead of building it (on a
+# machine without Rust: see `benches/gpu/run.sh`).
 set -euo pipefail
 shopt -s inherit_errexit # a failed count stops the script
 cd "$(dirname "$0")/.."
@@ -26,8 +29,12 @@ if [ "${1:-}" = --time ]; then time=true; fi
 if ! $time; then
     command -v valgrind >/dev/null || { echo "valgrind is not installed" >&2; exit 1; }
 fi
-cargo build --release --quiet --example instructions
-bin=target/release/examples/instructions
+if [ -n "${BIN:-}" ]; then
+    bin=$BIN
+else
+    cargo build --release --quiet --example instructions
+    bin=target/release/examples/instructions
+fi
 pin=()
 if command -v taskset >/dev/null; then pin=(taskset -c 0); fi
 

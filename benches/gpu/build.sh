@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Builds, here, what `benches/gpu/run.sh` runs on a machine with a CUDA
 # device: the integration tests and the examples with every feature
-# (release), copied with the traces into `.gpu/` (ignored by git), so the
-# folder can be carried to a machine that has no Rust.
+# (release), and the hit-path benchmarks (`hit_path`, `shared_pool`, and
+# `examples/instructions.rs` for `benches/instructions.sh --time`), copied
+# with the traces into `.gpu/` (ignored by git), so the folder can be
+# carried to a machine that has no Rust.
 #
 #   bash benches/gpu/build.sh [TRACE...]   # default: the shared traces, if present
 set -euo pipefail
@@ -17,7 +19,15 @@ for line in sys.stdin:
     if m.get("reason") == "compiler-artifact" and m["target"]["name"] == "it" and m.get("executable"):
         print(m["executable"])')
 cp "$it" .gpu/bin/it
-for e in tensor_store cuda_costs cuda_replay; do cp "target/release/examples/$e" .gpu/bin/; done
+for e in tensor_store cuda_costs cuda_replay instructions; do cp "target/release/examples/$e" .gpu/bin/; done
+# The benchmarks as `cargo bench` builds them (without the bench profile's
+# debug info, as CI builds them: the same code).
+CARGO_PROFILE_BENCH_DEBUG=false cargo bench --bench hit_path --bench shared_pool --no-run \
+    --message-format=json | python3 -c 'import json, sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["kind"] == ["bench"]:
+        print(m["target"]["name"], m["executable"])' | while read -r name exe; do cp "$exe" ".gpu/bin/$name"; done
 strip .gpu/bin/*
 if [ $# -eq 0 ]; then
     set -- ../shared/workloads/pytorch_cs336_*.csv

@@ -13,6 +13,10 @@
 # PyTorch's allocator bounded to that many times the trace's peak live
 # bytes (failures counted); QUICK=1 leaves out the allocators' costs, the
 # C++ calls and the no-caching replay (the device's time is scarce).
+# BENCH=1 runs only the hit-path benchmarks on the machine's processor
+# (`cargo bench --bench hit_path` and `--bench shared_pool`, and
+# `benches/instructions.sh --time`, about three minutes): a quieter
+# machine than a shared development one, and more processors.
 set -u
 export PYTHONUNBUFFERED=1
 cd "$(dirname "$0")/../.."
@@ -20,6 +24,21 @@ out=${OUT:-/tmp/gpu-out}
 mkdir -p "$out"
 passes=${1:-3}
 g=.gpu
+if [ -n "${BENCH:-}" ]; then
+    {
+        date -u
+        grep -m1 'model name' /proc/cpuinfo
+        nproc
+        echo "== benches/instructions.sh --time"
+        BIN=$g/bin/instructions bash benches/instructions.sh --time
+        echo "== hit_path"
+        $g/bin/hit_path --bench
+        echo "== shared_pool"
+        $g/bin/shared_pool --bench
+        echo "== done"
+    } 2>&1 | tee "$out/log"
+    exit
+fi
 {
     date -u
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
