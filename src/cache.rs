@@ -65,6 +65,11 @@ pub(crate) struct Cache<B, P: Policy, C> {
     /// took 25.8 ns a block against 20.2, for fewer instructions; see
     /// `docs/PERFORMANCE.md`.)
     steps: Option<Steps>,
+    /// The last request counted and its class, when classes round: a
+    /// release of that size (the round trip's) takes its class from here
+    /// rather than rounding again. `(0, usize::MAX)` at first, a class no
+    /// release passes the check of (a release of zero bytes must fail).
+    last_rounded: (usize, usize),
     reuse: Reuse,
     limit: Option<usize>,
     stats: Counters,
@@ -93,6 +98,7 @@ impl<B, P: Policy, C: Clock> Cache<B, P, C> {
             size_class,
             exact: matches!(size_class, SizeClass::Exact | SizeClass::Multiple(0 | 1)),
             steps: Steps::of(size_class),
+            last_rounded: (0, usize::MAX),
             reuse,
             limit,
             stats: Counters::default(),
@@ -178,6 +184,15 @@ impl<B, P: Policy, C: Clock> Cache<B, P, C> {
     #[inline(always)]
     pub(crate) fn exact(&self) -> bool {
         self.exact
+    }
+
+    /// `round_inline`, remembering the class for the release of the same
+    /// size (see `last_rounded`).
+    #[inline(always)]
+    pub(crate) fn round_remembered(&mut self, size: usize) -> Option<usize> {
+        let class = self.round_inline(size)?;
+        self.last_rounded = (size, class);
+        Some(class)
     }
 
     /// [`round`](Self::round) without a call: `None` also where it would
@@ -450,7 +465,14 @@ impl<B, P: Policy, C: Clock> Cache<B, P, C> {
             }
             size
         } else {
-            match self.round(size) {
+            // The class of the last request counted, when this is its
+            // size (the release after a hit): no rounding.
+            let class = if size == self.last_rounded.0 {
+                Some(self.last_rounded.1)
+            } else {
+                self.round(size)
+            };
+            match class {
                 Some(class) if self.bytes_in_use() >= class => class,
                 _ => release_mismatch(size),
             }

@@ -531,3 +531,56 @@ fn stats_count_class_sizes_not_request_sizes() {
         ]
     );
 }
+
+/// A release takes the class of its size whether or not it follows the
+/// allocation of that size (the pool remembers the last request's class
+/// for the release after it), and a release no allocation could have
+/// made (zero bytes, or a class larger than the bytes in use) panics in a
+/// pool that rounds as in one that does not, before or after the first
+/// allocation.
+#[test]
+fn a_release_takes_its_class_whether_or_not_it_follows_its_allocation() {
+    use std::panic::{AssertUnwindSafe, catch_unwind};
+    for sc in [
+        SizeClass::PowerOfTwo,
+        SizeClass::PowerOfTwoDivisions(4),
+        SizeClass::PowerOfTwoDivisions(3),
+        SizeClass::Multiple(512),
+        SizeClass::Multiple(100),
+    ] {
+        let (mut pool, alloc) = pool(sc);
+        // A fresh pool: nothing remembered yet.
+        let r = catch_unwind(AssertUnwindSafe(|| put(&mut pool, 7, 0)));
+        assert!(r.is_err(), "{sc:?}: a release of zero bytes");
+        let (a, b) = (get(&mut pool, 1000), get(&mut pool, 3000));
+        let (ca, cb) = (
+            pool.class_size(1000).unwrap(),
+            pool.class_size(3000).unwrap(),
+        );
+        assert_ne!(ca, cb, "{sc:?}");
+        // `a` is released after `b` was allocated: not the size remembered.
+        put(&mut pool, a, 1000);
+        put(&mut pool, b, 3000);
+        let s = pool.stats();
+        assert_eq!((s.blocks_cached, s.bytes_cached), (2, ca + cb), "{sc:?}");
+        // Round trips of either size hit their own class.
+        for _ in 0..3 {
+            let x = get(&mut pool, 1000);
+            assert_eq!(x, a, "{sc:?}");
+            put(&mut pool, x, 1000);
+            let y = get(&mut pool, 3000);
+            assert_eq!(y, b, "{sc:?}");
+            put(&mut pool, y, 3000);
+        }
+        assert_eq!(alloc.allocs(), 2, "{sc:?}");
+        // With the 3000-byte request remembered and nothing in use, a
+        // release of that size or of zero bytes was never handed out.
+        for bad in [3000, 0] {
+            let r = catch_unwind(AssertUnwindSafe(|| put(&mut pool, 7, bad)));
+            assert!(r.is_err(), "{sc:?}: a release of {bad} bytes");
+        }
+        pool.validate();
+        drop(pool);
+        alloc.assert_all_freed();
+    }
+}
