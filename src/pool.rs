@@ -463,7 +463,7 @@ impl<A: RawAllocator, P: Policy, C: Clock> DecayingPool<A, P, C> {
         size: usize,
         now: u64,
     ) -> Result<A::Block, PoolError<A::Error>> {
-        if let Some(class) = self.cache.round_remembered(size) {
+        if let Some(class) = self.cache.round_inline(size) {
             if let Some(block) = self.cache.take(size, class, now) {
                 return Ok(block);
             }
