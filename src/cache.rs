@@ -65,10 +65,12 @@ pub(crate) struct Cache<B, P: Policy, C> {
     /// took 25.8 ns a block against 20.2, for fewer instructions; see
     /// `docs/PERFORMANCE.md`.)
     steps: Option<Steps>,
-    /// The last request counted and its class, when classes round: a
-    /// release of that size (the round trip's) takes its class from here
-    /// rather than rounding again. `(0, usize::MAX)` at first, a class no
-    /// release passes the check of (a release of zero bytes must fail).
+    /// The size of the last request that `allocate` rounded on its inlined
+    /// path, and its class (`round_remembered`): a release of that size
+    /// (the round trip's) takes its class from here rather than rounding
+    /// again. Rounding depends on the size alone, so the pair never goes
+    /// stale. `(0, usize::MAX)` at first, a class no release passes the
+    /// check of (a release of zero bytes must fail).
     last_rounded: (usize, usize),
     reuse: Reuse,
     limit: Option<usize>,
@@ -465,7 +467,7 @@ impl<B, P: Policy, C: Clock> Cache<B, P, C> {
             }
             size
         } else {
-            // The class of the last request counted, when this is its
+            // The class of the last request rounded, when this is its
             // size (the release after a hit): no rounding.
             let class = if size == self.last_rounded.0 {
                 Some(self.last_rounded.1)
