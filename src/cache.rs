@@ -36,7 +36,18 @@ struct Counters {
     /// release updates no counter of its own here.
     bytes_reserved: usize,
     peak_bytes_reserved: usize,
+    /// The peak of the bytes in use up to the last change of
+    /// `bytes_reserved` (or reset of the peaks): the peak so far is the
+    /// larger of this and `bytes_reserved - low_cached` (see
+    /// [`Cache::peak_bytes_in_use`]).
     peak_bytes_in_use: usize,
+    /// The fewest bytes cached since `bytes_reserved` last changed (or the
+    /// peaks were reset). While the bytes reserved stay the same, the bytes
+    /// in use (reserved less cached) peak where the bytes cached are
+    /// fewest, so a hit compares the bytes it leaves cached with this, one
+    /// comparison against a value it has in hand, where keeping the peak
+    /// itself took a subtraction from a counter it would load.
+    low_cached: usize,
     bytes_from_backing: usize,
     /// Class bytes minus requested bytes, summed over successful
     /// allocations; counted only when sizes are rounded.
@@ -59,6 +70,9 @@ pub(crate) struct Cache<B, P: Policy, C> {
     size_class: SizeClass,
     /// Whether `size_class` rounds nothing: the hit path skips its `match`.
     exact: bool,
+    /// Whether `exact` and no `extras`: a release then tests this one
+    /// flag, and the rest take [`Cache::release_class`].
+    plain: bool,
     /// `size_class` as shifts, when its steps are powers of two: the
     /// inlined hit path's rounding, without a `match`. (A release rounds
     /// with `SizeClass::round`: with these shifts, batches of releases
@@ -99,6 +113,8 @@ impl<B, P: Policy, C: Clock> Cache<B, P, C> {
             clock,
             size_class,
             exact: matches!(size_class, SizeClass::Exact | SizeClass::Multiple(0 | 1)),
+            plain: matches!(size_class, SizeClass::Exact | SizeClass::Multiple(0 | 1))
+                && extras.is_none(),
             steps: Steps::of(size_class),
             last_rounded: (0, usize::MAX),
             reuse,
@@ -130,6 +146,18 @@ impl<B, P: Policy, C: Clock> Cache<B, P, C> {
     ) -> usize {
         #[cfg(debug_assertions)]
         self.store.check_deadline(now);
+        // Nothing due (the common case of a timer's or a reaper's call):
+        // one comparison, with the loop's registers saved only when it
+        // runs.
+        if !self.store.may_evict(now) {
+            return 0;
+        }
+        self.collect_due(now, free)
+    }
+
+    /// [`collect`](Self::collect) once a block may be due: out of line.
+    #[inline(never)]
+    fn collect_due(&mut self, now: u64, free: &mut (impl FnMut(B, usize) + ?Sized)) -> usize {
         self.run_policy(now, free)
     }
 
@@ -249,7 +277,7 @@ impl<B, P: Policy, C: Clock> Cache<B, P, C> {
             self.stats.trimmed += 1;
         }
         self.stats.backing_deallocs += 1;
-        self.stats.bytes_reserved -= class;
+        self.unreserve(class);
         if let Some(x) = self.extras.as_deref_mut() {
             x.freeing(class, reason);
         }
@@ -285,12 +313,36 @@ impl<B, P: Policy, C: Clock> Cache<B, P, C> {
     #[inline(always)]
     fn count_taken(&mut self, size: usize, class: usize) {
         self.count_request(size, class);
-        let in_use = self.bytes_in_use();
-        let s = &mut self.stats;
-        if in_use > s.peak_bytes_in_use {
+        let cached = self.store.bytes();
+        if cached < self.stats.low_cached {
             // Tested first: a steady workload stores nothing here.
-            s.peak_bytes_in_use = in_use;
+            self.stats.low_cached = cached;
         }
+    }
+
+    /// The peak of the bytes in use: the bytes reserved have not changed
+    /// since `low_cached` was set, so the bytes in use peaked since at the
+    /// bytes reserved less the fewest bytes cached.
+    #[inline]
+    fn peak_bytes_in_use(&self) -> usize {
+        let s = &self.stats;
+        s.peak_bytes_in_use.max(s.bytes_reserved - s.low_cached)
+    }
+
+    /// Before the bytes reserved change: folds the peak in use since the
+    /// last change into `peak_bytes_in_use`.
+    #[inline]
+    fn settle_peak(&mut self) {
+        self.stats.peak_bytes_in_use = self.peak_bytes_in_use();
+    }
+
+    /// `class` bytes are no longer reserved (their block was freed, or
+    /// is being freed); the store no longer holds them.
+    #[inline]
+    fn unreserve(&mut self, class: usize) {
+        self.settle_peak();
+        self.stats.bytes_reserved -= class;
+        self.stats.low_cached = self.store.bytes();
     }
 
     /// Counts the rounding of a request of `size` bytes served with `class`.
@@ -350,10 +402,11 @@ impl<B, P: Policy, C: Clock> Cache<B, P, C> {
         s.misses += 1;
         s.backing_allocs += 1;
         s.bytes_from_backing = s.bytes_from_backing.saturating_add(class);
+        self.settle_peak();
+        let s = &mut self.stats;
         s.bytes_reserved += class;
         s.peak_bytes_reserved = s.peak_bytes_reserved.max(s.bytes_reserved);
-        let in_use = s.bytes_reserved - self.store.bytes();
-        s.peak_bytes_in_use = s.peak_bytes_in_use.max(in_use);
+        s.low_cached = self.store.bytes();
     }
 
     /// The out-of-memory ladder, after the `attempt`-th failed backing call
@@ -457,15 +510,48 @@ impl<B, P: Policy, C: Clock> Cache<B, P, C> {
         now: u64,
         free: &mut (impl FnMut(B, usize) + ?Sized),
     ) {
+        let class = if self.plain {
+            self.exact_class(size)
+        } else {
+            self.release_class(size)
+        };
+        if let Some((block, class)) = self.store.put(block, class, now) {
+            self.let_go(block, class, Reason::Displaced, free);
+        }
+    }
+
+    /// The class of a release of `size` bytes where every size is its own
+    /// class: `size`, checked.
+    ///
+    /// # Panics
+    ///
+    /// When `size` could not have been allocated, or more is released
+    /// than is in use.
+    #[inline(always)]
+    #[track_caller]
+    fn exact_class(&self, size: usize) -> usize {
+        // `size - 1 < bytes in use`, wrapping: one comparison tells a size
+        // of zero (which wraps to the largest) and one larger than the
+        // bytes in use. Every block in use has at least one byte: enough
+        // bytes in use means a block in use.
+        if size.wrapping_sub(1) >= self.bytes_in_use() {
+            release_mismatch(size)
+        }
+        size
+    }
+
+    /// The class of a release of `size` bytes for a pool that is not
+    /// [`plain`](Cache::plain) (its classes round, or it keeps an observer
+    /// or statistics by class, which hear of it here), checked.
+    ///
+    /// # Panics
+    ///
+    /// As [`exact_class`](Cache::exact_class).
+    #[inline(always)]
+    #[track_caller]
+    fn release_class(&mut self, size: usize) -> usize {
         let class = if self.exact {
-            // `size - 1 < bytes in use`, wrapping: one comparison tells a
-            // size of zero (which wraps to the largest) and one larger than
-            // the bytes in use. Every block in use has at least one byte:
-            // enough bytes in use means a block in use.
-            if size.wrapping_sub(1) >= self.bytes_in_use() {
-                release_mismatch(size)
-            }
-            size
+            self.exact_class(size)
         } else {
             // The class of the last request rounded, when this is its
             // size (the release after a hit): no rounding.
@@ -482,9 +568,7 @@ impl<B, P: Policy, C: Clock> Cache<B, P, C> {
         if let Some(x) = self.extras.as_deref_mut() {
             x.released(class);
         }
-        if let Some((block, class)) = self.store.put(block, class, now) {
-            self.let_go(block, class, Reason::Displaced, free);
-        }
+        class
     }
 
     /// Where a release that unwinds before caching leaves its block: cached
@@ -543,7 +627,7 @@ impl<B, P: Policy, C: Clock> Cache<B, P, C> {
             }
             self.stats.trimmed += 1;
             self.stats.backing_deallocs += 1;
-            self.stats.bytes_reserved -= class;
+            self.unreserve(class);
             free(block, class);
         }
     }
@@ -604,6 +688,7 @@ impl<B, P: Policy, C: Clock> Cache<B, P, C> {
     pub(crate) fn reset_peaks(&mut self) {
         self.stats.peak_bytes_reserved = self.stats.bytes_reserved;
         self.stats.peak_bytes_in_use = self.bytes_in_use();
+        self.stats.low_cached = self.store.bytes();
     }
 
     /// The statistics by class, in first-seen order, when kept.
@@ -630,7 +715,7 @@ impl<B, P: Policy, C: Clock> Cache<B, P, C> {
             bytes_cached,
             bytes_reserved: c.bytes_reserved,
             peak_bytes_reserved: c.peak_bytes_reserved,
-            peak_bytes_in_use: c.peak_bytes_in_use,
+            peak_bytes_in_use: self.peak_bytes_in_use(),
             bytes_from_pool: usize::try_from(self.store.taken().1).unwrap_or(usize::MAX),
             bytes_from_backing: c.bytes_from_backing,
             bytes_requested: {
