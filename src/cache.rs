@@ -469,12 +469,7 @@ impl<B, P: Policy, C: Clock> Cache<B, P, C> {
     /// As [`Cache::release`], and when the clock, the policy or `free`
     /// panics.
     #[inline(always)]
-    pub(crate) fn release_now<F: FnMut(B, usize) + ?Sized>(
-        &mut self,
-        block: B,
-        size: usize,
-        free: &mut F,
-    ) {
+    pub(crate) fn release_now<F: FnMut(B, usize)>(&mut self, block: B, size: usize, free: F) {
         let mut guard = Releasing {
             cache: self,
             free,
@@ -835,23 +830,23 @@ impl FirstPanic {
 
 /// A block being released, held until it is cached; see
 /// [`Cache::release_now`]. Dropped only when the release unwinds.
-struct Releasing<'a, B, P: Policy, C: Clock, F: FnMut(B, usize) + ?Sized> {
+struct Releasing<'a, B, P: Policy, C: Clock, F: FnMut(B, usize)> {
     cache: &'a mut Cache<B, P, C>,
-    free: &'a mut F,
+    free: F,
     block: ManuallyDrop<B>,
     size: usize,
     /// The time the release read, once it has.
     now: Option<u64>,
 }
 
-impl<B, P: Policy, C: Clock, F: FnMut(B, usize) + ?Sized> Releasing<'_, B, P, C, F> {
+impl<B, P: Policy, C: Clock, F: FnMut(B, usize)> Releasing<'_, B, P, C, F> {
     /// Frees what the policy says must go at `now`, then caches the block:
     /// out of line, so that the guard's landing pad (a policy or a backing
     /// allocator may unwind here) costs the release nothing when nothing
     /// may be due.
     #[inline(never)]
-    fn collect_then_finish(self, now: u64) {
-        self.cache.run_policy_inline(now, &mut *self.free);
+    fn collect_then_finish(mut self, now: u64) {
+        self.cache.run_policy_inline(now, &mut self.free);
         self.finish(now);
     }
 
@@ -859,20 +854,20 @@ impl<B, P: Policy, C: Clock, F: FnMut(B, usize) + ?Sized> Releasing<'_, B, P, C,
     #[inline(always)]
     fn finish(self, now: u64) {
         let mut this = ManuallyDrop::new(self);
-        // SAFETY: `this` is never dropped nor used again, so the block and
-        // the two references are each moved out exactly once.
-        let (cache, free, block) = unsafe {
+        // SAFETY: `this` is never dropped nor used again, so the block, the
+        // reference and the callback are each moved out exactly once.
+        let (cache, mut free, block) = unsafe {
             (
                 ptr::read(&this.cache),
                 ptr::read(&this.free),
                 ManuallyDrop::take(&mut this.block),
             )
         };
-        cache.release(block, this.size, now, free);
+        cache.release(block, this.size, now, &mut free);
     }
 }
 
-impl<B, P: Policy, C: Clock, F: FnMut(B, usize) + ?Sized> Drop for Releasing<'_, B, P, C, F> {
+impl<B, P: Policy, C: Clock, F: FnMut(B, usize)> Drop for Releasing<'_, B, P, C, F> {
     // Inlined into the landing pads, so the guard's fields stay in
     // registers on the path that does not unwind; `rescue` is the cold call.
     #[inline(always)]
@@ -880,7 +875,8 @@ impl<B, P: Policy, C: Clock, F: FnMut(B, usize) + ?Sized> Drop for Releasing<'_,
         // SAFETY: `drop` runs once (`finish` forgets the guard instead), and
         // `self.block` is not used afterwards.
         let block = unsafe { ManuallyDrop::take(&mut self.block) };
-        self.cache.rescue(block, self.size, self.now, self.free);
+        self.cache
+            .rescue(block, self.size, self.now, &mut self.free);
     }
 }
 

@@ -570,7 +570,7 @@ impl<A: RawAllocator, P: Policy, C: Clock> DecayingPool<A, P, C> {
         };
         let Self { alloc, cache, .. } = self;
         // SAFETY: only the cache calls it, as its free callback (`backing_free`'s contract).
-        cache.release_now(block, size, &mut unsafe { backing_free(alloc) });
+        cache.release_now(block, size, unsafe { backing_free(alloc) });
         #[cfg(debug_assertions)]
         if let Some(wrong) = mismatch {
             panic!(

@@ -1111,7 +1111,7 @@ impl<A: RawAllocator, P: Policy, C: Clock> Inner<A, P, C> {
         let result = catch_unwind(AssertUnwindSafe(|| {
             self.slot(|cache, lending| {
                 *held = lending.give_back(&self.handles);
-                cache.release_now(block, size, &mut |block, class| frees.push((block, class)))
+                cache.release_now(block, size, |block, class| frees.push((block, class)))
             })
         }));
         self.deallocate(frees);
@@ -2630,7 +2630,7 @@ fn release_slow<A: RawAllocator, P: Policy, C: Clock>(
             with_slot(lock, |cache, lending| {
                 // The clock is read again under the lock, so that the
                 // store sees its times in order.
-                cache.release_now(block, size, &mut |block, class| frees.push((block, class)));
+                cache.release_now(block, size, |block, class| frees.push((block, class)));
                 if frees.is_empty() {
                     // The usual case: nothing to deallocate, so the
                     // block is counted back in this same step.
@@ -2700,7 +2700,7 @@ fn release_plain<A: RawAllocator, P: Policy, C: Clock>(
         // The clock is read under the lock, so that the store sees its
         // times in order.
         let frees = &mut settle.frees;
-        cache.release_now(block, size, &mut |block, class| frees.push((block, class)));
+        cache.release_now(block, size, |block, class| frees.push((block, class)));
         if !settle.frees.is_empty() {
             // `settle` frees them, then counts the block back.
             drop(guard);
