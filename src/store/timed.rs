@@ -423,7 +423,12 @@ pub struct TimedStore<B, P> {
     /// empty ones.
     sweep_at: usize,
     /// The class of the top token when it is known to name that class's
-    /// oldest block (the oldest of all); 0 when not known.
+    /// oldest block (the oldest of all); 0 when not known. Known only
+    /// while no deadline is planned (`not_before` is 0): a policy with
+    /// deadlines comes to the oldest block once per deadline, a policy
+    /// without at every operation. So a hit that finds a deadline ahead
+    /// of it has nothing to forget, and the pool's inline hit, which has
+    /// just compared the time with `not_before`, tests nothing for it.
     top_class: usize,
     /// Where releases put a class's newest block.
     mode: Mode,
@@ -512,7 +517,9 @@ impl<B, P: EvictionPolicy> TimedStore<B, P> {
                 .expect("a token for a class that is gone");
             match class.items.front() {
                 Some(front) if front.seq == top.seq => {
-                    self.top_class = top.size;
+                    if self.not_before == 0 {
+                        self.top_class = top.size;
+                    }
                     return Some((top.size, top.at));
                 }
                 Some(front) => {
@@ -605,6 +612,10 @@ impl<B, P: EvictionPolicy> TimedStore<B, P> {
     /// changed).
     #[inline(always)]
     fn take_hooked<const INLINE: bool>(&mut self, class: usize, now: u64) -> Option<B> {
+        // A deadline ahead: the oldest class is not known (`top_class`).
+        // Read first, so that the pool's inline hit folds it into its own
+        // eviction check.
+        let planned = now < self.not_before;
         let before = self.bytes();
         let cls = self.classes.find(class)?;
         // The newest block first: a class holding it in the class itself
@@ -653,7 +664,10 @@ impl<B, P: EvictionPolicy> TimedStore<B, P> {
         let Some(item) = item else {
             unreachable!("a non-empty class has a block")
         };
-        if self.top_class == class && (cls.items.is_empty() || self.reuse == Reuse::Fifo) {
+        if !planned
+            && self.top_class == class
+            && (cls.items.is_empty() || self.reuse == Reuse::Fifo)
+        {
             // The oldest block of all moved (tested first: no store on the
             // hit path when there is nothing to forget).
             self.top_class = 0;
@@ -883,6 +897,10 @@ impl<B, P: EvictionPolicy> Store<B> for TimedStore<B, P> {
             }
         }
         if self.top_class != 0 {
+            assert_eq!(
+                self.not_before, 0,
+                "the top class is known under a deadline"
+            );
             let top = self
                 .heap
                 .peek()
@@ -946,6 +964,9 @@ impl<B, P: EvictionPolicy> TimedStore<B, P> {
             let deadline = self.policy.provisional_deadline(oldest).map_or(0, nanos);
             if !self.untold {
                 self.not_before = deadline;
+                if deadline != 0 {
+                    self.top_class = 0;
+                }
             }
             None
         }
