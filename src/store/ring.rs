@@ -8,21 +8,17 @@
 
 use core::mem::MaybeUninit;
 
-/// A double-ended queue of `T` in a boxed slice of 0 or 2^k slots (k <= 30),
-/// with one bit for its owner ([`Ring::flag`]): 24 bytes in all.
+/// A double-ended queue of `T` in a boxed slice of 0 or 2^k slots (k <= 30):
+/// 24 bytes in all.
 ///
 /// Slots `head, head + 1, …, head + len - 1` (modulo the capacity) hold
 /// initialised values; the others are uninitialised.
 pub(crate) struct Ring<T> {
     buf: Box<[MaybeUninit<T>]>,
-    /// The front slot in the low 31 bits; the owner's flag in bit 31
-    /// (masking with the capacity drops it).
+    /// The front slot.
     head: u32,
     len: u32,
 }
-
-/// The owner's flag in `Ring::head`.
-const FLAG: u32 = 1 << 31;
 
 impl<T> Ring<T> {
     /// An empty ring; allocates nothing.
@@ -44,18 +40,6 @@ impl<T> Ring<T> {
         self.len == 0
     }
 
-    /// The owner's flag (false in a new ring).
-    #[inline(always)]
-    pub(crate) fn flag(&self) -> bool {
-        self.head & FLAG != 0
-    }
-
-    /// Sets the owner's flag.
-    #[inline(always)]
-    pub(crate) fn set_flag(&mut self, on: bool) {
-        self.head = (self.head & !FLAG) | if on { FLAG } else { 0 };
-    }
-
     /// The slot `k` places after the head.
     #[inline(always)]
     fn slot(&self, k: usize) -> usize {
@@ -67,8 +51,7 @@ impl<T> Ring<T> {
     ///
     /// # Panics
     ///
-    /// When the ring already holds 2^30 values, its largest capacity (the
-    /// head's index must fit in the 31 bits beside the flag).
+    /// When the ring already holds 2^30 values, its largest capacity.
     #[inline(always)]
     pub(crate) fn push_back(&mut self, value: T) {
         if self.len as usize == self.buf.len() {
@@ -103,7 +86,7 @@ impl<T> Ring<T> {
             return None;
         }
         let i = self.slot(0);
-        self.head = self.slot(1) as u32 | (self.head & FLAG);
+        self.head = self.slot(1) as u32;
         self.len -= 1;
         // SAFETY: `len > 0`, so the head `i` is a masked, in-bounds index of
         // an initialised slot; the head has moved past it, so it is read
@@ -179,7 +162,7 @@ impl<T> Ring<T> {
     pub(crate) const MIN_KEPT: usize = 8;
 
     /// Moves the contents into a new buffer of `cap` slots (a power of two
-    /// or zero, at least `len`), oldest at slot 0; keeps the flag.
+    /// or zero, at least `len`), oldest at slot 0.
     fn resize(&mut self, cap: usize) {
         debug_assert!(cap >= self.len() && (cap == 0 || cap.is_power_of_two()));
         let mut buf = Box::new_uninit_slice(cap);
@@ -191,7 +174,7 @@ impl<T> Ring<T> {
             *new = MaybeUninit::new(unsafe { self.buf[i].assume_init_read() });
         }
         self.buf = buf;
-        self.head &= FLAG;
+        self.head = 0;
     }
 }
 
@@ -260,9 +243,8 @@ mod tests {
     }
 
     #[test]
-    fn shrinks_by_halves_below_a_quarter_keeping_order_and_flag() {
+    fn shrinks_by_halves_below_a_quarter_keeping_order() {
         let mut ring = Ring::new();
-        ring.set_flag(true);
         for i in 0..1000u32 {
             ring.push_back(i);
         }
@@ -278,7 +260,6 @@ mod tests {
         assert!(ring.shrink());
         assert_eq!(ring.capacity(), 512);
         assert!(ring.iter().copied().eq(744..1000));
-        assert!(ring.flag());
         while ring.len() > 3 {
             ring.pop_front();
             ring.shrink();
@@ -297,29 +278,12 @@ mod tests {
         while ring.pop_back().is_some() {}
         assert!(ring.shrink());
         assert_eq!(ring.capacity(), 0);
-        assert!(ring.flag());
         ring.push_back(7);
         assert_eq!(ring.front(), Some(&7));
     }
 
     #[test]
-    fn the_flag_survives_every_operation() {
-        let mut ring = Ring::new();
-        assert!(!ring.flag());
-        ring.set_flag(true);
-        for i in 0..10u32 {
-            ring.push_back(i);
-            assert!(ring.flag());
-        }
-        assert_eq!(ring.pop_front(), Some(0));
-        assert_eq!(ring.pop_back(), Some(9));
-        assert_eq!(ring.front(), Some(&1));
-        assert!(ring.iter().copied().eq(1..9));
-        assert!(ring.flag());
-        ring.set_flag(false);
-        assert!(!ring.flag());
-        assert_eq!(ring.pop_front(), Some(1));
-        assert!(!ring.flag());
+    fn is_three_words() {
         assert_eq!(core::mem::size_of::<Ring<u64>>(), 24);
     }
 }

@@ -111,63 +111,90 @@ const _: () = assert!(core::mem::size_of::<Class<usize>>() == 64);
 
 /// A class's cached blocks in release order: the newest in the class
 /// itself, the older ones in a ring buffer that a LIFO round trip does not
-/// touch. The ring's flag tells whether the class has a token in the heap.
+/// touch.
 struct Blocks<B> {
     older: Ring<Item<B>>,
-    /// The newest block, initialised when `has_newest`.
+    /// The newest block, initialised when `state` has [`NEWEST`].
     newest: MaybeUninit<Item<B>>,
-    has_newest: bool,
+    /// [`NEWEST`] and [`TOKEN`]: in one byte, so that a release tests with
+    /// one comparison that the class has its token and no block in itself
+    /// (a round trip's release).
+    state: u8,
 }
+
+/// `Blocks::state`: the newest block is in the class itself.
+const NEWEST: u8 = 1;
+/// `Blocks::state`: the class has a token in the heap.
+const TOKEN: u8 = 2;
 
 impl<B> Blocks<B> {
     fn new() -> Self {
         Blocks {
             older: Ring::new(),
             newest: MaybeUninit::uninit(),
-            has_newest: false,
+            state: 0,
         }
+    }
+
+    /// Whether the newest block is in the class itself.
+    #[inline(always)]
+    fn has_newest(&self) -> bool {
+        self.state & NEWEST != 0
     }
 
     #[inline(always)]
     fn is_empty(&self) -> bool {
         // One test of one word.
-        (self.older.len() | usize::from(self.has_newest)) == 0
+        (self.older.len() | usize::from(self.state & NEWEST)) == 0
     }
 
     /// The number of blocks.
     #[inline]
     fn len(&self) -> usize {
-        usize::from(self.has_newest) + self.older.len()
+        usize::from(self.state & NEWEST) + self.older.len()
     }
 
     /// The newest block, if it is in the class itself.
     #[inline(always)]
     fn newest(&self) -> Option<&Item<B>> {
-        // SAFETY: `newest` is initialised while `has_newest`.
-        self.has_newest
+        // SAFETY: `newest` is initialised while `state` has `NEWEST`.
+        self.has_newest()
             .then(|| unsafe { self.newest.assume_init_ref() })
     }
 
     /// Takes the newest block out of the class itself.
     #[inline(always)]
     fn take_newest(&mut self) -> Option<Item<B>> {
-        if !self.has_newest {
+        if !self.has_newest() {
             return None;
         }
-        self.has_newest = false;
-        // SAFETY: `newest` was initialised (`has_newest`), and is read out
-        // once: `has_newest` is now false.
+        // A class that holds a block has its token (every release gives
+        // it one, and the heap drops only those of empty classes): one
+        // store.
+        debug_assert!(self.has_token(), "a class with blocks has its token");
+        self.state = TOKEN;
+        // SAFETY: `newest` was initialised (`NEWEST`), and is read out
+        // once: `state` no longer has `NEWEST`.
         Some(unsafe { self.newest.assume_init_read() })
     }
 
-    /// Appends the newest block.
+    /// Appends the newest block and gives the class a token: answers
+    /// whether it had one (if not, the caller pushes it).
     #[inline(always)]
-    fn push_back(&mut self, item: Item<B>) {
-        if let Some(before) = self.take_newest() {
-            self.older.push_back(before);
-        }
+    fn push_back(&mut self, item: Item<B>) -> bool {
+        let had_token = if self.state == TOKEN {
+            // The round trip's release (a token, no block in the class
+            // itself): one comparison, and nothing moves.
+            true
+        } else {
+            if let Some(before) = self.take_newest() {
+                self.older.push_back(before);
+            }
+            self.has_token()
+        };
         self.newest = MaybeUninit::new(item);
-        self.has_newest = true;
+        self.state = NEWEST | TOKEN;
+        had_token
     }
 
     /// Removes the newest block, for a store whose classes keep their
@@ -185,18 +212,22 @@ impl<B> Blocks<B> {
     /// Appends the newest block in the ring, unless the class is empty
     /// (see [`Mode`]): a class that keeps its blocks in its ring finds the
     /// newest one there at each hit, where `push_back` would move it to the
-    /// class itself and back.
+    /// class itself and back. Gives the class a token, as `push_back`.
     #[inline(always)]
-    fn push_back_ring_first(&mut self, item: Item<B>) {
+    fn push_back_ring_first(&mut self, item: Item<B>) -> bool {
         if self.is_empty() {
+            let had_token = self.has_token();
             self.newest = MaybeUninit::new(item);
-            self.has_newest = true;
-            return;
+            self.state = NEWEST | TOKEN;
+            return had_token;
         }
+        // A class with blocks has its token.
         if let Some(before) = self.take_newest() {
             self.older.push_back(before);
         }
         self.older.push_back(item);
+        debug_assert!(self.has_token(), "a class with blocks has its token");
+        true
     }
 
     /// Removes the oldest block.
@@ -222,13 +253,14 @@ impl<B> Blocks<B> {
 
     /// Whether the class has a token in the heap.
     #[inline(always)]
-    fn flag(&self) -> bool {
-        self.older.flag()
+    fn has_token(&self) -> bool {
+        self.state & TOKEN != 0
     }
 
+    /// The class's token left the heap.
     #[inline(always)]
-    fn set_flag(&mut self, on: bool) {
-        self.older.set_flag(on);
+    fn lose_token(&mut self) {
+        self.state &= !TOKEN;
     }
 }
 
@@ -528,7 +560,7 @@ impl<B, P: EvictionPolicy> TimedStore<B, P> {
                     top.at = front.at;
                 }
                 None => {
-                    class.items.set_flag(false);
+                    class.items.lose_token();
                     PeekMut::pop(top);
                 }
             }
@@ -621,7 +653,7 @@ impl<B, P: EvictionPolicy> TimedStore<B, P> {
         // The newest block first: a class holding it in the class itself
         // (as every round trip's does) is known not to be empty with one
         // test.
-        if !cls.items.has_newest && cls.items.older.is_empty() {
+        if !cls.items.has_newest() && cls.items.older.is_empty() {
             return None;
         }
         // Told first, so a panic in the policy changes nothing in the
@@ -709,13 +741,12 @@ impl<B, P: EvictionPolicy> Store<B> for TimedStore<B, P> {
             Some(cls) => cls,
             None => self.new_class(class),
         };
-        if ring_first {
-            cls.items.push_back_ring_first(Item { block, at, seq });
+        let had_token = if ring_first {
+            cls.items.push_back_ring_first(Item { block, at, seq })
         } else {
-            cls.items.push_back(Item { block, at, seq });
-        }
-        if !cls.items.flag() {
-            cls.items.set_flag(true);
+            cls.items.push_back(Item { block, at, seq })
+        };
+        if !had_token {
             // The largest key yet: one comparison to place it.
             self.heap.push(Token {
                 seq,
@@ -885,7 +916,11 @@ impl<B, P: EvictionPolicy> Store<B> for TimedStore<B, P> {
                 .classes
                 .get(t.size)
                 .unwrap_or_else(|| panic!("token for class {} that is gone", t.size));
-            assert!(class.items.flag(), "token for unqueued class {}", t.size);
+            assert!(
+                class.items.has_token(),
+                "token for unqueued class {}",
+                t.size
+            );
             if let Some(front) = class.items.front() {
                 assert!(t.seq <= front.seq, "token of class {} is late", t.size);
                 // A stale token's time means nothing (a clock set back may
@@ -921,13 +956,13 @@ impl<B, P: EvictionPolicy> Store<B> for TimedStore<B, P> {
         for class in self.classes.iter() {
             let size = class.size;
             assert_eq!(
-                class.items.flag(),
+                class.items.has_token(),
                 tokens.contains_key(&size),
-                "class {size} queued flag"
+                "class {size} token mark"
             );
             if !class.items.is_empty() {
                 assert!(
-                    class.items.flag(),
+                    class.items.has_token(),
                     "class {size} holds blocks but has no token"
                 );
             }
@@ -1103,7 +1138,7 @@ mod tests {
         }
         assert!(s.mode.ring_first, "batches go ring first");
         let in_buckets = |s: &TimedStore<u64, FixedTime>| {
-            s.classes.iter().filter(|c| c.items.has_newest).count()
+            s.classes.iter().filter(|c| c.items.has_newest()).count()
         };
         assert_eq!(
             in_buckets(&s),
