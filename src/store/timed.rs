@@ -676,20 +676,25 @@ impl<B, P: EvictionPolicy> TimedStore<B, P> {
             *replan.not_before = 0;
         }
         core::mem::forget(replan);
+        // The block is taken before the mode counts the hit, so that no
+        // store comes between the test above that the class is not empty
+        // and the take, which then tests nothing again.
         let item = if self.mode.bucket {
             match cls.items.take_newest() {
                 Some(item) => Some(item),
                 None => {
+                    let item = cls.items.older.pop_back();
                     self.mode.ring_hit(self.taken);
-                    cls.items.older.pop_back()
+                    item
                 }
             }
         } else if self.reuse == Reuse::Lifo {
             // Ring first.
+            let item = cls.items.pop_back_ring_first();
             if self.taken == self.mode.until {
                 self.mode.measure(self.taken);
             }
-            cls.items.pop_back_ring_first()
+            item
         } else {
             cls.items.pop_front()
         };
