@@ -215,19 +215,22 @@ impl<B> Blocks<B> {
     /// class itself and back. Gives the class a token, as `push_back`.
     #[inline(always)]
     fn push_back_ring_first(&mut self, item: Item<B>) -> bool {
-        if self.is_empty() {
-            let had_token = self.has_token();
-            self.newest = MaybeUninit::new(item);
-            self.state = NEWEST | TOKEN;
-            return had_token;
+        // A class with blocks has its token. Tested in the order of a
+        // batch's releases: a class with blocks in its ring, then one with
+        // its only block in itself, then an empty one.
+        if !self.has_newest() && !self.older.is_empty() {
+            self.older.push_back(item);
+            return true;
         }
-        // A class with blocks has its token.
         if let Some(before) = self.take_newest() {
             self.older.push_back(before);
+            self.older.push_back(item);
+            return true;
         }
-        self.older.push_back(item);
-        debug_assert!(self.has_token(), "a class with blocks has its token");
-        true
+        let had_token = self.has_token();
+        self.newest = MaybeUninit::new(item);
+        self.state = NEWEST | TOKEN;
+        had_token
     }
 
     /// Removes the oldest block.
