@@ -1045,12 +1045,17 @@ mod tests {
 
     /// A class's blocks against `VecDeque` over a fixed pseudo-random mix
     /// of releases and hits, bucket first and ring first (the ring both
-    /// full and not), with blocks that count their drops.
+    /// full and not), with blocks that count their drops, and its token
+    /// mark against a flag.
     #[test]
     fn a_class_keeps_release_order_bucket_first_and_ring_first() {
         let alive = Rc::new(());
         let mut blocks = Blocks::new();
         let mut model = VecDeque::new();
+        // Whether the class has a token: every release gives it one (and
+        // answers whether it had one); the heap takes it from an empty
+        // class only.
+        let mut token = false;
         let mut x: u64 = 11;
         let steps = if cfg!(miri) { 2_000 } else { 20_000 };
         for n in 0..steps {
@@ -1058,11 +1063,13 @@ mod tests {
             // More releases than hits, so the ring fills and grows too.
             match (x >> 59) % 8 {
                 0 | 1 => {
-                    blocks.push_back(item(n, &alive));
+                    assert_eq!(blocks.push_back(item(n, &alive)), token);
+                    token = true;
                     model.push_back(n);
                 }
                 2..=4 => {
-                    blocks.push_back_ring_first(item(n, &alive));
+                    assert_eq!(blocks.push_back_ring_first(item(n, &alive)), token);
+                    token = true;
                     model.push_back(n);
                 }
                 5 => {
@@ -1075,6 +1082,19 @@ mod tests {
                 }
                 _ => assert_eq!(blocks.pop_front().map(|i| i.block.0), model.pop_front()),
             }
+            if n % 256 == 255 {
+                // Now and then the class empties (and may lose its token),
+                // so that releases to an empty class with and without
+                // one come up under both modes.
+                while let Some(i) = blocks.pop_front() {
+                    assert_eq!(Some(i.block.0), model.pop_front());
+                }
+            }
+            if model.is_empty() && x & (1 << 20) != 0 {
+                blocks.lose_token();
+                token = false;
+            }
+            assert_eq!(blocks.has_token(), token, "token at step {n}");
             assert_eq!(blocks.len(), model.len());
             assert_eq!(blocks.is_empty(), model.is_empty());
             assert_eq!(blocks.front().map(|i| i.block.0), model.front().copied());
