@@ -658,6 +658,17 @@ pub struct Exponential {
     /// below it leaves the ratio at 1 and the watch held: it compares the
     /// bytes cached with it, and computes nothing.
     limit: usize,
+    /// Below a ratio of 1: the bytes cached from which the watch no
+    /// longer holds at the ratio it was set for. `set_limit` sets it
+    /// whenever the ratio, the watch or `half` change other than by a
+    /// release, with the ratio below 1; at 1 or more it is not read.
+    /// Releases only raise a ratio below 1 (by `(gain - ratio) * (size /
+    /// bytes)`, where `gain` is 1; with a `gain` of 0 the ratio is always
+    /// 0), never take one of 1 or more below 1, and the allowance grows
+    /// with the ratio: so the watch holds below `steady` until the ratio
+    /// reaches 1, and a release leaving a ratio below 1 and fewer bytes
+    /// cached stores its ratio and changes nothing else.
+    steady: usize,
     /// Whether a hit must check the allowance against the clamp: only
     /// above a ratio of 1, and only where the bytes cached when it was
     /// last set were so many beside `half` that rounding could take the
@@ -773,6 +784,7 @@ impl Exponential {
             half: 0.0,
             // An infinite watch holds for no bytes.
             limit: 0,
+            steady: 0,
             hit_check: false,
             oldest_size: 0,
             min_size: usize::MAX,
@@ -906,14 +918,21 @@ impl Exponential {
         self.set_limit();
     }
 
-    /// Sets `limit` for the ratio, the watch and `half`.
+    /// Sets `limit` for the ratio, the watch and `half`, and below a
+    /// ratio of 1 `steady`, and turns `hit_check` off (a decay can take a
+    /// ratio above 1 below it, where a hit needs no check).
     #[inline]
     fn set_limit(&mut self) {
-        self.limit = if self.ratio == 1.0 {
-            limit(self.watch, self.half)
+        let r = self.ratio;
+        self.limit = if r == 1.0 {
+            limit(self.watch, self.half, r)
         } else {
             0
         };
+        if r < 1.0 {
+            self.steady = limit(self.watch, self.half, r);
+            self.hit_check = false;
+        }
     }
 
     /// A release that `limit` did not let through, leaving `bytes` cached:
@@ -926,6 +945,11 @@ impl Exponential {
     /// `1 - ratio` is exact for a ratio from 0.5 to 2, and rounds back to
     /// 1 with the ratio below that).
     ///
+    /// Below a ratio of 1, where a real clock keeps the ratio of a cache in
+    /// steady use (every tick decays it, and releases raise it towards 1
+    /// and stop a few ulps short), a release leaving fewer bytes than
+    /// `steady` changes the ratio alone, and returns after the arithmetic.
+    ///
     /// Out of line: inlined, the release's fast path took two more
     /// instructions (147 against 145 a round trip, `examples/
     /// instructions.rs exponential 64x1`), and a clock that moved since
@@ -937,7 +961,17 @@ impl Exponential {
             // as `L` then decays faster in bytes, the deadline may come
             // sooner.
             let b = float(bytes);
-            self.ratio += (self.gain - self.ratio) * (float(size) / b);
+            let ratio = self.ratio + (self.gain - self.ratio) * (float(size) / b);
+            if bytes < self.steady && ratio < 1.0 {
+                // The watch holds for these bytes at the ratio `steady`
+                // was set for, and so at any ratio from it up to 1 (the
+                // allowance only grows with the ratio): since then the
+                // ratio has only risen (see `steady`). Below 1, `limit`
+                // is zero and `hit_check` off: nothing else changes.
+                self.ratio = ratio;
+                return;
+            }
+            self.ratio = ratio;
             self.keep_watch(self.ratio * b, b);
             self.set_limit();
             self.set_hit_check(bytes);
@@ -1129,19 +1163,22 @@ impl Exponential {
     }
 }
 
-/// At a ratio of exactly 1 (the allowance is the bytes cached, `b`), the
-/// least `b` for which the watch `w` with `half` no longer holds, rounded
-/// down, so that `b < limit` implies `b > (b - half) * w` in exact
-/// arithmetic: every `b` when `w <= 1`; else `b < half * w / (w - 1)`.
-/// (`w - 1` is exact for `w` up to 2, and the two roundings after it are
-/// far within the `1e-12` taken off.) Zero, which no bytes are below, for
-/// an infinite or NaN watch.
-fn limit(w: f64, half: f64) -> usize {
-    if w <= 1.0 {
+/// At a ratio `r` of 1 or less (the allowance is `r * b` with `b` bytes
+/// cached), the least `b` for which the watch `w` with `half` no longer
+/// holds, rounded down, so that `b < limit` implies `r * b > (b - half) *
+/// w` in exact arithmetic: every `b` when `w <= r` (but for `w = r = 0`,
+/// where the watch is already lost: `lose_watch` sets it to zero); else
+/// `b < half * w / (w - r)`. (`w - r` is exact for `w` up to `2r` (Sterbenz's lemma), and
+/// more than `w / 2` above that, so its rounding, and the two after it,
+/// are far within the `1e-12` taken off.) Zero, which no bytes are below,
+/// for an infinite or NaN watch.
+fn limit(w: f64, half: f64, r: f64) -> usize {
+    debug_assert!(r <= 1.0, "a limit above a ratio of 1");
+    if w <= r {
         return usize::MAX;
     }
     // A float-to-integer cast saturates, and takes NaN to zero.
-    (half * w / (w - 1.0) * (1.0 - 1e-12)) as usize
+    (half * w / (w - r) * (1.0 - 1e-12)) as usize
 }
 
 impl EvictionPolicy for Exponential {
