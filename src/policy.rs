@@ -658,16 +658,25 @@ pub struct Exponential {
     /// below it leaves the ratio at 1 and the watch held: it compares the
     /// bytes cached with it, and computes nothing.
     limit: usize,
-    /// Below a ratio of 1: the bytes cached from which the watch no
-    /// longer holds at the ratio it was set for. `set_limit` sets it
-    /// whenever the ratio, the watch or `half` change other than by a
-    /// release, with the ratio below 1; at 1 or more it is not read.
-    /// Releases only raise a ratio below 1 (by `(gain - ratio) * (size /
-    /// bytes)`, where `gain` is 1; with a `gain` of 0 the ratio is always
-    /// 0), never take one of 1 or more below 1, and the allowance grows
-    /// with the ratio: so the watch holds below `steady` until the ratio
-    /// reaches 1, and a release leaving a ratio below 1 and fewer bytes
-    /// cached stores its ratio and changes nothing else.
+    /// The bytes cached below which a release changes nothing but the
+    /// ratio: `release_at` then stores the ratio and returns. `set_limit`
+    /// sets it whenever the ratio, the watch or `half` change other than
+    /// by a release, for every ratio a release can leave from there on
+    /// (with `gain` 1; with a `gain` of 0 the ratio is always 0):
+    ///
+    /// - below a ratio of 1, releases raise the ratio, up to 1 at most;
+    ///   the allowance grows with the ratio, so the watch holds below the
+    ///   bytes from which it no longer holds at the ratio `steady` was set
+    ///   for, and up to 1 `hit_check` is off and the clamp cannot bind;
+    /// - from a ratio of 1 up, releases lower the ratio, down to 1 at
+    ///   least: `steady` is the least of the bytes from which the watch no
+    ///   longer holds at a ratio of 1, and those from which the allowance
+    ///   at the ratio it was set for may round over the clamp or a hit
+    ///   must check it (see `steady_above`).
+    ///
+    /// Near 1 is where a real clock keeps the ratio of a cache in steady
+    /// use: every tick decays it below 1, the blocks the decay frees may
+    /// leave it above, and releases take it back towards 1.
     steady: usize,
     /// Whether a hit must check the allowance against the clamp: only
     /// above a ratio of 1, and only where the bytes cached when it was
@@ -918,21 +927,43 @@ impl Exponential {
         self.set_limit();
     }
 
-    /// Sets `limit` for the ratio, the watch and `half`, and below a
-    /// ratio of 1 `steady`, and turns `hit_check` off (a decay can take a
-    /// ratio above 1 below it, where a hit needs no check).
+    /// Sets `limit` and `steady` for the ratio, the watch and `half`, and
+    /// below a ratio of 1 turns `hit_check` off (a decay can take a ratio
+    /// above 1 below it, where a hit needs no check).
     #[inline]
     fn set_limit(&mut self) {
+        self.set_limit_at_one();
         let r = self.ratio;
-        self.limit = if r == 1.0 {
+        self.steady = if r < 1.0 {
+            self.hit_check = false;
             limit(self.watch, self.half, r)
+        } else {
+            self.steady_above()
+        };
+    }
+
+    /// Sets `limit` for the ratio, the watch and `half`.
+    #[inline]
+    fn set_limit_at_one(&mut self) {
+        self.limit = if self.ratio == 1.0 {
+            limit(self.watch, self.half, 1.0)
         } else {
             0
         };
-        if r < 1.0 {
-            self.steady = limit(self.watch, self.half, r);
-            self.hit_check = false;
-        }
+    }
+
+    /// `steady` from a ratio of 1 up (zero for a NaN ratio): the least of
+    /// `limit` at a ratio of 1 and the bytes from which `(ratio - 1) *
+    /// bytes + 2e-14 * bytes` reaches `half`. Below the latter, at this
+    /// ratio or any lower one, the allowance `ratio * bytes` stays under
+    /// the clamp `bytes + half` by far more than its rounding, and
+    /// `set_hit_check` (whose slack is `1e-14 * bytes`) answers no check.
+    /// (`ratio - 1` is exact up to a ratio of 2, and at least half the
+    /// ratio above it.)
+    #[inline(never)]
+    fn steady_above(&self) -> usize {
+        let clamp = (self.half / ((self.ratio - 1.0) + 2e-14) * (1.0 - 1e-12)) as usize;
+        limit(self.watch, self.half, 1.0).min(clamp)
     }
 
     /// A release that `limit` did not let through, leaving `bytes` cached:
@@ -945,10 +976,9 @@ impl Exponential {
     /// `1 - ratio` is exact for a ratio from 0.5 to 2, and rounds back to
     /// 1 with the ratio below that).
     ///
-    /// Below a ratio of 1, where a real clock keeps the ratio of a cache in
-    /// steady use (every tick decays it, and releases raise it towards 1
-    /// and stop a few ulps short), a release leaving fewer bytes than
-    /// `steady` changes the ratio alone, and returns after the arithmetic.
+    /// With fewer bytes cached than `steady`, which holds near a ratio of
+    /// 1, the release changes the ratio alone, and returns after the
+    /// arithmetic.
     ///
     /// Out of line: inlined, the release's fast path took two more
     /// instructions (147 against 145 a round trip, `examples/
@@ -962,18 +992,17 @@ impl Exponential {
             // sooner.
             let b = float(bytes);
             let ratio = self.ratio + (self.gain - self.ratio) * (float(size) / b);
-            if bytes < self.steady && ratio < 1.0 {
-                // The watch holds for these bytes at the ratio `steady`
-                // was set for, and so at any ratio from it up to 1 (the
-                // allowance only grows with the ratio): since then the
-                // ratio has only risen (see `steady`). Below 1, `limit`
-                // is zero and `hit_check` off: nothing else changes.
+            if bytes < self.steady {
+                // Nothing else changes (see `steady`).
                 self.ratio = ratio;
                 return;
             }
             self.ratio = ratio;
+            // Losing the watch sets `steady` again; else it holds for the
+            // ratio, which stays on the side of 1 it was on, or reaches 1
+            // (see `steady`).
             self.keep_watch(self.ratio * b, b);
-            self.set_limit();
+            self.set_limit_at_one();
             self.set_hit_check(bytes);
         }
     }
@@ -1163,17 +1192,16 @@ impl Exponential {
     }
 }
 
-/// At a ratio `r` of 1 or less (the allowance is `r * b` with `b` bytes
-/// cached), the least `b` for which the watch `w` with `half` no longer
-/// holds, rounded down, so that `b < limit` implies `r * b > (b - half) *
-/// w` in exact arithmetic: every `b` when `w <= r` (but for `w = r = 0`,
-/// where the watch is already lost: `lose_watch` sets it to zero); else
-/// `b < half * w / (w - r)`. (`w - r` is exact for `w` up to `2r` (Sterbenz's lemma), and
-/// more than `w / 2` above that, so its rounding, and the two after it,
-/// are far within the `1e-12` taken off.) Zero, which no bytes are below,
-/// for an infinite or NaN watch.
+/// At a ratio `r` (the allowance is `r * b` with `b` bytes cached), the
+/// least `b` for which the watch `w` with `half` no longer holds, rounded
+/// down, so that `b < limit` implies `r * b > (b - half) * w` in exact
+/// arithmetic: every `b` when `w <= r` (but for `w = r = 0`, where the
+/// watch is already lost: `lose_watch` sets it to zero); else `b < half *
+/// w / (w - r)`. (`w - r` is exact for `w` up to `2r`, by Sterbenz's
+/// lemma, and more than `w / 2` above that, so its rounding, and the two
+/// after it, are far within the `1e-12` taken off.) Zero, which no bytes
+/// are below, for an infinite or NaN watch.
 fn limit(w: f64, half: f64, r: f64) -> usize {
-    debug_assert!(r <= 1.0, "a limit above a ratio of 1");
     if w <= r {
         return usize::MAX;
     }
@@ -1888,5 +1916,123 @@ mod tests {
         for v in edges {
             assert_eq!(float(v).to_bits(), (v as f64).to_bits(), "{v}");
         }
+    }
+
+    /// A release below `steady` stores its ratio and nothing else, so the
+    /// watch it keeps must still hold at the new ratio: after every
+    /// operation of caches of a few thousand mixed blocks, a clock that
+    /// ticks every few hundred round trips (decaying the ratio below 1,
+    /// and the blocks that decay frees leaving it above 1), a watch still
+    /// kept satisfies `ratio * bytes > (bytes - half) * watch` (up to the
+    /// rounding of the test itself) and sits within the clamp, and every
+    /// collection its deadline lets the pool skip decides nothing (a copy
+    /// of the policy asked `must_evict` answers `false`). Also counts that
+    /// releases took the early return both below and above a ratio of 1.
+    #[test]
+    fn a_kept_watch_holds_after_releases_near_a_ratio_of_one() {
+        use super::FreeReason;
+        use std::collections::VecDeque;
+        let mut next = crate::test_rng::rng(0x2545_f491_4f6c_dd1du64);
+        let (mut early_below, mut early_above, mut kept) = (0u32, 0u32, 0u32);
+        // `steady` claims no more than it should: with a watch kept, the
+        // watch holds just below it at the ratio now (below 1) or at 1
+        // (from 1 up, where the allowance is also within the clamp).
+        let steady_holds = |p: &Exponential, case: u32, step: u64| {
+            if p.stale || p.steady == 0 || p.steady == usize::MAX {
+                return;
+            }
+            let b = float(p.steady - 1);
+            let at = p.ratio.min(1.0);
+            assert!(
+                at * b >= (b - p.half) * p.watch * (1.0 - 1e-14),
+                "case {case} step {step}: the watch fails below `steady` \
+                 (ratio {:e}, steady {}, half {}, watch {:e})",
+                p.ratio,
+                p.steady,
+                p.half,
+                p.watch
+            );
+            assert!((p.ratio - 1.0) * b + 1e-14 * b <= p.half);
+        };
+        for case in 0..24u32 {
+            let mut p = Exponential::new(Duration::from_millis(100 + next(2000)));
+            // Sizes oldest first (the policy reads only the oldest's size).
+            let mut cache: VecDeque<usize> = VecDeque::new();
+            let mut bytes = 0usize;
+            let mut now = Duration::ZERO;
+            for _ in 0..500 + next(3000) {
+                let s = 512 + next(4096) as usize;
+                bytes += s;
+                cache.push_back(s);
+                p.on_release(now, s, bytes);
+            }
+            let tick = 50 + next(500);
+            for step in 0..6000u64 {
+                if step % tick == 0 {
+                    now += Duration::from_micros(200 + next(1000));
+                }
+                // Collect, as the pool does: skip while a deadline holds.
+                while let Some(&size) = cache.front() {
+                    let oldest = Oldest {
+                        released_at: Duration::ZERO,
+                        size,
+                    };
+                    if let Some(due) = p.provisional_deadline(oldest) {
+                        if now < due {
+                            let mut q = p;
+                            assert!(
+                                !q.must_evict(now, oldest, bytes),
+                                "case {case} step {step}: a deadline skipped a due block"
+                            );
+                            break;
+                        }
+                    }
+                    if !p.must_evict(now, oldest, bytes) {
+                        break;
+                    }
+                    cache.pop_front();
+                    bytes -= size;
+                    p.on_free(now, size, bytes, FreeReason::Expired);
+                }
+                steady_holds(&p, case, step);
+                // A hit of the newest block, then a release of another size.
+                if let Some(s) = cache.pop_back() {
+                    let before = bytes;
+                    bytes -= s;
+                    p.on_hit(now, s, before, bytes);
+                }
+                let s = 512 + next(4096) as usize;
+                bytes += s;
+                cache.push_back(s);
+                let (ratio, steady) = (p.ratio, p.steady);
+                p.on_release(now, s, bytes);
+                if bytes < steady && p.at == now && ratio != p.ratio {
+                    if ratio < 1.0 {
+                        early_below += 1;
+                    } else {
+                        early_above += 1;
+                    }
+                }
+                steady_holds(&p, case, step);
+                if !p.stale {
+                    kept += 1;
+                    let b = float(bytes);
+                    assert!(
+                        p.ratio * b >= (b - p.half) * p.watch * (1.0 - 1e-14),
+                        "case {case} step {step}: a kept watch that does not hold \
+                         (ratio {:e}, bytes {bytes}, half {}, watch {:e})",
+                        p.ratio,
+                        p.half,
+                        p.watch
+                    );
+                    assert!(p.ratio * b <= b + p.half, "case {case} step {step}");
+                }
+            }
+        }
+        assert!(
+            early_below > 1000 && early_above > 1000 && kept > 10_000,
+            "the releases took the early return {early_below} times below a ratio \
+             of 1 and {early_above} above, with a watch kept {kept} times"
+        );
     }
 }
