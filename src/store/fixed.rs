@@ -575,18 +575,6 @@ impl<B> FixedStore<B> {
         self.best_by_stamp(home, class, tag)
     }
 
-    /// Under LIFO, for a class none of whose blocks is marked newest, in a
-    /// window of one group that does not wrap: its ghost's chain link
-    /// (see [`use_ghost`](Self::use_ghost)), or `slots` if it has none.
-    #[inline(never)]
-    fn below_of_ghost(&mut self, home: usize, class: usize, tag: u8) -> usize {
-        let ghost = self.matching(home, EMPTY | NEWEST | tag, class);
-        if ghost == NONE {
-            return self.slots;
-        }
-        self.use_ghost(ghost, class, tag)
-    }
-
     /// Empties `ghost`, the ghost of `class` (a class never has more than
     /// one, nor one beside a marked block), and gives the slot of the
     /// class's newest block as the ghost's chain link names it, or `slots`
@@ -1098,19 +1086,39 @@ impl<B> FixedStore<B> {
             let group = unsafe { self.group(home) };
             let mut below = self.slots;
             if self.newest != 0 {
-                for k in group.match_tag(tag | NEWEST).and(self.live) {
-                    let i = home + k;
-                    // SAFETY: `k` is a position of the window (`live`),
-                    // which does not wrap.
-                    if unsafe { self.entry(i) }.class == class {
-                        // SAFETY: as above.
-                        unsafe { self.set_tag(i, tag) };
-                        below = i;
-                        break;
+                // The class's block marked newest, or else its ghost (a
+                // class has at most one of either, and never both), in one
+                // scan.
+                let s = self.first_of(home, group.match_newest(tag).and(self.live), class);
+                if s != NONE {
+                    // SAFETY: `s` is a slot of the window (`first_of`).
+                    let t = unsafe { *self.tags.get_unchecked(s) };
+                    // All ones for a ghost, zero for a marked block: a
+                    // batch's releases find one as often as the other, so
+                    // what follows chooses with masks, where a branch would
+                    // be mispredicted every other release.
+                    let ghost = usize::from(t >> 7).wrapping_neg();
+                    // The marked block loses its mark; the ghost is used
+                    // up (`use_ghost`).
+                    // SAFETY: as above.
+                    unsafe { self.set_tag(s, tag ^ ((tag ^ EMPTY) & ghost as u8)) };
+                    // The new block's chain link: the block that was
+                    // marked, or the one the ghost's link names if that
+                    // link holds (see `below_of`): an unmarked block of
+                    // the class either way, tag `tag` now.
+                    // SAFETY: `s < slots`, and there are `slots` links.
+                    let p = unsafe { *self.below.get_unchecked(s) } as usize;
+                    let c = s ^ ((s ^ p) & ghost);
+                    // SAFETY: `c <= slots` (a link is a slot or `slots`),
+                    // and there are `slots + WIDTH` tags; `slots` names the
+                    // padding's first tag, which is empty, so a tag equal
+                    // to `tag` is a slot's, whose entry is read.
+                    let holds = unsafe {
+                        *self.tags.get_unchecked(c) == tag && self.entry(c).class == class
+                    };
+                    if holds {
+                        below = c;
                     }
-                }
-                if below == self.slots {
-                    below = self.below_of_ghost(home, class, tag);
                 }
             }
             let free = group

@@ -211,6 +211,33 @@ macro_rules! tests {
             }
 
             #[test]
+            fn match_newest_finds_marked_blocks_and_ghosts_only() {
+                // Every 5th tag and 17th byte under Miri.
+                for tag in (0..NEWEST).step_by(if cfg!(miri) { 5 } else { 1 }) {
+                    for byte in (0..=0xffu8).step_by(if cfg!(miri) { 17 } else { 1 }) {
+                        let marked = tag | NEWEST;
+                        let g = group([
+                            byte,
+                            EMPTY,
+                            marked,
+                            tag,
+                            EMPTY | marked,
+                            byte,
+                            EMPTY | tag,
+                            byte,
+                        ]);
+                        let m: Vec<usize> = g.match_newest(tag).collect();
+                        let mut want = vec![2, 4];
+                        if byte & !EMPTY == marked {
+                            want.extend([0, 5, 7]);
+                        }
+                        want.sort_unstable();
+                        assert_eq!(m, want, "tag {tag:#x}, byte {byte:#x}");
+                    }
+                }
+            }
+
+            #[test]
             fn match_empty_and_masks() {
                 let g = group([EMPTY, 3, EMPTY, EMPTY, 0x7f, 0, EMPTY, 1]);
                 let eight = Mask::first(8);

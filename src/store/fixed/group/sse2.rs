@@ -7,7 +7,7 @@ use core::arch::x86_64::{
     __m128i, _mm_and_si128, _mm_cmpeq_epi8, _mm_loadu_si128, _mm_movemask_epi8, _mm_set1_epi8,
 };
 
-use super::NEWEST;
+use super::{EMPTY, NEWEST};
 
 /// Tags in one group.
 pub(crate) const WIDTH: usize = 16;
@@ -51,6 +51,18 @@ impl Group {
         bits(unsafe {
             let hash = _mm_and_si128(self.0, _mm_set1_epi8(!NEWEST as i8));
             _mm_cmpeq_epi8(hash, _mm_set1_epi8(tag as i8))
+        })
+    }
+
+    /// The positions whose tag is `tag | NEWEST` or `EMPTY | NEWEST |
+    /// tag` (`tag` below [`NEWEST`]): the blocks whose class hashes to
+    /// `tag` marked newest, and the ghosts of such classes.
+    #[inline(always)]
+    pub(crate) fn match_newest(self, tag: u8) -> Mask {
+        // SAFETY: SSE2 is enabled (this module is built only with it).
+        bits(unsafe {
+            let live = _mm_and_si128(self.0, _mm_set1_epi8(!EMPTY as i8));
+            _mm_cmpeq_epi8(live, _mm_set1_epi8((tag | NEWEST) as i8))
         })
     }
 

@@ -6,7 +6,7 @@
 //! byte `k` of the word is the tag of slot `start + k`. A [`Mask`] keeps the
 //! high bit of each chosen byte.
 
-use super::NEWEST;
+use super::{EMPTY, NEWEST};
 
 /// Tags in one group.
 pub(crate) const WIDTH: usize = 8;
@@ -56,6 +56,14 @@ impl Group {
     #[inline(always)]
     pub(crate) fn match_hash(self, tag: u8) -> Mask {
         zero_bytes((self.0 ^ (LO * u64::from(tag))) & !(LO * u64::from(NEWEST)))
+    }
+
+    /// The positions whose tag is `tag | NEWEST` or `EMPTY | NEWEST |
+    /// tag` (`tag` below [`NEWEST`]): the blocks whose class hashes to
+    /// `tag` marked newest, and the ghosts of such classes.
+    #[inline(always)]
+    pub(crate) fn match_newest(self, tag: u8) -> Mask {
+        zero_bytes((self.0 ^ (LO * u64::from(tag | NEWEST))) & !(LO * u64::from(EMPTY)))
     }
 
     /// The empty positions, exactly.
