@@ -53,6 +53,19 @@
 //! filled by any class is no ghost any more. `check` verifies both, and
 //! that a link that holds names the newest of the class's other blocks.
 //!
+//! Batches: a round trip's hit always finds its class's block marked (the
+//! release before marked it), but when several blocks of a class are
+//! taken before they are given back, a hit finds the mark or the ghost
+//! about as often, and so does a release, which unmarks the one or uses
+//! the other up: a branch on which it is would be mispredicted every other
+//! time. A release without the hint finds either in one scan
+//! (`Group::match_newest`: a class has at most one of either, never both)
+//! and chooses what to write and which chain link to keep with masks. A
+//! hit does the same while the store's hits go through a ghost one time in
+//! eight or more (`FixedStore::branch`, measured as the timed store
+//! measures its batches); else it branches, so that a round trip's hit
+//! does not wait for the ghost's link it does not need.
+//!
 //! The tag array ends with a group of padding that stays empty, so a
 //! group of a window that ends near the last slot is still one load (the
 //! positions past the window are masked off). The tag is also the only
@@ -87,6 +100,14 @@ use crate::policy::{FixedCapacity, Policy, Reuse, sealed};
 
 /// No slot.
 const NONE: usize = usize::MAX;
+
+/// Hits served through a ghost (see [`FixedStore::branch`]) per choice,
+/// and the fewest per hit that make a store choose with masks: one in this
+/// many.
+const GHOST_HITS: u64 = 8;
+
+/// Hits a store chooses with masks before it measures again.
+const MASKED_HITS: u64 = 1024;
 
 /// What one scan of a class's window finds: the class's block marked
 /// newest, its ghost, and the window's first empty slot (each `NONE` if
@@ -159,6 +180,22 @@ pub struct FixedStore<B> {
     /// [`NEWEST`] under LIFO, where the newest block of each class carries
     /// it in its tag when known; 0 under FIFO, where no tag does.
     newest: u8,
+    /// LIFO and branching: a hit in a window of one group looks for its
+    /// class's marked block first, and for its ghost only when there is
+    /// none (a round trip always finds the mark: the release before
+    /// marked it, and the hit never waits for the ghost's link). In
+    /// batches, where a class's hits find its ghost as often as its mark,
+    /// that branch goes either way at random; a store whose hits go
+    /// through a ghost at least one time in [`GHOST_HITS`] (counted every
+    /// [`GHOST_HITS`] of them) stops branching for [`MASKED_HITS`] hits:
+    /// a hit then finds the mark or the ghost in one scan and chooses the
+    /// block with masks (`find_masked`), and then measures again. Under
+    /// FIFO, always false.
+    branch: bool,
+    /// Branching: hits served through a ghost, and `taken` at the last
+    /// choice. Choosing with masks: `taken` at which to branch again.
+    ghost_hits: u64,
+    mark: u64,
     /// Where a release of class `hint_class` goes, left by the hit that
     /// just took a block of it (0, a class no block has: nowhere). Any
     /// other change to the table clears it. A hit followed by the release
@@ -268,6 +305,9 @@ impl<B> FixedStore<B> {
                 Reuse::Lifo => NEWEST,
                 Reuse::Fifo => 0,
             },
+            branch: reuse == Reuse::Lifo,
+            ghost_hits: 0,
+            mark: 0,
             hint_class: 0,
             hint_slot: 0,
             hint_tag: EMPTY,
@@ -490,8 +530,16 @@ impl<B> FixedStore<B> {
     fn find_in_group<const INLINE: bool>(&mut self, home: usize, class: usize, tag: u8) -> usize {
         // SAFETY: `home` is a slot (`locate`).
         let group = unsafe { self.group(home) };
+        // The inline LIFO hit (`hits_inline`) chooses with masks in
+        // batches (see `branch`); what it leaves to `take` branches.
+        // (`branch` is false under FIFO, whose hits the pool takes out of
+        // line.)
+        if INLINE && !self.branch && self.newest != 0 {
+            return self.find_masked(home, group, class, tag);
+        }
         if self.newest != 0 {
-            // LIFO: the block marked newest, if its class has one.
+            // LIFO, branching: the block marked newest, if its class has
+            // one.
             for k in group.match_tag(tag | NEWEST).and(self.live) {
                 let i = home + k;
                 // SAFETY: `k` is a position of the window (`live`), which
@@ -515,6 +563,7 @@ impl<B> FixedStore<B> {
                     // the ghost's own tag (a link never names its slot).
                     // SAFETY: `ghost` is a slot.
                     unsafe { self.set_tag(ghost, EMPTY) };
+                    self.count_ghost_hit();
                 }
                 return below;
             }
@@ -534,6 +583,73 @@ impl<B> FixedStore<B> {
                 (best, best_key) = (i, key);
             }
         }
+        best
+    }
+
+    /// Counts a hit served through a ghost while branching (see
+    /// [`branch`](FixedStore::branch)), and every [`GHOST_HITS`] of them
+    /// stops branching if they were one hit in [`GHOST_HITS`] or more since
+    /// the last choice. `taken` counts the hits before this one.
+    // Inlined, though rare: a call on the hit path would make it keep its
+    // values where the call cannot clobber them, at every hit.
+    #[inline(always)]
+    fn count_ghost_hit(&mut self) {
+        self.ghost_hits += 1;
+        if self.ghost_hits % GHOST_HITS == 0 {
+            let hits = self.taken + 1 - self.mark;
+            self.mark = self.taken + 1;
+            if GHOST_HITS * GHOST_HITS >= hits {
+                self.branch = false;
+                self.mark = self.taken + MASKED_HITS;
+            }
+        }
+    }
+
+    /// [`find_in_group`](Self::find_in_group)'s inline LIFO hit while the
+    /// store chooses with masks (see [`branch`](FixedStore::branch)): the
+    /// same answer, the same change to the table.
+    #[inline(always)]
+    fn find_masked(&mut self, home: usize, group: Group, class: usize, tag: u8) -> usize {
+        if self.taken >= self.mark {
+            // Measure again, from the next hit on.
+            self.branch = true;
+            self.mark = self.taken;
+            self.ghost_hits = 0;
+        }
+        // The class's block marked newest, or else its ghost (a class has
+        // at most one of either, and never both), in one scan.
+        let s = self.first_of(home, group.match_newest(tag).and(self.live), class);
+        if s == NONE {
+            // Neither: the newest by stamp, if any, which `take` finds.
+            return NONE;
+        }
+        // SAFETY: `s` is a slot of the window (`first_of`).
+        let t = unsafe { *self.tags.get_unchecked(s) };
+        // All ones for a ghost, zero for a marked block.
+        let ghost = usize::from(t >> 7).wrapping_neg();
+        // The block: the marked one, or the one the ghost's chain link
+        // names if that link holds (see `below_of`), chosen with masks.
+        // SAFETY: `s < slots`, and there are `slots` links.
+        let p = unsafe { *self.below.get_unchecked(s) } as usize;
+        let best = s ^ ((s ^ p) & ghost);
+        // Its tag if it holds: the marked block's own, or an unmarked
+        // block of the class's.
+        let want = t ^ ((t ^ tag) & ghost as u8);
+        // SAFETY: `best <= slots` (a link is a slot or `slots`), and there
+        // are `slots + WIDTH` tags; `slots` names the padding's first tag,
+        // which is empty, so a tag equal to `want` (never empty) is a
+        // slot's, whose entry is read.
+        let holds =
+            unsafe { *self.tags.get_unchecked(best) == want && self.entry(best).class == class };
+        if !holds {
+            // A ghost whose link no longer holds (a marked block always
+            // does): `take` finds the newest by stamp.
+            return NONE;
+        }
+        // The ghost is used up; a marked block's tag is stored as it was,
+        // for `take_slot` to replace.
+        // SAFETY: `s` is a slot.
+        unsafe { self.set_tag(s, t ^ ((t ^ EMPTY) & ghost as u8)) };
         best
     }
 
@@ -1496,6 +1612,98 @@ mod tests {
             let got: Vec<u64> = core::iter::from_fn(|| store.take(class, 0)).collect();
             assert_eq!(got, [5, 4, 3, 2, 1]);
             store.check();
+        }
+    }
+
+    #[test]
+    fn batches_choose_with_masks_and_take_the_same_blocks() {
+        // Batches (a few blocks of a few classes taken, then given back)
+        // alternate with spells of round trips, through the pool's hit path
+        // (`take_inline`, else `take`), with evictions now and then: every
+        // hit takes its class's newest block, whether the store branches or
+        // chooses with masks, and the store goes both ways. Fewer steps and
+        // tables under Miri.
+        // Rounds, of which the first `batches` of every `cycle` are
+        // batches; a spell of round trips outlasts `MASKED_HITS`.
+        let (rounds, cycle, batches, tables): (u64, u64, u64, &[usize]) = if cfg!(miri) {
+            (60, 60, 30, &[24])
+        } else {
+            (4000, 2000, 300, &[16, 24, 64, 4096])
+        };
+        for &slots in tables {
+            let mut store = FixedStore::<u64>::new(slots, FixedCapacity::WINDOW, Reuse::Lifo);
+            let mut x = slots as u64;
+            let mut next = 0u64;
+            let (mut masked, mut branching, mut outlined) = (0u64, 0u64, [0u64; 2]);
+            let mut switches = 0;
+            for round in 0..rounds {
+                crate::store::lcg(&mut x);
+                let batch = round % cycle < batches;
+                let n = if batch {
+                    1 + (x >> 40) as usize % 12
+                } else {
+                    1
+                };
+                let mut held = Vec::new();
+                for _ in 0..n {
+                    crate::store::lcg(&mut x);
+                    let class = 64 * (1 + (x >> 33) as usize % 6);
+                    let cached: Vec<u64> = store
+                        .occupied()
+                        .filter(|&i| store.entries[i].class == class)
+                        // SAFETY: an occupied slot's block is initialised
+                        // (a `u64`, copied).
+                        .map(|i| unsafe { store.entries[i].block.assume_init_read() })
+                        .collect();
+                    let was = store.branch;
+                    let inline = store.take_inline(class, 0);
+                    let got = inline.or_else(|| store.take(class, 0));
+                    assert_eq!(got.as_ref(), cached.iter().max(), "{slots} slots");
+                    // A hit left out of line: its class had no mark, and
+                    // no ghost whose link held.
+                    let out = u64::from(inline.is_none() && got.is_some());
+                    if was {
+                        branching += 1;
+                        outlined[0] += out;
+                    } else {
+                        masked += 1;
+                        outlined[1] += out;
+                    }
+                    switches += usize::from(was != store.branch);
+                    store.check();
+                    held.push(class);
+                }
+                // Blocks are numbered in release order.
+                for class in held {
+                    let _ = store.put(next, class, 0);
+                    next += 1;
+                    store.check();
+                }
+                if x % 16 == 0 {
+                    let _ = store.pop_oldest(0);
+                    store.check();
+                }
+            }
+            // Under Miri, the spell of masks outlasts the run.
+            let (least, turns) = if cfg!(miri) { (10, 1) } else { (1000, 3) };
+            assert!(
+                masked >= least,
+                "{slots} slots: {masked} hits chose with masks"
+            );
+            assert!(
+                branching >= least,
+                "{slots} slots: {branching} hits branched"
+            );
+            assert!(switches >= turns, "{slots} slots: {switches} switches");
+            // Masks take inline what branches take inline (a class's mark,
+            // or a ghost whose link holds): as few hits go out of line
+            // either way (about a third with 16 slots, where blocks are
+            // displaced all the time; none with 64).
+            let [by_branch, by_mask] = outlined;
+            assert!(
+                by_mask * branching <= 2 * by_branch * masked + masked * masked / 100,
+                "{slots} slots: out of line {by_branch} of {branching} hits branching, {by_mask} of {masked} with masks"
+            );
         }
     }
 
