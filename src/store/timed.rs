@@ -8,7 +8,9 @@
 //!   (FIFO) in O(1); a LIFO round trip on a class touches its bucket only.
 //!   The release right after a hit of the same size reaches the bucket
 //!   through a pointer the hit's lookup left (see `classes::Classes`, which
-//!   keeps that pointer's invariant in its own module).
+//!   keeps that pointer's invariant in its own module); ring first (below),
+//!   where a release seldom follows a hit of its size, it looks its class
+//!   up instead.
 //! - **Bucket first or ring first** (`Mode`): a release puts a class's
 //!   newest block in its bucket, so a LIFO round trip touches the bucket
 //!   only; but in batches (several blocks of a class taken, then released)
@@ -745,7 +747,15 @@ impl<B, P: EvictionPolicy> Store<B> for TimedStore<B, P> {
         self.bytes += class;
         let at = now;
         let ring_first = self.mode.ring_first;
-        let cls = match self.classes.get_mut(class) {
+        // Ring first (batches), a release rarely follows a hit of its
+        // size, and a test of the last class found would be mispredicted
+        // whenever it does: the release looks its class up.
+        let found = if ring_first {
+            self.classes.find(class)
+        } else {
+            self.classes.get_mut(class)
+        };
+        let cls = match found {
             Some(cls) => cls,
             None => self.new_class(class),
         };
