@@ -157,13 +157,17 @@ fn main() {
         "{:<16} {:<26} {:>10} {:>12} {:>18} {:>16}",
         "policy", "classes", "cached", "bytes/block", "after hit trip", "after trim (B)"
     );
-    // The last mix is the third's requests rounded to PyTorch-style size
-    // classes (four per power of two): 65 classes, the shape a program
-    // that asks for a million distinct sizes can choose (its blocks are
-    // then up to a quarter larger than asked).
+    // Between one size and a million, mixes of 100 to 2 blocks a class.
+    // The last mix is the million sizes' requests rounded to PyTorch-style
+    // size classes (four per power of two): 65 classes, the shape a
+    // program that asks for a million distinct sizes can choose (its
+    // blocks are then up to a quarter larger than asked).
     for (label, classes, class) in [
         ("1 size x 1000000", 1usize, SizeClass::Exact),
         ("10000 sizes x 100", 10_000, SizeClass::Exact),
+        ("100000 sizes x 10", 100_000, SizeClass::Exact),
+        ("250000 sizes x 4", 250_000, SizeClass::Exact),
+        ("500000 sizes x 2", 500_000, SizeClass::Exact),
         ("1000000 sizes x 1", 1_000_000, SizeClass::Exact),
         (
             "1000000 sizes, 4 per 2^k",
