@@ -95,7 +95,7 @@ mod group;
 use core::mem::MaybeUninit;
 
 use self::group::{EMPTY, Group, Mask, NEWEST, WIDTH};
-use super::Store;
+use super::{Store, TakenBytes};
 use crate::policy::{FixedCapacity, Policy, Reuse, sealed};
 
 /// No slot.
@@ -215,8 +215,10 @@ pub struct FixedStore<B> {
     /// vector: a store-forwarding stall on every round trip).
     removed: u64,
     bytes: usize,
+    /// Blocks taken by hits, and their bytes (saturating): the pool's
+    /// `hits` and `bytes_from_pool`.
     taken: u64,
-    taken_bytes: u128,
+    taken_bytes: TakenBytes,
 }
 
 /// The tag array and the entries of a table of `slots`, allocated
@@ -315,7 +317,7 @@ impl<B> FixedStore<B> {
             removed: 0,
             bytes: 0,
             taken: 0,
-            taken_bytes: 0,
+            taken_bytes: TakenBytes::default(),
         }
     }
 
@@ -515,9 +517,7 @@ impl<B> FixedStore<B> {
         // has no other block marked (the hit took it, or there was none).
         (self.hint_class, self.hint_slot, self.hint_tag) = (class, best as u32, hint_tag);
         self.taken += 1;
-        // No test: no run reaches 2^128 bytes (`taken` saturates what
-        // it reports).
-        self.taken_bytes += class as u128;
+        self.taken_bytes.add(class);
         block
     }
 
@@ -1003,10 +1003,7 @@ impl<B> Store<B> for FixedStore<B> {
 
     #[inline]
     fn taken(&self) -> (u64, u64) {
-        (
-            self.taken,
-            u64::try_from(self.taken_bytes).unwrap_or(u64::MAX),
-        )
+        (self.taken, self.taken_bytes.get())
     }
 
     /// The table, allocated once at its full size: it never grows, so

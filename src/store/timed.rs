@@ -73,9 +73,9 @@ use std::collections::binary_heap::PeekMut;
 
 use hashbrown::HashMap;
 
-use super::Store;
 use super::classes::{Classes, Keyed};
 use super::ring::Ring;
+use super::{Store, TakenBytes};
 use crate::policy::{EvictionPolicy, FreeReason, Oldest, Policy, Reuse, sealed};
 
 /// Classes added beyond twice the number left by the last sweep before the
@@ -431,13 +431,12 @@ impl<B> Keyed for Class<B> {
 /// follows narrow stores cannot be forwarded (a stall on every round trip).
 #[repr(C)]
 pub struct TimedStore<B, P> {
-    /// Blocks taken by hits, and their bytes (128 bits, so that adding
-    /// needs no test: `taken` saturates what it reports): the pool's
+    /// Blocks taken by hits, and their bytes (saturating): the pool's
     /// `hits` and `bytes_from_pool`. The number of cached blocks is
     /// `puts - taken - popped`, so a hit writes three counters and a
     /// release two.
     taken: u64,
-    taken_bytes: u128,
+    taken_bytes: TakenBytes,
     classes: Classes<Class<B>>,
     /// Blocks released into the store (the next release number).
     puts: u64,
@@ -490,7 +489,7 @@ impl<B, P: EvictionPolicy> TimedStore<B, P> {
             bytes: 0,
             popped: 0,
             taken: 0,
-            taken_bytes: 0,
+            taken_bytes: TakenBytes::default(),
             not_before: 0,
             untold: false,
             top_class: 0,
@@ -715,9 +714,7 @@ impl<B, P: EvictionPolicy> TimedStore<B, P> {
             self.top_class = 0;
         }
         self.taken += 1;
-        // No test: no run reaches 2^128 bytes (`taken` saturates what
-        // it reports).
-        self.taken_bytes += class as u128;
+        self.taken_bytes.add(class);
         self.bytes = before - class;
         Some(item.block)
     }
@@ -869,10 +866,7 @@ impl<B, P: EvictionPolicy> Store<B> for TimedStore<B, P> {
 
     #[inline]
     fn taken(&self) -> (u64, u64) {
-        (
-            self.taken,
-            u64::try_from(self.taken_bytes).unwrap_or(u64::MAX),
-        )
+        (self.taken, self.taken_bytes.get())
     }
 
     #[cfg(any(test, feature = "testing"))]
