@@ -207,13 +207,14 @@ pub struct FixedStore<B> {
     hint_tag: u8,
     /// The stamp of the next block cached: the number cached so far.
     next_stamp: u64,
-    /// The number of blocks that have left the table (hits, evictions,
-    /// trims): `next_stamp - removed` are cached. Counted apart from
-    /// `next_stamp` rather than as a length that both change, so that a
-    /// hit and the release after it do not write and then read one word
-    /// (or a pair of adjacent words, which the compiler may update as one
-    /// vector: a store-forwarding stall on every round trip).
-    removed: u64,
+    /// The number of blocks evicted or trimmed: `next_stamp - taken -
+    /// evicted` are cached. Counted apart from `next_stamp` rather than as
+    /// a length that both change, so that a hit and the release after it
+    /// do not write and then read one word (or a pair of adjacent words,
+    /// which the compiler may update as one vector: a store-forwarding
+    /// stall on every round trip); and apart from `taken`, which a hit
+    /// counts anyway, so that a hit updates one count of blocks, not two.
+    evicted: u64,
     bytes: usize,
     /// Blocks taken by hits, and their bytes (saturating): the pool's
     /// `hits` and `bytes_from_pool`.
@@ -314,7 +315,7 @@ impl<B> FixedStore<B> {
             hint_slot: 0,
             hint_tag: EMPTY,
             next_stamp: 0,
-            removed: 0,
+            evicted: 0,
             bytes: 0,
             taken: 0,
             taken_bytes: TakenBytes::default(),
@@ -427,7 +428,8 @@ impl<B> FixedStore<B> {
     }
 
     /// Empties occupied slot `i`, leaving it tag `left` (an empty one:
-    /// [`EMPTY`], or a hit's ghost), and returns its block and class.
+    /// [`EMPTY`], or a hit's ghost), and returns its block and class. The
+    /// caller counts the block gone: `taken` for a hit, `evicted` else.
     ///
     /// # Safety
     ///
@@ -451,7 +453,6 @@ impl<B> FixedStore<B> {
             self.link_mut(older as usize).newer = newer;
             self.link_mut(newer as usize).older = older;
         }
-        self.removed += 1;
         self.bytes -= class;
         // Last, after the stores through pointers: a hit's own hint then
         // overwrites this store, which the compiler drops.
@@ -874,6 +875,7 @@ impl<B> FixedStore<B> {
         // is an empty slot.
         let evicted = unsafe {
             let evicted = self.remove(i, EMPTY);
+            self.evicted += 1;
             self.insert(i, tag, block, class);
             evicted
         };
@@ -982,6 +984,7 @@ impl<B> Store<B> for FixedStore<B> {
             return None;
         }
         let oldest = self.links[self.slots].newer as usize;
+        self.evicted += 1;
         // SAFETY: a non-empty age list's first entry is an occupied slot.
         Some(unsafe { self.remove(oldest, EMPTY) })
     }
@@ -993,7 +996,7 @@ impl<B> Store<B> for FixedStore<B> {
 
     #[inline]
     fn len(&self) -> usize {
-        (self.next_stamp - self.removed) as usize
+        (self.next_stamp - self.taken - self.evicted) as usize
     }
 
     #[inline]
