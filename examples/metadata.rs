@@ -157,7 +157,9 @@ fn main() {
         "{:<16} {:<26} {:>10} {:>12} {:>18} {:>16}",
         "policy", "classes", "cached", "bytes/block", "after hit trip", "after trim (B)"
     );
-    // Between one size and a million, mixes of 100 to 2 blocks a class.
+    // Between one size and a million, mixes of 100 to 2 blocks a class
+    // (at 34, 18 and 10 a class's older blocks are just past a power of
+    // two, and its ring's capacity at its emptiest).
     // The last mix is the million sizes' requests rounded to PyTorch-style
     // size classes (four per power of two): 65 classes, the shape a
     // program that asks for a million distinct sizes can choose (its
@@ -165,7 +167,11 @@ fn main() {
     for (label, classes, class) in [
         ("1 size x 1000000", 1usize, SizeClass::Exact),
         ("10000 sizes x 100", 10_000, SizeClass::Exact),
+        ("29411 sizes x 34", 29_411, SizeClass::Exact),
+        ("55555 sizes x 18", 55_555, SizeClass::Exact),
+        ("62500 sizes x 16", 62_500, SizeClass::Exact),
         ("100000 sizes x 10", 100_000, SizeClass::Exact),
+        ("200000 sizes x 5", 200_000, SizeClass::Exact),
         ("250000 sizes x 4", 250_000, SizeClass::Exact),
         ("500000 sizes x 2", 500_000, SizeClass::Exact),
         ("1000000 sizes x 1", 1_000_000, SizeClass::Exact),
