@@ -61,8 +61,8 @@
 //! Bookkeeping follows the cache down, never on the hit path: a sweep
 //! shrinks the table and the heap to fit once the classes left fill a
 //! quarter of them or less (down to room for `SWEEP_SLACK` classes), and an
-//! eviction or trim halves a class's ring buffer once a quarter of it or
-//! less is used. After a million distinct sizes decay or are trimmed, a few
+//! eviction or trim shrinks a class's ring buffer to twice its blocks once
+//! a quarter of it or less is used. After a million distinct sizes decay or are trimmed, a few
 //! kilobytes stay (they held 161 MB).
 
 use core::cmp::Ordering;
@@ -600,7 +600,8 @@ impl<B, P: EvictionPolicy> TimedStore<B, P> {
             .pop_front()
             .expect("the oldest block's class is empty");
         let emptied = items.is_empty();
-        // A class's buffer halves once a quarter of it or less is used.
+        // A class's buffer shrinks to twice its blocks once a quarter of
+        // it or less is used.
         items.older.shrink();
         self.popped += 1;
         self.bytes -= size;
