@@ -6,7 +6,7 @@
 //! head and length say are initialised.
 //!
 //! The capacity grows by half (0, 1, 2, 3, 4, 6, 9, 13, …), not by
-//! doubling, and is not a power of two, so an index wraps with a comparison
+//! doubling, and need not be a power of two, so an index wraps with a comparison
 //! and a subtraction rather than a mask: one instruction more per batched
 //! block, a LIFO round trip not touching the ring at all (its block is in
 //! the class's bucket). With powers of two, a class whose older blocks
