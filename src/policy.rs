@@ -594,8 +594,12 @@ impl EvictionPolicy for FixedTime {
 /// bytes, leaves the ratio as it is and computes nothing; a release sets
 /// it to `ratio + (1 - ratio) * (size / after)`, which is `(ratio *
 /// before + size) / after` and leaves a ratio of exactly 1 (every block
-/// released since the clock last moved, none decayed) as it is. The rules
-/// above are what it computes, each operation rounded as an `f64`.
+/// released since the clock last moved, none decayed) as it is; a ratio
+/// a release takes within `2^-40` of 1 becomes exactly 1 (releases alone
+/// take it there in exact arithmetic, though without end), so that the
+/// releases after it compute nothing: the allowance moves by `2^-40` of
+/// the bytes cached at most. The rules above are what it computes, each operation rounded as
+/// an `f64`.
 ///
 /// # Examples
 ///
@@ -683,7 +687,12 @@ pub struct Exponential {
     /// last set were so many beside `half` that rounding could take the
     /// allowance over the clamp (see `set_hit_check`). Fewer bytes cached
     /// (hits) and a decayed ratio keep it valid.
-    hit_check: bool,
+    ///
+    /// Kept as the bytes left by a hit at or below which the hit goes
+    /// out of line (`try_on_hit` answers `false`): `usize::MAX` while a
+    /// hit must check, else 0 (a hit that empties the cache goes out of
+    /// line too). One comparison then tests both.
+    hit_floor: usize,
     /// The size of the oldest block the deadline was planned for: a hit of
     /// that size may take it, leaving a successor of any size cached. Zero
     /// once that may have happened: `half` then covers any successor.
@@ -764,6 +773,25 @@ const MAX_BACKOFF: u32 = 63;
 /// of an eighth of the time left again, a few more plans per eviction.
 const SHORT: f64 = 0.875;
 
+/// How close to 1 a release's ratio becomes exactly 1 (`2^-40`, about
+/// `9.1e-13`; see `Exponential::release_at`).
+///
+/// Releases take the ratio towards 1 (each by `(1 - ratio) * size /
+/// bytes`), in exact arithmetic without reaching it; rounded, the steps
+/// stop short of it, where one is under half an ulp of the ratio. After
+/// a tick of a millisecond decayed the ratio to `1 - 6.9e-4` (a
+/// half-life of a second), releases each of a 64th of the bytes cached
+/// came to rest `3.6e-15` below 1 after 1 643 of them, and every release
+/// after that still computed its share; within `NEAR_ONE` after 1 299,
+/// and at exactly 1 a release computes nothing (`limit`). Releases of at
+/// least `2^-14` of the bytes cached come within `NEAR_ONE` before their
+/// steps stop (smaller ones may stop short of it, and compute as before).
+/// The allowance moves by at most `NEAR_ONE`
+/// of the bytes cached, under the deadlines' margin (`MARGIN`, 1e-12):
+/// up from below 1 that only delays evictions, and down from above, the
+/// watch is checked.
+pub(crate) const NEAR_ONE: f64 = 1.0 / (1u64 << 40) as f64;
+
 impl Exponential {
     /// Decays the idle stock by half every `half_life` (as
     /// [`FixedTime::new`] takes its time-to-live).
@@ -794,7 +822,7 @@ impl Exponential {
             // An infinite watch holds for no bytes.
             limit: 0,
             steady: 0,
-            hit_check: false,
+            hit_floor: 0,
             oldest_size: 0,
             min_size: usize::MAX,
             stale: true,
@@ -935,7 +963,7 @@ impl Exponential {
         self.set_limit_at_one();
         let r = self.ratio;
         self.steady = if r < 1.0 {
-            self.hit_check = false;
+            self.hit_floor = 0;
             limit(self.watch, self.half, r)
         } else {
             self.steady_above()
@@ -976,14 +1004,16 @@ impl Exponential {
     /// `1 - ratio` is exact for a ratio from 0.5 to 2, and rounds back to
     /// 1 with the ratio below that).
     ///
-    /// With fewer bytes cached than `steady`, which holds near a ratio of
-    /// 1, the release changes the ratio alone, and returns after the
-    /// arithmetic.
+    /// A ratio that comes within [`NEAR_ONE`] of 1 becomes exactly 1
+    /// ([`reach_one`](Self::reach_one)), where the next releases compute
+    /// nothing (`limit`). Else, with fewer bytes cached than `steady`,
+    /// which holds near a ratio of 1, the release changes the ratio alone,
+    /// and returns after the arithmetic.
     ///
     /// Out of line: inlined, the release's fast path took two more
-    /// instructions (147 against 145 a round trip, `examples/
+    /// instructions (136 against 134 a round trip, `examples/
     /// instructions.rs exponential 64x1`), and a clock that moved since
-    /// the pool filled two fewer (184 against 186), the times alike.
+    /// the pool filled five more at 4096 × 4 (162 against 157).
     #[inline(never)]
     fn release_at(&mut self, size: usize, bytes: usize) {
         if bytes != 0 {
@@ -992,19 +1022,41 @@ impl Exponential {
             // sooner.
             let b = float(bytes);
             let ratio = self.ratio + (self.gain - self.ratio) * (float(size) / b);
-            if bytes < self.steady {
-                // Nothing else changes (see `steady`).
-                self.ratio = ratio;
+            // Two comparisons (one where the ratio is below), where an
+            // absolute value takes five instructions.
+            if (1.0 - NEAR_ONE..=1.0 + NEAR_ONE).contains(&ratio) {
+                self.reach_one(bytes);
                 return;
             }
             self.ratio = ratio;
+            if bytes < self.steady {
+                // Nothing else changes (see `steady`).
+                return;
+            }
             // Losing the watch sets `steady` again; else it holds for the
-            // ratio, which stays on the side of 1 it was on, or reaches 1
-            // (see `steady`).
+            // ratio, which stays on the side of 1 it was on (see
+            // `steady`).
             self.keep_watch(self.ratio * b, b);
             self.set_limit_at_one();
             self.set_hit_check(bytes);
         }
+    }
+
+    /// A release took the ratio within [`NEAR_ONE`] of 1, or left it at 1,
+    /// with `bytes` cached: the ratio becomes exactly 1 (the allowance
+    /// moves by at most `NEAR_ONE` of the bytes), the watch is checked,
+    /// and `limit` (the comparison that spares the next releases their
+    /// arithmetic), `steady` and the hit check are set for it. A ratio
+    /// near 1 has `gain` 1: the ratio of a zero half-life stays 0.
+    #[cold]
+    #[inline(never)]
+    fn reach_one(&mut self, bytes: usize) {
+        debug_assert!(self.gain == 1.0, "a ratio near 1 with a zero half-life");
+        self.ratio = 1.0;
+        let b = float(bytes);
+        self.keep_watch(b, b);
+        self.set_limit();
+        self.set_hit_check(bytes);
     }
 
     /// Sets `hit_check` for the ratio, `half` and `bytes` cached.
@@ -1021,10 +1073,11 @@ impl Exponential {
     /// allowance is at most the bytes: no check.
     #[inline]
     fn set_hit_check(&mut self, bytes: usize) {
-        self.hit_check = self.ratio > 1.0 && {
+        let check = self.ratio > 1.0 && {
             let b = float(bytes);
             (self.ratio - 1.0) * b + b * 1e-14 > self.half
         };
+        self.hit_floor = if check { usize::MAX } else { 0 };
     }
 
     /// What keeps a deadline `due` from a state at `at`: `2^((due - at) /
@@ -1236,7 +1289,7 @@ impl EvictionPolicy for Exponential {
         // block's size may have taken the oldest block.
         if size == self.oldest_size {
             self.lose_oldest(after);
-        } else if self.hit_check {
+        } else if self.hit_floor == usize::MAX {
             let b = float(after);
             self.keep_watch(self.ratio * b, b);
         }
@@ -1252,8 +1305,7 @@ impl EvictionPolicy for Exponential {
         // `oldest_size` is when unknown.)
         !(now.as_nanos() > u128::from(self.at_nanos)
             || size == self.oldest_size
-            || after == 0
-            || self.hit_check)
+            || after <= self.hit_floor)
     }
 
     #[inline]
@@ -1589,6 +1641,85 @@ mod tests {
         assert_eq!(p.ratio, 1.0);
         p.on_release(t, 1 << 40, (1 << 40) + 5);
         assert_eq!(p.ratio, 1.0);
+    }
+
+    /// Round trips at a stopped clock after a tick decayed the ratio take
+    /// it back towards 1; the release that brings it within `NEAR_ONE`
+    /// makes it exactly 1, where the releases after it compute nothing.
+    /// (Rounded, the steps would stop `3.6e-15` below 1, short of it.)
+    #[test]
+    fn releases_take_a_decayed_ratio_to_exactly_one() {
+        use super::NEAR_ONE;
+        let (size, n) = (1024usize, 64usize);
+        let bytes = size * n;
+        let mut p = Exponential::new(Duration::from_secs(1));
+        for i in 1..=n {
+            p.on_release(Duration::ZERO, size, size * i);
+        }
+        assert_eq!(p.ratio, 1.0);
+        let t = Duration::from_millis(1);
+        let mut releases = 0;
+        p.on_hit(t, size, bytes, bytes - size);
+        assert!(p.ratio < 1.0 - 1e-4, "decayed by a tick");
+        while p.ratio != 1.0 {
+            if releases > 0 {
+                p.on_hit(t, size, bytes, bytes - size);
+            }
+            let before = p.ratio;
+            p.on_release(t, size, bytes);
+            releases += 1;
+            let step = before + (1.0 - before) * (float(size) / float(bytes));
+            if p.ratio == 1.0 {
+                assert!(1.0 - step <= NEAR_ONE, "made 1 from {before:e}");
+            } else {
+                assert_eq!(p.ratio.to_bits(), step.to_bits(), "release {releases}");
+                assert!(
+                    p.ratio > before,
+                    "release {releases}: stopped at {before:e}"
+                );
+            }
+            assert!(
+                releases < 2000,
+                "{releases} releases: still at {:e}",
+                p.ratio
+            );
+        }
+        assert_eq!(releases, 1299);
+        // At 1 the release compares the bytes with `limit`, and nothing more.
+        assert!(p.limit > bytes);
+        for _ in 0..10 {
+            p.on_hit(t, size, bytes, bytes - size);
+            p.on_release(t, size, bytes);
+            assert_eq!(p.ratio, 1.0);
+        }
+    }
+
+    /// Above a ratio of 1, with so many bytes cached beside `half` that the
+    /// rounded allowance of a hit may come out over the clamp, a hit goes
+    /// out of line (`try_on_hit` answers `false`) and `on_hit` checks the
+    /// rounded product: here `(1 + 2^-52) * 2^60` rounds to `2^60 + 256`,
+    /// over the clamp `2^60 + 64`, so the deadline is stale. At a ratio of
+    /// 1 only a hit that empties the cache goes out of line.
+    #[test]
+    fn a_hit_near_the_clamp_goes_out_of_line_and_checks_it() {
+        let t = Duration::ZERO;
+        let bytes = 1usize << 60;
+        let mut p = Exponential::new(Duration::from_secs(1));
+        p.ratio = 1.0 + f64::EPSILON;
+        p.half = 64.0;
+        p.watch = 0.5;
+        p.stale = false;
+        p.oldest_size = 4096;
+        p.set_hit_check(bytes + 128);
+        assert!(!p.try_on_hit(t, 128, bytes + 128, bytes));
+        p.on_hit(t, 128, bytes + 128, bytes);
+        assert!(p.stale, "the rounded allowance is over the clamp");
+        // At a ratio of 1 a hit computes nothing, unless it empties the
+        // cache.
+        p.ratio = 1.0;
+        p.set_hit_check(bytes + 128);
+        assert!(p.try_on_hit(t, 128, bytes + 128, bytes));
+        assert!(!p.try_on_hit(t, 128, 128, 0));
     }
 
     /// A hit reported with nothing cached before it (which the pool never

@@ -5,7 +5,7 @@
 
 use crate::SizeClass;
 use crate::error::PoolError;
-use crate::policy::{FixedCapacity, Reuse, clamp_ratio};
+use crate::policy::{FixedCapacity, NEAR_ONE, Reuse, clamp_ratio};
 use crate::stats::Stats;
 use crate::testing::{Call, TestError};
 
@@ -834,7 +834,14 @@ impl Model {
                     } else {
                         1.0
                     };
-                    self.ratio += (gain - self.ratio) * (block.class as f64 / after);
+                    let ratio = self.ratio + (gain - self.ratio) * (block.class as f64 / after);
+                    // A ratio within `NEAR_ONE` of 1 becomes 1 (tested as
+                    // the policy tests it).
+                    self.ratio = if (1.0 - NEAR_ONE..=1.0 + NEAR_ONE).contains(&ratio) {
+                        1.0
+                    } else {
+                        ratio
+                    };
                 }
                 self.stale_answer();
                 Ok(())
