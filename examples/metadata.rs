@@ -157,7 +157,7 @@ fn main() {
         "{:<16} {:<26} {:>10} {:>12} {:>18} {:>16}",
         "policy", "classes", "cached", "bytes/block", "after hit trip", "after trim (B)"
     );
-    // Between one size and a million, mixes of 100 to 2 blocks a class
+    // Between one size and a million, mixes of 100 to 1 blocks a class
     // (at 34, 18 and 10 a class's older blocks are just past a power of
     // two, and its ring's capacity at its emptiest).
     // The last mix is the million sizes' requests rounded to PyTorch-style
@@ -171,6 +171,10 @@ fn main() {
         ("55555 sizes x 18", 55_555, SizeClass::Exact),
         ("62500 sizes x 16", 62_500, SizeClass::Exact),
         ("100000 sizes x 10", 100_000, SizeClass::Exact),
+        ("111111 sizes x 9", 111_111, SizeClass::Exact),
+        ("125000 sizes x 8", 125_000, SizeClass::Exact),
+        ("142857 sizes x 7", 142_857, SizeClass::Exact),
+        ("166666 sizes x 6", 166_666, SizeClass::Exact),
         ("200000 sizes x 5", 200_000, SizeClass::Exact),
         ("250000 sizes x 4", 250_000, SizeClass::Exact),
         ("500000 sizes x 2", 500_000, SizeClass::Exact),
