@@ -164,27 +164,23 @@ fn main() {
     // size classes (four per power of two): 65 classes, the shape a
     // program that asks for a million distinct sizes can choose (its
     // blocks are then up to a quarter larger than asked).
-    for (label, classes, class) in [
-        ("1 size x 1000000", 1usize, SizeClass::Exact),
-        ("10000 sizes x 100", 10_000, SizeClass::Exact),
-        ("29411 sizes x 34", 29_411, SizeClass::Exact),
-        ("55555 sizes x 18", 55_555, SizeClass::Exact),
-        ("62500 sizes x 16", 62_500, SizeClass::Exact),
-        ("100000 sizes x 10", 100_000, SizeClass::Exact),
-        ("111111 sizes x 9", 111_111, SizeClass::Exact),
-        ("125000 sizes x 8", 125_000, SizeClass::Exact),
-        ("142857 sizes x 7", 142_857, SizeClass::Exact),
-        ("166666 sizes x 6", 166_666, SizeClass::Exact),
-        ("200000 sizes x 5", 200_000, SizeClass::Exact),
-        ("250000 sizes x 4", 250_000, SizeClass::Exact),
-        ("500000 sizes x 2", 500_000, SizeClass::Exact),
-        ("1000000 sizes x 1", 1_000_000, SizeClass::Exact),
+    // Exact classes, by blocks a class (the sizes are `BLOCKS / per`);
+    // then the rounded mix.
+    let exact = [1_000_000, 100, 34, 18, 16, 10, 9, 8, 7, 6, 5, 4, 2, 1].map(|per| {
+        let classes = BLOCKS / per;
+        let noun = if classes == 1 { "size" } else { "sizes" };
         (
-            "1000000 sizes, 4 per 2^k",
-            1_000_000,
-            SizeClass::PowerOfTwoDivisions(4),
-        ),
-    ] {
+            format!("{classes} {noun} x {per}"),
+            classes,
+            SizeClass::Exact,
+        )
+    });
+    let rounded = (
+        format!("{BLOCKS} sizes, 4 per 2^k"),
+        BLOCKS,
+        SizeClass::PowerOfTwoDivisions(4),
+    );
+    for (label, classes, class) in exact.into_iter().chain([rounded]) {
         let reqs = requests(classes);
         for (name, row) in [
             ("fixed_time", measure(FixedTime::new(huge), class, &reqs)),
