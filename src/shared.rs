@@ -343,6 +343,35 @@ impl<A: RawAllocator, P: Policy, C: Clock> Lending<A, P, C> {
         self.prune();
     }
 
+    /// The magazine of an exited thread that holds the most blocks, if any,
+    /// for a thread that takes up the pool: a new reference to it, so that
+    /// no other thread adopts it and `prune` keeps it. Its blocks keep
+    /// their release times (they decay when they would have), and its
+    /// owner's counts of misses start again ([`Magazine::adopted`]).
+    ///
+    /// So threads that come and go (a thread for each task) reuse the
+    /// blocks of those before them, where each would otherwise miss at
+    /// every class while the blocks of its predecessors wait out their
+    /// time in magazines no thread reaches. O(magazines in the list), once
+    /// for each thread that takes up the pool.
+    fn adopt(&mut self) -> Option<Arc<Magazine<A::Block>>> {
+        let mut most: Option<(usize, usize)> = None;
+        for (i, mag) in self.mags.iter_mut().enumerate() {
+            // Only this list holds it: its thread's table dropped it.
+            let Some(mag) = Arc::get_mut(mag) else {
+                continue;
+            };
+            let len = mag.get_mut().len();
+            if most.is_none_or(|(_, m)| len > m) {
+                most = Some((i, len));
+            }
+        }
+        let (i, _) = most?;
+        let mag = &mut self.mags[i];
+        Arc::get_mut(mag)?.adopted();
+        Some(Arc::clone(mag))
+    }
+
     /// Drops from the list the magazines no thread holds any more (their
     /// thread exited) once they are empty, keeping their counts.
     fn prune(&mut self) {
@@ -601,17 +630,27 @@ impl<A: RawAllocator, P: Policy, C: Clock> Inner<A, P, C> {
         });
     }
 
-    /// Gives this thread a magazine for the pool; `false` when it cannot
-    /// have one now.
+    /// Gives this thread a magazine for the pool: the one an exited thread
+    /// left with the most blocks, if any (see [`Lending::adopt`]), else a
+    /// new one; `false` when it cannot have one now.
     #[cold]
     #[inline(never)]
     fn register(&self, this: &Arc<Self>) -> bool {
-        let blocks = self.tc.as_ref().map_or(MAGAZINE, |tc| tc.magazine);
-        let mag = Arc::new(Magazine::new(blocks, 8 * blocks));
+        let (mag, adopted) = match self.slot(|_, lending| lending.adopt()) {
+            Some(mag) => (mag, true),
+            None => {
+                let blocks = self.tc.as_ref().map_or(MAGAZINE, |tc| tc.magazine);
+                (Arc::new(Magazine::new(blocks, 8 * blocks)), false)
+            }
+        };
         if !thread_cache::register(this, &mag) {
+            // An adopted magazine stays in the list, its thread's again
+            // once `mag` drops.
             return false;
         }
-        self.slot(|_, lending| lending.mags.push(mag));
+        if !adopted {
+            self.slot(|_, lending| lending.mags.push(mag));
+        }
         true
     }
 
@@ -1831,6 +1870,17 @@ impl<A: RawAllocator, C: Clock + Clone + Sync> SharedPool<A, FixedTime, C> {
     /// the call goes to the shared cache as with [`SharedPool::new`]. A
     /// block is released to the magazine of the thread that drops it (if
     /// that thread has one for this pool).
+    ///
+    /// A thread that exits leaves its magazine to the pool, and the next
+    /// thread to take up the pool (at its first call that finds no
+    /// magazine of its own) adopts it, blocks and all, with their release
+    /// times: threads that come and go (one for each task) reuse the
+    /// blocks of those before them rather than miss at every class while
+    /// those blocks wait out their time in magazines no thread reaches.
+    /// When several wait, the one with the most blocks is adopted (a look
+    /// at each magazine in the pool's list, once for each thread); the
+    /// others wait for the next thread, and their blocks decay on time
+    /// meanwhile.
     ///
     /// Decay stays exact: a [`FixedTime`] block expires at its release
     /// time plus the time to live whoever holds it, so each operation

@@ -13,7 +13,13 @@
 //! pool's statistics move them to the cached counts when read. A thread
 //! that exits leaves its magazine in the pool's list, where `collect`,
 //! `trim`, the limit, the out-of-memory retry and the pool's drop reach it;
-//! `collect` drops it from the list once it is empty.
+//! the next thread to take up the pool adopts it, blocks and all (the one
+//! with the most blocks, if several wait), and `collect` drops it from
+//! the list once it is empty if none did. A magazine has one owner at a
+//! time: it is adopted only while the pool's list alone holds it
+//! (`Arc::get_mut`, under the cache lock), so its old owner's table has
+//! let it go, and the new owner's reference keeps any other thread from
+//! adopting it.
 //!
 //! A thread that uses more classes than its magazine holds misses in it at
 //! many calls, and would pay for the magazine on top of the shared cache:
@@ -490,6 +496,14 @@ impl<B> Magazine<B> {
     /// (its thread exited): only the pool's list reaches it.
     pub(super) fn get_mut(&mut self) -> &mut MagState<B> {
         self.state.get_mut()
+    }
+
+    /// Readies a magazine that no thread's table holds any more for a new
+    /// owner: its count of misses starts again (a thread that passed it by
+    /// left that to its successor), its blocks and its size stay.
+    pub(super) fn adopted(&mut self) {
+        *self.skip.0.get_mut() = 0;
+        *self.full_misses.get_mut() = 0;
     }
 }
 

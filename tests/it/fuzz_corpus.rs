@@ -1271,38 +1271,54 @@ fn seeds_pass_the_harness() {
 
 /// The thread-cached runs reach the magazines: a short-lived thread's
 /// round trip hits its own magazine, and the block it left there is not
-/// the main thread's to hit (a pool without magazines would hand it out:
-/// two misses, not three), yet it still goes back at the end.
+/// the main thread's to hit (the main thread has its magazine first, a
+/// block of 100 bytes, so it adopts none), yet it still goes back at the
+/// end. Without that first request the main thread adopts the exited
+/// thread's magazine and hits its block.
 #[test]
 fn thread_cached_runs_use_magazines() {
-    let ops = thread_leaves_a_block();
+    let ops = [
+        vec![sop::alloc(0, 1), sop::release(0, 0)],
+        thread_leaves_a_block(),
+    ]
+    .concat();
     let plain = fuzzing::shared_ops(&seed(&cfg(0, P64), ops.clone())).expect("parses");
     let cached = fuzzing::shared_ops(&seed(&cfg(0, P64).thread_caches(), ops)).expect("parses");
     assert!(!plain.thread_cached && cached.thread_cached);
     assert_eq!(
         (cached.stats.hits, cached.stats.misses),
-        (1, 3),
+        (1, 4),
         "the thread hits its magazine; the main thread misses the block left there"
     );
     assert_eq!(
-        cached.stats.blocks_cached, 3,
-        "a block in each magazine, one more"
+        cached.stats.blocks_cached, 4,
+        "a block in each magazine, two more"
     );
-    // A thread allocates four blocks (missing four times), hands one to
-    // the main thread, releases three to its magazine and takes one back
-    // (a hit); the main thread then asks for their three sizes: each
-    // misses, unless the magazine holds one block only (the fuzz
-    // harness's small magazines: `MAGAZINES[1]`), which its thread passes
-    // by after two misses in a row: the three blocks went to the shared
-    // cache, and the main thread hits them.
+    let adopted = fuzzing::shared_ops(&seed(&cfg(0, P64).thread_caches(), thread_leaves_a_block()))
+        .expect("parses");
+    assert_eq!(
+        (adopted.stats.hits, adopted.stats.misses),
+        (2, 2),
+        "the main thread adopts the exited thread's magazine"
+    );
+    // The main thread caches a block of 64 bytes in its magazine; a
+    // thread allocates four blocks (missing four times), hands one to the
+    // main thread, releases three to its magazine and takes one back (a
+    // hit); the main thread then asks for their three sizes: the 64 hits
+    // its own magazine, the others miss, unless the magazines hold one
+    // block only (the fuzz harness's small magazines: `MAGAZINES[1]`),
+    // which the thread passes by after two misses in a row: its blocks
+    // went to the shared cache, and the main thread hits them.
     let ops = [
+        sop::alloc(0, 0),
+        sop::release(0, 0),
         sop::via_block(6),
         sop::alloc(0, 1),
         sop::alloc(0, 2),
         sop::alloc(0, 0),
     ];
-    for (magazine, main_hits) in [(0, 0), (1, 3)] {
-        assert_hits_and_misses(magazine, &ops, (1 + main_hits, 7 - main_hits));
+    for (magazine, main_hits) in [(0, 1), (1, 3)] {
+        assert_hits_and_misses(magazine, &ops, (1 + main_hits, 8 - main_hits));
     }
 }
 

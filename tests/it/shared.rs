@@ -937,22 +937,35 @@ where
     .unwrap();
 }
 
+/// Gives this thread its magazine (a request of one byte, a miss cached
+/// there), so that it adopts no exited thread's magazine later: its
+/// requests then show what the other magazines keep.
+fn take_up<A>(pool: &SharedPool<A, FixedTime, ManualClock>)
+where
+    A: RawAllocator,
+    A::Error: core::fmt::Debug,
+{
+    drop(pool.allocate(1).unwrap());
+}
+
 #[test]
 fn a_threads_released_blocks_stay_in_its_own_cache() {
     let (pool, alloc, _clock) = tc_pool(Duration::from_secs(1));
+    take_up(&pool);
     cache_on_a_thread(&pool, &[64, 128]);
     let s = pool.stats();
-    assert_eq!((s.misses, s.blocks_cached, s.bytes_cached), (2, 2, 192));
+    assert_eq!((s.misses, s.blocks_cached, s.bytes_cached), (3, 3, 193));
     assert_eq!(
         (s.blocks_in_use, s.bytes_in_use, s.bytes_reserved),
-        (0, 0, 192)
+        (0, 0, 193)
     );
-    // Another thread does not see them: its own request misses.
+    // Another thread, which has its magazine, does not see them: its own
+    // request misses.
     drop(pool.allocate(64).unwrap());
     // Its own release goes to its own magazine, and its next request hits.
     drop(pool.allocate(64).unwrap());
     let s = pool.stats();
-    assert_eq!((s.hits, s.misses, s.blocks_cached), (1, 3, 3));
+    assert_eq!((s.hits, s.misses, s.blocks_cached), (1, 4, 4));
     assert_eq!(s.backing_allocs, alloc.allocs());
     assert_eq!(s.bytes_cached, alloc.live_bytes());
     drop(pool);
@@ -1051,20 +1064,24 @@ fn a_cache_passed_by_is_tried_again_and_serves_its_thread() {
     // rest, so the block ends in that thread's magazine, not in the
     // shared cache: another thread's request of that size misses.
     let (pool, alloc, _clock) = tc_pool(Duration::from_secs(3600));
+    take_up(&pool);
     miss_wide_then_round_trips(&pool, WIDE as usize, 10_000);
     let s = pool.stats();
-    assert_eq!((s.hits, s.misses, s.blocks_cached), (10_000, WIDE, WIDE));
+    assert_eq!(
+        (s.hits, s.misses, s.blocks_cached),
+        (10_000, WIDE + 1, WIDE + 1)
+    );
     drop(pool.allocate(64).unwrap());
     assert_eq!(
         pool.stats().misses,
-        WIDE + 1,
+        WIDE + 2,
         "the block is in the other thread's cache"
     );
     for i in 2..=WIDE as usize {
         drop(pool.allocate(64 * i).unwrap());
     }
     let s = pool.stats();
-    assert_eq!((s.hits, s.misses), (10_000 + WIDE - 1, WIDE + 1));
+    assert_eq!((s.hits, s.misses), (10_000 + WIDE - 1, WIDE + 2));
     assert_eq!(s.bytes_cached, alloc.live_bytes());
     drop(pool);
     alloc.assert_all_freed();
@@ -1079,6 +1096,7 @@ fn a_thread_over_more_classes_than_its_magazine_holds_grows_it() {
     // blocks instead of being passed by, and keeps all 100 blocks, which
     // another thread's requests then miss.
     let (pool, alloc, _clock) = tc_pool(Duration::from_secs(3600));
+    take_up(&pool);
     let worker = pool.clone();
     thread::spawn(move || {
         for _ in 0..3 {
@@ -1090,16 +1108,16 @@ fn a_thread_over_more_classes_than_its_magazine_holds_grows_it() {
     .join()
     .unwrap();
     let s = pool.stats();
-    assert_eq!((s.hits, s.misses, s.blocks_cached), (200, 100, 100));
+    assert_eq!((s.hits, s.misses, s.blocks_cached), (200, 101, 101));
     let blocks: Vec<_> = (1..=100).map(|i| pool.allocate(64 * i).unwrap()).collect();
     let s = pool.stats();
     assert_eq!(
         (s.hits, s.misses),
-        (200, 200),
+        (200, 201),
         "all in the exited thread's magazine"
     );
     drop(blocks);
-    assert_eq!(alloc.allocs(), 200);
+    assert_eq!(alloc.allocs(), 201);
     drop(pool);
     alloc.assert_all_freed();
 }
@@ -1142,6 +1160,7 @@ fn a_thread_whose_cache_serves_most_calls_but_not_nearly_all_passes_it_by() {
     const SIZES: usize = 1000;
     for (rounds, kept) in [(1, 512), (3, 0)] {
         let (pool, alloc, _clock) = tc_pool(Duration::from_secs(3600));
+        take_up(&pool);
         let worker = pool.clone();
         thread::spawn(move || {
             for _ in 0..rounds {
@@ -1156,7 +1175,7 @@ fn a_thread_whose_cache_serves_most_calls_but_not_nearly_all_passes_it_by() {
         let served = (rounds * SIZES) as u64;
         assert_eq!(
             (s.hits, s.misses, s.blocks_cached),
-            (served - 1000, 1000, 1000)
+            (served - 1000, 1001, 1001)
         );
         let blocks: Vec<_> = (1..=SIZES)
             .map(|i| pool.allocate(64 * i).unwrap())
@@ -1164,7 +1183,7 @@ fn a_thread_whose_cache_serves_most_calls_but_not_nearly_all_passes_it_by() {
         let s = pool.stats();
         assert_eq!(
             (s.hits, s.misses),
-            (served - kept, 1000 + kept),
+            (served - kept, 1001 + kept),
             "{kept} in the exited thread's magazine after {rounds} rounds"
         );
         drop(blocks);
@@ -1187,6 +1206,7 @@ fn a_thread_cache_whose_slots_keep_classes_it_no_longer_holds_makes_room() {
     // of misses would have it passed by.)
     const ROUND: usize = 26;
     let (pool, alloc, _clock) = tc_pool(Duration::from_secs(3600));
+    take_up(&pool);
     let size = |round: usize, i: usize| 64 * (100 * round + i);
     let worker = pool.clone();
     thread::spawn(move || {
@@ -1206,13 +1226,13 @@ fn a_thread_cache_whose_slots_keep_classes_it_no_longer_holds_makes_room() {
     .join()
     .unwrap();
     let s = pool.stats();
-    assert_eq!((s.hits, s.misses, s.blocks_cached), (130, 156, 156));
+    assert_eq!((s.hits, s.misses, s.blocks_cached), (130, 157, 157));
     let last: Vec<_> = (1..=ROUND)
         .map(|i| pool.allocate(size(5, i)).unwrap())
         .collect();
     assert_eq!(
         pool.stats().misses,
-        156 + ROUND as u64,
+        157 + ROUND as u64,
         "the last round's blocks are in its magazine"
     );
     drop(last);
@@ -1396,9 +1416,9 @@ fn the_out_of_memory_retry_reaches_the_thread_caches() {
             .build(),
     );
     cache_on_a_thread(&pool, &[1000, 2000]);
-    // 3000 bytes idle in the exited thread's magazine; 2000 more fit only
-    // once the retry frees some.
-    let b = pool.allocate(2000).unwrap();
+    // 3000 bytes idle in the exited thread's magazine, which this thread
+    // adopts; 3000 more fit only once the retry frees some.
+    let b = pool.allocate(3000).unwrap();
     let s = pool.stats();
     assert_eq!(s.backing_failures, 1);
     assert!(s.trimmed >= 1);
@@ -1647,4 +1667,139 @@ fn one_thread_alternating_between_pools_hits_in_each_magazine() {
     drop((b, c));
     alloc_b.assert_all_freed();
     alloc_c.assert_all_freed();
+}
+
+#[test]
+fn threads_that_come_and_go_reuse_the_blocks_of_those_before() {
+    // Ten threads one after another, each caching blocks of three sizes in
+    // its magazine and exiting: each one after the first adopts the
+    // magazine its predecessor left, with its blocks, and hits. (Before
+    // magazines were adopted: 30 misses, 30 backing allocations, 30
+    // blocks cached.)
+    const SIZES: [usize; 3] = [64, 4096, 1 << 20];
+    let (pool, alloc, _clock) = tc_pool(Duration::from_secs(1));
+    for _ in 0..10 {
+        cache_on_a_thread(&pool, &SIZES);
+    }
+    let s = pool.stats();
+    assert_eq!((s.hits, s.misses, s.blocks_cached), (27, 3, 3));
+    assert_eq!(alloc.allocs(), 3);
+    drop(pool);
+    alloc.assert_all_freed();
+}
+
+#[test]
+fn an_adopted_magazines_blocks_expire_when_they_would_have() {
+    // A block cached at 0 by a thread that exits; at 600 ms another
+    // thread adopts its magazine and caches a block of its own there. At
+    // 1 s the first block goes, at 1.6 s the second: adoption starts no
+    // idle time again.
+    let (pool, alloc, clock) = tc_pool(Duration::from_secs(1));
+    cache_on_a_thread(&pool, &[64]);
+    clock.advance(Duration::from_millis(600));
+    cache_on_a_thread(&pool, &[128]);
+    let s = pool.stats();
+    assert_eq!((s.misses, s.blocks_cached), (2, 2));
+    clock.advance(Duration::from_millis(399));
+    assert_eq!(pool.collect(), 0);
+    clock.advance(Duration::from_millis(1));
+    assert_eq!(pool.collect(), 1);
+    assert_eq!((alloc.live(), alloc.live_bytes()), (1, 128));
+    clock.advance(Duration::from_millis(599));
+    assert_eq!(pool.collect(), 0);
+    clock.advance(Duration::from_millis(1));
+    assert_eq!(pool.collect(), 1);
+    let s = pool.stats();
+    assert_eq!((s.evictions, s.blocks_cached, alloc.live()), (2, 0, 0));
+    drop(pool);
+    alloc.assert_all_freed();
+}
+
+#[test]
+fn a_thread_that_takes_up_the_pool_adopts_the_fullest_magazine_left() {
+    // Two threads register at once, cache one and two blocks, and exit:
+    // this thread adopts the magazine of two, whose sizes hit, and its
+    // request of the other size misses (no other thread adopted that
+    // magazine: it waits for one, or for its block to decay).
+    let (pool, alloc, _clock) = tc_pool(Duration::from_secs(3600));
+    let both = Barrier::new(2);
+    thread::scope(|scope| {
+        let threads: Vec<_> = [&[64][..], &[128, 256][..]]
+            .into_iter()
+            .map(|sizes| {
+                let (pool, both) = (pool.clone(), &both);
+                scope.spawn(move || {
+                    let blocks: Vec<_> = sizes.iter().map(|&s| pool.allocate(s).unwrap()).collect();
+                    both.wait(); // both have their magazines before either exits
+                    drop(blocks);
+                })
+            })
+            .collect();
+        // Joined, so that their thread-local tables are gone too (the end
+        // of the scope waits for the closures only).
+        for t in threads {
+            t.join().unwrap();
+        }
+    });
+    for size in [128, 256, 64] {
+        drop(pool.allocate(size).unwrap());
+    }
+    let s = pool.stats();
+    assert_eq!((s.hits, s.misses, s.blocks_cached), (2, 4, 4));
+    assert_eq!(alloc.allocs(), 4);
+    drop(pool);
+    alloc.assert_all_freed();
+}
+
+#[test]
+fn threads_that_come_and_go_while_others_collect_lose_nothing() {
+    // Two threads each start short-lived threads one after another, which
+    // churn blocks and exit (each new one adopting a magazine left), while
+    // this thread collects and reads the statistics (visiting every
+    // magazine, adopted or waiting): every count still adds up, and every
+    // block goes back once.
+    let (pool, alloc, clock) = tc_pool(Duration::from_millis(20));
+    let done = AtomicBool::new(false);
+    thread::scope(|scope| {
+        let spawners: Vec<_> = (0..2u64)
+            .map(|s| {
+                let (pool, clock) = (pool.clone(), clock.clone());
+                scope.spawn(move || {
+                    for t in 0..if cfg!(miri) { 3 } else { 40 } {
+                        let (pool, clock) = (pool.clone(), clock.clone());
+                        thread::spawn(move || {
+                            churn(&pool, &clock, 100 * s + t + 1, ops(300), 6, 5)
+                        })
+                        .join()
+                        .unwrap();
+                    }
+                })
+            })
+            .collect();
+        scope.spawn(|| {
+            while !done.load(Ordering::Relaxed) {
+                pool.collect();
+                let s = pool.stats();
+                assert!(s.blocks_cached <= s.backing_allocs - s.backing_deallocs);
+                thread::yield_now();
+            }
+        });
+        for s in spawners {
+            s.join().unwrap();
+        }
+        done.store(true, Ordering::Relaxed);
+    });
+    let s = pool.stats();
+    assert_eq!(s.blocks_in_use, 0);
+    assert_eq!(
+        (s.misses, s.backing_allocs),
+        (alloc.allocs(), alloc.allocs())
+    );
+    assert_eq!(s.backing_deallocs, alloc.deallocs());
+    assert_eq!(s.bytes_cached, alloc.live_bytes());
+    clock.advance(Duration::from_millis(20));
+    pool.collect();
+    assert_eq!((pool.stats().blocks_cached, alloc.live()), (0, 0));
+    drop(pool);
+    alloc.assert_all_freed();
 }
