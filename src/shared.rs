@@ -347,7 +347,7 @@ impl<A: RawAllocator, P: Policy, C: Clock> Lending<A, P, C> {
     /// for a thread that takes up the pool: a new reference to it, so that
     /// no other thread adopts it and `prune` keeps it. Its blocks keep
     /// their release times (they decay when they would have), and its
-    /// owner's counts of misses start again ([`Magazine::adopted`]).
+    /// owner's counts of misses start again ([`Magazine::hand_over`]).
     ///
     /// So threads that come and go (a thread for each task) reuse the
     /// blocks of those before them, where each would otherwise miss at
@@ -368,7 +368,7 @@ impl<A: RawAllocator, P: Policy, C: Clock> Lending<A, P, C> {
         }
         let (i, _) = most?;
         let mag = &mut self.mags[i];
-        Arc::get_mut(mag)?.adopted();
+        Arc::get_mut(mag)?.hand_over();
         Some(Arc::clone(mag))
     }
 
@@ -1881,6 +1881,24 @@ impl<A: RawAllocator, C: Clock + Clone + Sync> SharedPool<A, FixedTime, C> {
     /// at each magazine in the pool's list, once for each thread); the
     /// others wait for the next thread, and their blocks decay on time
     /// meanwhile.
+    ///
+    /// ```
+    /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+    /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, FixedTime, SharedPool};
+    /// let alloc = CheckingAllocator::new();
+    /// let pool = SharedPool::with_thread_caches(DecayingPool::new(alloc.clone(), FixedTime::default()));
+    /// for _ in 0..3 {
+    ///     let pool = pool.clone();
+    ///     // A thread for each task: each after the first adopts the
+    ///     // magazine of the one before, and hits the block it left there.
+    ///     std::thread::spawn(move || drop(pool.allocate(64).unwrap())).join().unwrap();
+    /// }
+    /// let s = pool.stats();
+    /// assert_eq!((s.hits, s.misses, alloc.allocs()), (2, 1, 1));
+    /// # Ok(())
+    /// # }
+    /// ```
     ///
     /// Decay stays exact: a [`FixedTime`] block expires at its release
     /// time plus the time to live whoever holds it, so each operation

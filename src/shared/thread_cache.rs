@@ -501,7 +501,7 @@ impl<B> Magazine<B> {
     /// Readies a magazine that no thread's table holds any more for a new
     /// owner: its count of misses starts again (a thread that passed it by
     /// left that to its successor), its blocks and its size stay.
-    pub(super) fn adopted(&mut self) {
+    pub(super) fn hand_over(&mut self) {
         *self.skip.0.get_mut() = 0;
         *self.full_misses.get_mut() = 0;
     }
