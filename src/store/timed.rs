@@ -110,6 +110,9 @@ struct Class<B> {
 }
 
 const _: () = assert!(core::mem::size_of::<Class<usize>>() == 64);
+// `examples/metadata.rs` prints the layout's floor from these sizes.
+const _: () = assert!(core::mem::size_of::<Item<usize>>() == 24);
+const _: () = assert!(core::mem::size_of::<Token>() == 24);
 
 /// A class's cached blocks in release order: the newest in the class
 /// itself, the older ones in a ring buffer that a LIFO round trip does not
