@@ -155,7 +155,8 @@ impl<T> Ring<T> {
 
     /// Up to this many slots, a ring grows one slot at a time, so that it
     /// holds a few values in as many slots. (From 9, growing by half
-    /// reaches 13, 19, 28, …, the capacities it reached before.)
+    /// reaches 13, 19, 28, …, the capacities it reached before.) At least
+    /// 2, so that growing by half adds a slot.
     pub(crate) const EXACT: usize = 9;
 
     /// Shrinks the capacity to twice the values held once a quarter of it
@@ -210,6 +211,8 @@ impl<T> Drop for Ring<T> {
         while self.pop_front().is_some() {}
     }
 }
+
+const _: () = assert!(Ring::<u8>::EXACT >= 2);
 
 #[cfg(test)]
 mod tests {

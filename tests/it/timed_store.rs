@@ -302,3 +302,30 @@ fn a_class_queue_shrinks_as_its_blocks_decay() {
         n - freed
     );
 }
+
+/// A class of up to nine blocks costs its bucket and one ring slot for
+/// each block but its newest, no more: its ring grows a slot at a time
+/// that far (then by half). The bookkeeping per cached block at many
+/// classes of few blocks rests on it (`examples/metadata.rs`).
+#[test]
+fn a_small_class_rings_its_older_blocks_in_as_many_slots() {
+    // A block's ring slot: the block, its release time and number.
+    const SLOT: usize = 24;
+    let with = |blocks: usize| {
+        let (mut pool, _clock) = numbers_pool();
+        fill(&mut pool, core::iter::repeat_n(4096, blocks));
+        assert_eq!(pool.stats().blocks_cached, blocks as u64);
+        pool.validate();
+        pool.bookkeeping_bytes()
+    };
+    let one = with(1);
+    for blocks in 2..=10 {
+        assert_eq!(
+            with(blocks) - one,
+            (blocks - 1) * SLOT,
+            "{blocks} blocks of a class"
+        );
+    }
+    // Past nine older blocks the ring grows by half: 13 slots for 10.
+    assert_eq!(with(11) - one, 13 * SLOT);
+}
