@@ -747,22 +747,22 @@ impl<B, P: EvictionPolicy> Store<B> for TimedStore<B, P> {
         self.puts += 1;
         self.bytes += class;
         let at = now;
-        let ring_first = self.mode.ring_first;
-        // Ring first (batches), a release rarely follows a hit of its
-        // size, and a test of the last class found would be mispredicted
-        // whenever it does: the release looks its class up.
-        let found = if ring_first {
-            self.classes.find(class)
-        } else {
-            self.classes.get_mut(class)
-        };
-        let cls = match found {
-            Some(cls) => cls,
-            None => self.new_class(class),
-        };
-        let had_token = if ring_first {
+        // One test of the mode for both the lookup and the append.
+        let had_token = if self.mode.ring_first {
+            // Ring first (batches), a release rarely follows a hit of its
+            // size, and a test of the last class found would be
+            // mispredicted whenever it does: the release looks its class
+            // up.
+            let cls = match self.classes.find(class) {
+                Some(cls) => cls,
+                None => self.new_class(class),
+            };
             cls.items.push_back_ring_first(Item { block, at, seq })
         } else {
+            let cls = match self.classes.get_mut(class) {
+                Some(cls) => cls,
+                None => self.new_class(class),
+            };
             cls.items.push_back(Item { block, at, seq })
         };
         if !had_token {
