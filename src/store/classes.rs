@@ -6,9 +6,10 @@
 //! That pointer is the module's only `unsafe`, and its invariant is kept
 //! here, behind a safe API: the rest of the store cannot touch the table
 //! or the pointer except through [`Classes`]' methods, each of which
-//! either leaves every class in place or forgets the pointer first.
+//! either leaves every class in place or forgets the pointer first. A
+//! forgotten pointer names a class of size 0 that the module owns (no
+//! lookup asks for size 0), so the release's test is of the size alone.
 
-use core::ptr;
 use std::sync::atomic::{AtomicPtr, Ordering::Relaxed};
 
 use hashbrown::HashTable;
@@ -17,6 +18,10 @@ use hashbrown::HashTable;
 pub(super) trait Keyed {
     /// The class size: its key in the table.
     fn size(&self) -> usize;
+
+    /// A value of size 0, which no lookup asks for: what the pointer to
+    /// the last class found names when it names no class.
+    fn sentinel() -> Self;
 }
 
 /// The hash of a class size: one folded multiply (the high and low halves
@@ -48,18 +53,29 @@ fn hash_size(size: usize) -> u64 {
 /// forgets the pointer, which may name a class it read. It is an `AtomicPtr` only so that
 /// the `&self` methods can forget it while `Classes` stays `Send` and
 /// `Sync` like the table.
+///
+/// Forgotten, it names `sentinel`, a value of size 0 on the heap that
+/// nothing else reaches: no lookup asks for size 0 (the store's class
+/// sizes are never 0), so [`get_mut`](Classes::get_mut) tests the size
+/// it reads through the pointer and nothing else, where a null pointer
+/// would take a test of its own on every release.
 pub(super) struct Classes<C> {
     table: HashTable<C>,
-    /// The class the last lookup found, or null.
+    /// The class the last lookup found, or `sentinel`.
     last: AtomicPtr<C>,
+    /// `Box::into_raw` of a value of size 0, freed on drop; reached only
+    /// through `last`. An `AtomicPtr` for the same reason as `last`.
+    sentinel: AtomicPtr<C>,
 }
 
 impl<C: Keyed> Classes<C> {
-    /// No classes; allocates nothing.
+    /// No classes; allocates the sentinel (a class's bytes) only.
     pub(super) fn new() -> Self {
+        let sentinel = Box::into_raw(Box::new(C::sentinel()));
         Classes {
             table: HashTable::new(),
-            last: AtomicPtr::new(ptr::null_mut()),
+            last: AtomicPtr::new(sentinel),
+            sentinel: AtomicPtr::new(sentinel),
         }
     }
 
@@ -78,27 +94,28 @@ impl<C: Keyed> Classes<C> {
     /// Forgets the last class found, before the table is touched otherwise.
     #[inline(always)]
     fn forget_last(&self) {
-        self.last.store(ptr::null_mut(), Relaxed);
+        self.last.store(self.sentinel.load(Relaxed), Relaxed);
     }
 
     /// The class of `size`, if any, through the last class found when it
     /// is that size (a release after a hit), else looked up (and then
-    /// remembered).
+    /// remembered). `size` is not 0.
     #[inline(always)]
     pub(super) fn get_mut(&mut self, size: usize) -> Option<&mut C> {
+        debug_assert_ne!(size, 0, "a lookup of size 0 would find the sentinel");
         let last = *self.last.get_mut();
-        if !last.is_null() {
-            // SAFETY: `last` is non-null, so `find` set it from the `&mut`
-            // that `find_mut` returned, and since then every method that
-            // moves or removes a class, or makes a reference to one other
-            // than through `last`, has nulled it (see the type's
-            // documentation): the class is where it was, alive, and no other
-            // reference to it exists (`&mut self`, and the one `find`
-            // returned has ended).
-            let class = unsafe { &mut *last };
-            if class.size() == size {
-                return Some(class);
-            }
+        // SAFETY: `last` is the sentinel, which `new` allocated and only
+        // `drop` frees, and which no reference but those made here and
+        // ended reaches; or `find` set it from the `&mut` that `find_mut`
+        // returned, and since then every method that moves or removes a
+        // class, or makes a reference to one other than through `last`,
+        // has forgotten it (see the type's documentation): the class is
+        // where it was, alive, and no other reference to it exists (`&mut
+        // self`, and the one `find` returned has ended).
+        let class = unsafe { &mut *last };
+        // The sentinel's size, 0, is no size asked for.
+        if class.size() == size {
+            return Some(class);
         }
         self.find(size)
     }
@@ -161,6 +178,14 @@ impl<C: Keyed> Classes<C> {
     }
 }
 
+impl<C> Drop for Classes<C> {
+    fn drop(&mut self) {
+        // SAFETY: the sentinel came from `Box::into_raw` in `new`, and is
+        // freed here only; `last` may name it but is not used again.
+        drop(unsafe { Box::from_raw(*self.sentinel.get_mut()) });
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::{Classes, Keyed};
@@ -170,6 +195,10 @@ mod tests {
     impl Keyed for C {
         fn size(&self) -> usize {
             self.0
+        }
+
+        fn sentinel() -> Self {
+            C(0, 0)
         }
     }
 

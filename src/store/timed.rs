@@ -424,6 +424,13 @@ impl<B> Keyed for Class<B> {
     fn size(&self) -> usize {
         self.size
     }
+
+    fn sentinel() -> Self {
+        Class {
+            size: 0,
+            items: Blocks::new(),
+        }
+    }
 }
 
 /// The timed store: see the module documentation.
