@@ -18,7 +18,8 @@
 //! Arguments: the cache (`map`, the hand-written map of vectors;
 //! `fixed_time`, `exponential` or `fixed_capacity`, over `ManualClock`;
 //! `rounded`, `fixed_time` with classes `SizeClass::PowerOfTwoDivisions(4)`;
-//! `fixed_capacity_fifo`, `fixed_capacity` with `Reuse::Fifo`;
+//! `fixed_time_fifo` and `fixed_capacity_fifo`, `fixed_time` and
+//! `fixed_capacity` with `Reuse::Fifo`;
 //! `exponential_moved`, `exponential` with the clock moved on a
 //! millisecond once the pool is filled, as between two ticks of
 //! `MonotonicClock`;
@@ -70,8 +71,9 @@ const BATCH: usize = 16;
 const SAMPLES: usize = 300;
 
 /// The caches a run can name.
-const CACHES: &str = "map, fixed_time, rounded, exponential, exponential_moved, \
-                      fixed_capacity, fixed_capacity_fifo, shared or thread_caches";
+const CACHES: &str = "map, fixed_time, fixed_time_fifo, rounded, exponential, \
+                      exponential_moved, fixed_capacity, fixed_capacity_fifo, shared or \
+                      thread_caches";
 
 /// The scale of a run: parsed from the command line.
 struct Scale {
@@ -285,6 +287,15 @@ fn runner<'a>(
     Some(match name {
         "map" => map(scale, sizes, walk),
         "fixed_time" => pool(FixedTime::new(ttl), exact, lifo, still, scale, sizes, walk),
+        "fixed_time_fifo" => pool(
+            FixedTime::new(ttl),
+            exact,
+            Reuse::Fifo,
+            still,
+            scale,
+            sizes,
+            walk,
+        ),
         // Classes that round, as PyTorch's `roundup_power2_divisions`.
         "rounded" => pool(
             FixedTime::new(ttl),

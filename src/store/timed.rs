@@ -202,40 +202,29 @@ impl<B> Blocks<B> {
         had_token
     }
 
-    /// Removes the newest block, for a store whose classes keep their
-    /// blocks in their rings (see [`Mode`]): from the class itself only if
-    /// it holds one there (a class that was empty, or was not released to
-    /// since the store went ring first).
-    #[inline(always)]
-    fn pop_back_ring_first(&mut self) -> Option<Item<B>> {
-        match self.take_newest() {
-            Some(item) => Some(item),
-            None => self.older.pop_back(),
-        }
-    }
-
-    /// Appends the newest block in the ring, unless the class is empty
+    /// Appends the newest block in the ring, unless the class has no token
     /// (see [`Mode`]): a class that keeps its blocks in its ring finds the
     /// newest one there at each hit, where `push_back` would move it to the
     /// class itself and back. Gives the class a token, as `push_back`.
     #[inline(always)]
     fn push_back_ring_first(&mut self, item: Item<B>) -> bool {
-        // A class with blocks has its token. Tested in the order of a
-        // batch's releases: a class with blocks in its ring, then one with
-        // its only block in itself, then an empty one.
-        if !self.has_newest() && !self.older.is_empty() {
-            self.older.push_back(item);
+        // A token and no block in the class itself (a batch's release):
+        // one comparison. The ring may be empty (the class emptied, its
+        // token still queued); the block then opens it.
+        if self.state == TOKEN {
+            self.older.push_back_lifo(item);
             return true;
         }
         if let Some(before) = self.take_newest() {
-            self.older.push_back(before);
-            self.older.push_back(item);
+            self.older.push_back_lifo(before);
+            self.older.push_back_lifo(item);
             return true;
         }
-        let had_token = self.has_token();
+        // No token, so no block: the class itself holds it, as
+        // `push_back` would.
         self.newest = MaybeUninit::new(item);
         self.state = NEWEST | TOKEN;
-        had_token
+        false
     }
 
     /// Removes the oldest block.
@@ -291,16 +280,16 @@ impl<B> Drop for Blocks<B> {
 /// class itself and counts nothing). Every [`SWITCHES`] of them it goes
 /// ring first if they were at least one hit in [`SWITCHES`] since it last
 /// chose. Ring first, it counts nothing, and after [`RING_FIRST_HITS`]
-/// hits it goes bucket first again, to measure afresh.
+/// hits served from rings it goes bucket first again, to measure afresh.
+/// (Ring first, a hit finds its block in the class itself only if the
+/// class had lost its token when it was last released to: once in a
+/// while at most.)
 struct Mode {
     ring_first: bool,
-    /// LIFO and bucket first: the round trip's case, which the hit path
-    /// tests first, with one test of its own (a test of the reuse order
-    /// and then of `ring_first` would be two).
-    bucket: bool,
-    /// While ring first, the hit count (`taken`) at which to go bucket
-    /// first again.
-    until: u64,
+    /// While ring first, the hits served from rings left before the store
+    /// goes bucket first again (counted down: one instruction and a branch
+    /// a hit).
+    left: u64,
     /// While bucket first: switches counted, the hit count after the last
     /// hit served from a ring, and the hit count at the last choice.
     switches: u64,
@@ -316,12 +305,11 @@ const SWITCHES: u64 = 8;
 const RING_FIRST_HITS: u64 = 1024;
 
 impl Mode {
-    /// A store with `reuse` that has measured nothing.
-    fn new(reuse: Reuse) -> Self {
+    /// A store that has measured nothing.
+    fn new() -> Self {
         Mode {
             ring_first: false,
-            bucket: reuse == Reuse::Lifo,
-            until: 0,
+            left: 0,
             switches: 0,
             after_ring: 0,
             mark: 0,
@@ -351,8 +339,7 @@ impl Mode {
         self.mark = taken;
         if SWITCHES * SWITCHES >= hits {
             self.ring_first = true;
-            self.bucket = false;
-            self.until = taken + RING_FIRST_HITS;
+            self.left = RING_FIRST_HITS;
         }
     }
 
@@ -363,7 +350,6 @@ impl Mode {
     #[inline(always)]
     fn measure(&mut self, taken: u64) {
         self.ring_first = false;
-        self.bucket = true;
         self.mark = taken;
         self.after_ring = taken;
     }
@@ -503,7 +489,7 @@ impl<B, P: EvictionPolicy> TimedStore<B, P> {
             not_before: 0,
             untold: false,
             top_class: 0,
-            mode: Mode::new(reuse),
+            mode: Mode::new(),
         }
     }
 
@@ -694,21 +680,26 @@ impl<B, P: EvictionPolicy> TimedStore<B, P> {
         // The block is taken before the mode counts the hit, so that no
         // store comes between the test above that the class is not empty
         // and the take, which then tests nothing again.
-        let item = if self.mode.bucket {
-            match cls.items.take_newest() {
-                Some(item) => Some(item),
-                None => {
-                    let item = cls.items.older.pop_back();
-                    self.mode.ring_hit(self.taken);
-                    item
-                }
+        // One test of the mode on each LIFO path: a block in the class
+        // itself (a round trip's) tells the reuse order alone, and one in
+        // the ring the mode first (a batch's, ring first).
+        let item = if cls.items.has_newest() {
+            if self.reuse == Reuse::Lifo {
+                cls.items.take_newest()
+            } else {
+                cls.items.pop_front()
             }
-        } else if self.reuse == Reuse::Lifo {
-            // Ring first.
-            let item = cls.items.pop_back_ring_first();
-            if self.taken == self.mode.until {
+        } else if self.mode.ring_first {
+            let item = cls.items.older.pop_back();
+            self.mode.left -= 1;
+            if self.mode.left == 0 {
                 self.mode.measure(self.taken);
             }
+            item
+        } else if self.reuse == Reuse::Lifo {
+            // Bucket first.
+            let item = cls.items.older.pop_back();
+            self.mode.ring_hit(self.taken);
             item
         } else {
             cls.items.pop_front()
@@ -893,11 +884,6 @@ impl<B, P: EvictionPolicy> Store<B> for TimedStore<B, P> {
         assert!(
             self.classes.len() <= self.sweep_at,
             "empty classes were not swept"
-        );
-        assert_eq!(
-            self.mode.bucket,
-            self.reuse == Reuse::Lifo && !self.mode.ring_first,
-            "the hit path's bucket-first flag"
         );
         assert!(
             self.reuse == Reuse::Lifo || !self.mode.ring_first,
@@ -1087,11 +1073,8 @@ mod tests {
                     token = true;
                     model.push_back(n);
                 }
-                5 => {
-                    let got = blocks.pop_back_ring_first();
-                    assert_eq!(got.map(|i| i.block.0), model.pop_back());
-                }
-                6 => {
+                5 | 6 => {
+                    // A LIFO hit: the class itself first, else the ring.
                     let got = blocks.take_newest().or_else(|| blocks.older.pop_back());
                     assert_eq!(got.map(|i| i.block.0), model.pop_back());
                 }
