@@ -51,7 +51,10 @@ per_trip() {
     local a b
     a=$(total "$1" "$2" "$n")
     b=$(total "$1" "$2" $((2 * n)))
-    echo $(((b - a) / (n * per)))
+    # Rounded to the nearest: the difference is a whole count less a
+    # hair (the two runs' setups differ by a few instructions), which
+    # truncating would take one lower.
+    echo $(((2 * (b - a) + n * per) / (2 * n * per)))
 }
 
 # Nanoseconds per round trip (per block for batches) of every cache of

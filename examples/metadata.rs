@@ -16,8 +16,11 @@
 //! store gives its table, heap and queues back as the cache empties; the
 //! `FixedCapacity` table is allocated once at its full size and kept).
 //!
-//! Beside each timed row of exact classes it prints the floor of the timed
-//! store's layout for that mix: what its table, tokens and rings take with
+//! The `fixed_time_fifo` rows are `FixedTime` under `Reuse::Fifo`, whose
+//! classes of two blocks or more keep them all in their rings.
+//!
+//! Beside each LIFO timed row of exact classes it prints the floor of the
+//! timed store's layout for that mix: what its table, tokens and rings take with
 //! no slack but the table's (see [`floor`]). The measured bytes are within
 //! a few percent of it, so what is left at few blocks a class is the
 //! layout's, not waste.
@@ -27,7 +30,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use decaying_pool::{
-    DecayingPool, Exponential, FixedCapacity, FixedTime, ManualClock, Policy, SizeClass,
+    DecayingPool, Exponential, FixedCapacity, FixedTime, ManualClock, Policy, Reuse, SizeClass,
 };
 
 /// `std::alloc::System`, keeping count of the bytes currently allocated.
@@ -153,15 +156,16 @@ fn round<P: Policy>(pool: &mut DecayingPool<Null, P, ManualClock>, requests: &[u
     }
 }
 
-/// Measures the bookkeeping of a pool with `policy` and `class` for
-/// `requests`.
-fn measure<P: Policy>(policy: P, class: SizeClass, requests: &[usize]) -> Row {
+/// Measures the bookkeeping of a pool with `policy`, `class` and `reuse`
+/// for `requests`.
+fn measure<P: Policy>(policy: P, class: SizeClass, reuse: Reuse, requests: &[usize]) -> Row {
     let clock = ManualClock::new();
     let before = current();
     let mut pool = DecayingPool::builder(Null::default())
         .policy(policy)
         .clock(clock.clone())
         .size_class(class)
+        .reuse(reuse)
         .build();
     round(&mut pool, requests);
     let filled = current() - before;
@@ -224,15 +228,28 @@ fn main() {
     );
     for (label, classes, class, timed_floor) in exact.into_iter().chain([rounded]) {
         let reqs = requests(classes);
+        let lifo = Reuse::Lifo;
         for (name, row) in [
-            ("fixed_time", measure(FixedTime::new(huge), class, &reqs)),
-            ("exponential", measure(Exponential::new(huge), class, &reqs)),
+            (
+                "fixed_time",
+                measure(FixedTime::new(huge), class, lifo, &reqs),
+            ),
+            (
+                "fixed_time_fifo",
+                measure(FixedTime::new(huge), class, Reuse::Fifo, &reqs),
+            ),
+            (
+                "exponential",
+                measure(Exponential::new(huge), class, lifo, &reqs),
+            ),
             (
                 "fixed_capacity",
-                measure(FixedCapacity::new(BLOCKS), class, &reqs),
+                measure(FixedCapacity::new(BLOCKS), class, lifo, &reqs),
             ),
         ] {
-            let floor = if name == "fixed_capacity" {
+            // The floor is a LIFO store's (a FIFO class of two blocks or
+            // more keeps them all in its ring).
+            let floor = if name == "fixed_capacity" || name == "fixed_time_fifo" {
                 "-"
             } else {
                 &timed_floor

@@ -121,23 +121,35 @@ struct Blocks<B> {
     older: Ring<Item<B>>,
     /// The newest block, initialised when `state` has [`NEWEST`].
     newest: MaybeUninit<Item<B>>,
-    /// [`NEWEST`] and [`TOKEN`]: in one byte, so that a release tests with
-    /// one comparison that the class has its token and no block in itself
-    /// (a round trip's release).
+    /// [`NEWEST`], [`TOKEN`] and [`IN_RING`]: in one byte, so that a
+    /// release tests with one comparison that the class has its token and
+    /// no block in itself (a round trip's release).
     state: u8,
+    /// The class is in a FIFO store: read by a release that finds a block
+    /// in the class itself or in its ring (`push_back`). Kept here, in the
+    /// bucket's padding, rather than read from the store, so that a
+    /// round trip's release does not keep it in a register.
+    fifo: bool,
 }
 
 /// `Blocks::state`: the newest block is in the class itself.
 const NEWEST: u8 = 1;
 /// `Blocks::state`: the class has a token in the heap.
 const TOKEN: u8 = 2;
+/// `Blocks::state`: a FIFO class keeps its blocks in its ring, so a
+/// release there appends to the ring (see `Blocks::push_back`). Never
+/// with [`NEWEST`]; it may outlast the ring's last block (the next
+/// release then finds the ring empty).
+const IN_RING: u8 = 4;
 
 impl<B> Blocks<B> {
-    fn new() -> Self {
+    /// An empty class's blocks, in a FIFO store if `fifo`.
+    fn new(fifo: bool) -> Self {
         Blocks {
             older: Ring::new(),
             newest: MaybeUninit::uninit(),
             state: 0,
+            fifo,
         }
     }
 
@@ -185,13 +197,28 @@ impl<B> Blocks<B> {
 
     /// Appends the newest block and gives the class a token: answers
     /// whether it had one (if not, the caller pushes it).
+    ///
+    /// LIFO, in the class itself. FIFO (`Blocks::fifo`), in the class itself
+    /// only if the class is empty, else in the ring with the others (the
+    /// class's block moves there too, and the state gets [`IN_RING`]): so
+    /// a FIFO class's block in the class itself is its only one, and a
+    /// hit that finds a block there takes it whatever the reuse order.
     #[inline(always)]
     fn push_back(&mut self, item: Item<B>) -> bool {
         let had_token = if self.state == TOKEN {
             // The round trip's release (a token, no block in the class
-            // itself): one comparison, and nothing moves.
+            // itself, and for FIFO none in the ring, or the state would
+            // have `IN_RING`): one comparison, and nothing moves.
             true
         } else {
+            if self.fifo && (self.has_newest() || !self.older.is_empty()) {
+                if let Some(before) = self.take_newest() {
+                    self.older.push_back(before);
+                }
+                self.older.push_back(item);
+                self.state = TOKEN | IN_RING;
+                return true;
+            }
             if let Some(before) = self.take_newest() {
                 self.older.push_back(before);
             }
@@ -220,11 +247,14 @@ impl<B> Blocks<B> {
             self.older.push_back_lifo(item);
             return true;
         }
-        // No token, so no block: the class itself holds it, as
-        // `push_back` would.
+        // In a LIFO store, no token, so no block: the class itself holds
+        // it, as `push_back` would. (A FIFO class's state, which a LIFO
+        // store never has, may have a token and blocks in the ring; the
+        // block goes after them all the same.)
+        let had_token = self.has_token();
         self.newest = MaybeUninit::new(item);
         self.state = NEWEST | TOKEN;
-        false
+        had_token
     }
 
     /// Removes the oldest block.
@@ -414,7 +444,7 @@ impl<B> Keyed for Class<B> {
     fn sentinel() -> Self {
         Class {
             size: 0,
-            items: Blocks::new(),
+            items: Blocks::new(false),
         }
     }
 }
@@ -502,9 +532,10 @@ impl<B, P: EvictionPolicy> TimedStore<B, P> {
         if self.classes.len() >= self.sweep_at {
             self.sweep();
         }
+        let fifo = self.reuse == Reuse::Fifo;
         self.classes.insert(Class {
             size,
-            items: Blocks::new(),
+            items: Blocks::new(fifo),
         })
     }
 
@@ -680,15 +711,12 @@ impl<B, P: EvictionPolicy> TimedStore<B, P> {
         // The block is taken before the mode counts the hit, so that no
         // store comes between the test above that the class is not empty
         // and the take, which then tests nothing again.
-        // One test of the mode on each LIFO path: a block in the class
-        // itself (a round trip's) tells the reuse order alone, and one in
-        // the ring the mode first (a batch's, ring first).
+        // A block in the class itself (a round trip's) is taken whatever
+        // the reuse order: a FIFO class holds one there only when it is
+        // its only block (`Blocks::push_back`). In the ring, the mode is
+        // tested first (a batch's hit, ring first).
         let item = if cls.items.has_newest() {
-            if self.reuse == Reuse::Lifo {
-                cls.items.take_newest()
-            } else {
-                cls.items.pop_front()
-            }
+            cls.items.take_newest()
         } else if self.mode.ring_first {
             let item = cls.items.older.pop_back();
             self.mode.left -= 1;
@@ -895,6 +923,18 @@ impl<B, P: EvictionPolicy> Store<B> for TimedStore<B, P> {
         for class in self.classes.iter() {
             let size = class.size;
             assert!(size > 0, "a class of zero bytes");
+            if self.reuse == Reuse::Fifo && class.items.has_newest() {
+                // A hit takes the block in the class itself, whatever the
+                // reuse order.
+                assert!(
+                    class.items.older.is_empty(),
+                    "a FIFO class of {size} bytes with blocks both in itself and in its ring"
+                );
+            }
+            assert!(
+                class.items.state & (NEWEST | IN_RING) != NEWEST | IN_RING,
+                "class {size} is marked in its ring with a block in itself"
+            );
             assert!(
                 sizes.insert(size, ()).is_none(),
                 "two classes of {size} bytes"
@@ -1051,7 +1091,7 @@ mod tests {
     #[test]
     fn a_class_keeps_release_order_bucket_first_and_ring_first() {
         let alive = Rc::new(());
-        let mut blocks = Blocks::new();
+        let mut blocks = Blocks::new(false);
         let mut model = VecDeque::new();
         // Whether the class has a token: every release gives it one (and
         // answers whether it had one); the heap takes it from an empty
@@ -1064,6 +1104,9 @@ mod tests {
             // More releases than hits, so the ring fills and grows too.
             match (x >> 59) % 8 {
                 0 | 1 => {
+                    // Both appends of the bucket-first store, LIFO and
+                    // FIFO, mixed: either keeps the release order.
+                    blocks.fifo = x & (1 << 30) != 0;
                     assert_eq!(blocks.push_back(item(n, &alive)), token);
                     token = true;
                     model.push_back(n);
@@ -1189,6 +1232,42 @@ mod tests {
         assert!(s.mode.ring_first, "and batches ring first again");
         s.check();
         assert_eq!(s.len(), 8 * 16);
+    }
+
+    /// A FIFO class holds a block in its bucket only when it is its only
+    /// one (so a hit that finds one there takes it without testing the
+    /// reuse order); from two blocks, all are in its ring, and hits take
+    /// them oldest first.
+    #[test]
+    fn a_fifo_class_of_two_blocks_or_more_keeps_them_in_its_ring() {
+        let mut s: TimedStore<u64, FixedTime> =
+            TimedStore::new(FixedTime::new(Duration::from_secs(3600)), Reuse::Fifo);
+        let items = |s: &TimedStore<u64, FixedTime>, size: usize| {
+            let c = s.classes.get(size).expect("the class");
+            (c.items.has_newest(), c.items.older.len())
+        };
+        assert!(s.put(1, 64, 0).is_none());
+        assert_eq!(items(&s, 64), (true, 0), "an only block in the bucket");
+        assert!(s.put(2, 64, 0).is_none());
+        assert_eq!(items(&s, 64), (false, 2), "two blocks in the ring");
+        assert!(s.put(3, 64, 0).is_none());
+        assert_eq!(items(&s, 64), (false, 3));
+        s.check();
+        // Round trips take the oldest and append to the ring.
+        for (n, oldest) in (1..=6).enumerate() {
+            assert_eq!(s.take(64, 0), Some(oldest));
+            assert!(s.put(oldest + 3, 64, 0).is_none());
+            assert_eq!(items(&s, 64), (false, 3), "round trip {n}");
+        }
+        // Emptied, the class takes its next block in its bucket again.
+        for oldest in 7..=9 {
+            assert_eq!(s.take(64, 0), Some(oldest));
+        }
+        assert_eq!(items(&s, 64), (false, 0));
+        assert!(s.put(10, 64, 0).is_none());
+        assert_eq!(items(&s, 64), (true, 0));
+        assert_eq!(s.take(64, 0), Some(10));
+        s.check();
     }
 
     /// Hits served from a ring in long runs (eight round trips, then eight
