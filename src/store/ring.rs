@@ -95,14 +95,7 @@ impl<T> Ring<T> {
     /// When the ring already holds 2^30 values, its largest capacity.
     #[inline(always)]
     pub(crate) fn push_back(&mut self, value: T) {
-        if self.len as usize == self.buf.len() {
-            self.grow();
-        }
-        let i = self.slot(self.len as usize);
-        // SAFETY: after `grow`, `len` is below the capacity, so the
-        // wrapped index `i` is a slot, in bounds.
-        unsafe { self.buf.get_unchecked_mut(i) }.write(value);
-        self.len += 1;
+        self.push_at_back::<false>(value);
     }
 
     /// [`push_back`](Self::push_back) for a LIFO ring, whose back rarely
@@ -113,11 +106,25 @@ impl<T> Ring<T> {
     /// When the ring already holds 2^30 values, its largest capacity.
     #[inline(always)]
     pub(crate) fn push_back_lifo(&mut self, value: T) {
+        self.push_at_back::<true>(value);
+    }
+
+    /// `push_back`, its index wrapped as `back_slot` does if `LIFO`, else
+    /// as `slot` does.
+    #[inline(always)]
+    fn push_at_back<const LIFO: bool>(&mut self, value: T) {
         if self.len as usize == self.buf.len() {
             self.grow();
         }
-        let i = self.back_slot(self.len as usize);
-        // SAFETY: as in `push_back`: `back_slot` computes the same index.
+        let k = self.len as usize;
+        let i = if LIFO {
+            self.back_slot(k)
+        } else {
+            self.slot(k)
+        };
+        // SAFETY: after `grow`, `len` is below the capacity, so the
+        // wrapped index `i` (`slot` and `back_slot` compute the same one)
+        // is a slot, in bounds.
         unsafe { self.buf.get_unchecked_mut(i) }.write(value);
         self.len += 1;
     }
