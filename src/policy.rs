@@ -160,11 +160,11 @@ pub trait EvictionPolicy {
     /// in the inlined hit path makes the compiler save and restore
     /// registers at every hit, taken or not. Answering `false` on those
     /// paths leaves the hit path calling nothing. [`Exponential`] answers
-    /// `false` when the clock moved since its last hook (its allowance
-    /// decays, an exponential), when the hit may take the block its
-    /// deadline was planned for, when it empties the cache, or when its
-    /// allowance sits so close to its clamp that rounding must be
-    /// checked; else its `on_hit` changes nothing, and `try_on_hit`
+    /// `false` when the hit may take the block its deadline was planned
+    /// for, when it empties the cache, or when its allowance sits so
+    /// close to its clamp that rounding must be checked; else its
+    /// `on_hit` changes nothing (a hit decays nothing either: the ratio
+    /// of its allowance to the bytes cached stays), and `try_on_hit`
     /// answers `true` having computed nothing.
     ///
     /// # Examples
@@ -178,11 +178,11 @@ pub trait EvictionPolicy {
     /// p.on_release(t, 64, 64);
     /// p.on_release(t, 32, 96);
     /// let mut q = p;
-    /// // At the same time, with the 64-byte block still cached: inline.
-    /// assert!(p.try_on_hit(t, 32, 96, 64));
-    /// q.on_hit(t, 32, 96, 64);
+    /// // With the 64-byte block still cached: inline, even a second later.
+    /// assert!(p.try_on_hit(t * 2, 32, 96, 64));
+    /// q.on_hit(t * 2, 32, 96, 64);
     /// assert_eq!(p, q);
-    /// // A second later the allowance decays first: out of line, unchanged.
+    /// // A hit that empties the cache: out of line, unchanged.
     /// assert!(!p.try_on_hit(t * 2, 64, 64, 0));
     /// assert_eq!(p, q);
     /// ```
@@ -1277,8 +1277,11 @@ impl EvictionPolicy for Exponential {
 
     #[inline(always)]
     fn on_hit(&mut self, now: Duration, size: usize, before: usize, after: usize) {
-        let _ = before;
-        self.rebase(now);
+        // No decay to `now`: a hit leaves the ratio, and the watch and
+        // the allowance it is held against are both as of `at` (as a
+        // free by expiry leaves them), so they compare as they would
+        // decayed; the next release or collection decays them.
+        let _ = (now, before);
         if after == 0 {
             self.min_size = usize::MAX;
         }
@@ -1297,15 +1300,12 @@ impl EvictionPolicy for Exponential {
 
     #[inline(always)]
     fn try_on_hit(&mut self, now: Duration, size: usize, before: usize, after: usize) -> bool {
-        let _ = before;
-        // `on_hit` does nothing unless the clock moved (the ratio decays:
-        // an exponential), the hit may take the oldest block
+        let _ = (now, before);
+        // `on_hit` does nothing unless the hit may take the oldest block
         // (`lose_oldest`), it empties the cache, or it must check the
         // allowance against the clamp. (A hit's size is never zero, which
         // `oldest_size` is when unknown.)
-        !(now.as_nanos() > u128::from(self.at_nanos)
-            || size == self.oldest_size
-            || after <= self.hit_floor)
+        !(size == self.oldest_size || after <= self.hit_floor)
     }
 
     #[inline]
@@ -1625,17 +1625,20 @@ mod tests {
         p.on_release(Duration::ZERO, 7, 10);
         p.on_release(Duration::ZERO, 11, 21);
         assert_eq!(p.ratio, 1.0);
-        // Decayed, so the ratio is no round number.
+        // A hit decays nothing: the ratio stays as of the last release.
         p.on_hit(t, 7, 21, 14);
-        let r = p.ratio;
-        assert_eq!(r.to_bits(), (-0.003f64).exp2().to_bits());
         p.on_hit(t, 11, 14, 3);
-        assert_eq!(p.ratio.to_bits(), r.to_bits());
+        assert_eq!(p.ratio, 1.0);
+        assert_eq!(p.at, Duration::ZERO);
+        // The release decays it first, to no round number, then adds.
         p.on_release(t, 11, 14);
+        let r = (-0.003f64).exp2();
         let expected = r + (1.0 - r) * (float(11) / float(14));
         assert_eq!(p.ratio.to_bits(), expected.to_bits());
-        // A hit that empties the cache, then a release: a ratio of 1.
+        // Hits keep that ratio too.
         p.on_hit(t, 11, 14, 3);
+        assert_eq!(p.ratio.to_bits(), expected.to_bits());
+        // A hit that empties the cache, then a release: a ratio of 1.
         p.on_hit(t, 3, 3, 0);
         p.on_release(t, 5, 5);
         assert_eq!(p.ratio, 1.0);
@@ -1660,6 +1663,8 @@ mod tests {
         let t = Duration::from_millis(1);
         let mut releases = 0;
         p.on_hit(t, size, bytes, bytes - size);
+        // The next release would decay it first (a hit decays nothing).
+        p.rebase(t);
         assert!(p.ratio < 1.0 - 1e-4, "decayed by a tick");
         while p.ratio != 1.0 {
             if releases > 0 {

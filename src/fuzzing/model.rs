@@ -701,8 +701,9 @@ impl Model {
             let before = self.bytes_cached();
             let hit = self.idle.remove(i);
             let after = self.bytes_cached();
-            // The allowance scales with the bytes cached: the ratio stays.
-            let _ = (before, after, self.rebase());
+            // The allowance scales with the bytes cached: the ratio stays
+            // (as of the time it was last decayed to: a hit decays nothing).
+            let _ = (before, after);
             self.hits += 1;
             self.from_pool = self.from_pool.saturating_add(class);
             self.waste = self.waste.saturating_add(class - size);
