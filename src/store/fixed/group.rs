@@ -96,14 +96,6 @@ impl<const STRIDE: u32> BitMask<STRIDE> {
     }
 }
 
-impl<const STRIDE: u32> BitMask<STRIDE> {
-    /// The positions but the lowest.
-    #[inline(always)]
-    pub(crate) fn without_lowest(self) -> Self {
-        BitMask(self.0 & self.0.wrapping_sub(1))
-    }
-}
-
 impl<const STRIDE: u32> Iterator for BitMask<STRIDE> {
     type Item = usize;
 
