@@ -1390,11 +1390,13 @@ impl EvictionPolicy for Exponential {
 /// taken to the size's next newest, where it would compare stamps. `collect` is a
 /// no-op; `trim` empties the table; `FixedCapacity::new(0)` caches nothing.
 ///
-/// Each slot costs `size_of::<B>() + 29` bytes: the block, its size (8),
-/// a release stamp and the two links of the age list (16), the link to its
-/// size's next newest block (4), and a tag byte, which also says whether
-/// the slot holds a block: 37 bytes for a `NonNull` block or a `u64`
-/// device pointer.
+/// Each slot costs a record of the block, its size (8), a release stamp
+/// and the two links of the age list (16), rounded up to a multiple of 32
+/// bytes so that a hit touches one cache line for it; then the link to
+/// its size's next newest block (4), and a tag byte, which also says
+/// whether the slot holds a block: 37 bytes for a `NonNull` block or a
+/// `u64` device pointer (every backend of this crate), 69 for a block of
+/// 9 to 40 bytes.
 ///
 /// # Blocks of one size
 ///

@@ -79,16 +79,21 @@
 //! by a sentinel so that linking and unlinking never branch, so `trim`,
 //! the limit and the out-of-memory retry free the globally oldest block in
 //! O(1). Each slot carries a release stamp (a counter) to compare ages
-//! within a window. The stamp and the links live in an array of their own
-//! (16 bytes a slot) beside the entries (the block and its class: 16 bytes
-//! for a pointer-sized block): a hit reads a candidate's entry and its
-//! stamp side by side, and the relinking of a hit and a release writes
-//! only to the small link array, not to the neighbours' entries. The chain
+//! within a window. The stamp and the links (16 bytes) sit beside the
+//! slot's entry (the block and its class: 16 bytes for a pointer-sized
+//! block) in one record aligned to 32 bytes, so that a hit reads and
+//! writes its slot's entry, stamp and links in one cache line; relinking
+//! then touches the two neighbours' records, each a line of its own. (Kept
+//! in an array of their own until 2026-11-28, the links were a line apart
+//! from the entry: at 4096 × 4 a round trip missed the first-level cache
+//! 5.7 times against 4.6, and took 16.9 against 15.2–15.5 ns; see
+//! docs/PERFORMANCE.md.) The chain
 //! links are a third array (4 bytes a slot), read and written only off the
 //! round trip's path (a release through the hint keeps its slot's link: the
 //! block released there takes the place of the block the hit took). A slot
-//! costs `size_of::<B>() + 8` (class) `+ 16` (stamp, links) `+ 4` (chain)
-//! `+ 1` (tag) bytes, allocated once.
+//! costs its record, `size_of::<B>() + 8` (class) `+ 16` (stamp, links)
+//! rounded up to a multiple of 32 (32 for a block of up to 8 bytes, 64
+//! up to 40), `+ 4` (chain) `+ 1` (tag) bytes, allocated once.
 
 mod group;
 
@@ -134,16 +139,24 @@ impl<B> Entry<B> {
 }
 
 /// A slot's release stamp and its neighbours in the age list, or the
-/// list's sentinel (after the last slot's): kept apart from the entries,
-/// so that relinking writes to a small array (16 bytes a slot) and not to
-/// the neighbours' entries, and a hit reads a candidate's stamp and its
-/// links in one load, beside (not after) its entry. Meaningless for an
-/// empty slot (and the sentinel's stamp).
+/// list's sentinel (the last record's): beside the slot's entry in its
+/// [`Slot`] record. Meaningless for an empty slot (and the sentinel's
+/// stamp).
 #[derive(Clone, Copy)]
 struct Link {
     stamp: u64,
     older: u32,
     newer: u32,
+}
+
+/// A slot's entry and its age-list links, side by side: a hit reads
+/// and writes both in one cache line (aligned to 32 bytes, a record of a
+/// pointer-sized block never straddles two). The last record is the
+/// sentinel's (its entry unused).
+#[repr(C, align(32))]
+struct Slot<B> {
+    entry: Entry<B>,
+    link: Link,
 }
 
 /// The fixed-capacity store: see the module documentation.
@@ -152,12 +165,10 @@ pub struct FixedStore<B> {
     /// [`EMPTY`]: `slots + WIDTH` bytes, or none. A slot
     /// holds a block exactly when its tag is not [`EMPTY`].
     tags: Box<[u8]>,
-    /// `slots` entries, or none.
-    entries: Box<[Entry<B>]>,
-    /// The age list, oldest first: each slot's links, then the sentinel's
-    /// (whose `newer` is the oldest slot and `older` the newest): `slots +
-    /// 1`, or none.
-    links: Box<[Link]>,
+    /// Each slot's entry and its links in the age list (oldest first),
+    /// then the sentinel's links (whose `newer` is the oldest slot and
+    /// `older` the newest): `slots + 1`, or none.
+    table: Box<[Slot<B>]>,
     /// Each slot's link down its class's chain (LIFO): the slot of the
     /// block that was its class's newest when the slot's block was
     /// released, or `slots` for none known (see [`below_of`](Self::below_of)).
@@ -225,33 +236,32 @@ pub struct FixedStore<B> {
 /// The tag array and the entries of a table of `slots`, allocated
 /// fallibly: `None` when either cannot be.
 #[allow(clippy::type_complexity)]
-fn try_table<B>(slots: usize) -> Option<(Box<[u8]>, Box<[Entry<B>]>, Box<[Link]>, Box<[u32]>)> {
+fn try_table<B>(slots: usize) -> Option<(Box<[u8]>, Box<[Slot<B>]>, Box<[u32]>)> {
     if slots == 0 {
         // Zero slots allocate nothing.
         return Some(Default::default());
     }
-    let mut entries = Vec::new();
-    entries.try_reserve_exact(slots).ok()?;
-    let mut links = Vec::new();
-    links.try_reserve_exact(slots + 1).ok()?;
+    let mut table = Vec::new();
+    table.try_reserve_exact(slots + 1).ok()?;
     let mut tags = Vec::new();
     tags.try_reserve_exact(slots + WIDTH).ok()?;
     let mut below = Vec::new();
     below.try_reserve_exact(slots).ok()?;
-    entries.resize_with(slots, || Entry::VACANT);
     // The sentinel of an empty age list points at itself.
     let own = Link {
         stamp: 0,
         older: slots as u32,
         newer: slots as u32,
     };
-    links.resize(slots + 1, own);
+    table.resize_with(slots + 1, || Slot {
+        entry: Entry::VACANT,
+        link: own,
+    });
     tags.resize(slots + WIDTH, EMPTY);
     below.resize(slots, slots as u32);
     Some((
         tags.into_boxed_slice(),
-        entries.into_boxed_slice(),
-        links.into_boxed_slice(),
+        table.into_boxed_slice(),
         below.into_boxed_slice(),
     ))
 }
@@ -278,7 +288,7 @@ impl<B> FixedStore<B> {
         // Slot indices and the sentinel's fit the age list's links.
         const { assert!(FixedCapacity::MAX_SLOTS < u32::MAX as usize) };
         let mut slots = slots.min(FixedCapacity::MAX_SLOTS);
-        let (tags, entries, links, below) = loop {
+        let (tags, table, below) = loop {
             // Fallible: a table too large for memory is refused here
             // instead of aborting.
             if let Some(table) = try_table(slots) {
@@ -296,8 +306,7 @@ impl<B> FixedStore<B> {
             },
             live: Mask::first(window.min(WIDTH)),
             tags,
-            entries,
-            links,
+            table,
             below,
             slots,
             flip: match reuse {
@@ -376,7 +385,7 @@ impl<B> FixedStore<B> {
     unsafe fn entry(&self, i: usize) -> &Entry<B> {
         debug_assert!(i < self.slots);
         // SAFETY: the caller's promise: the entries are `slots`.
-        unsafe { self.entries.get_unchecked(i) }
+        unsafe { &self.table.get_unchecked(i).entry }
     }
 
     /// The entry of slot `i`, mutably.
@@ -388,7 +397,7 @@ impl<B> FixedStore<B> {
     unsafe fn entry_mut(&mut self, i: usize) -> &mut Entry<B> {
         debug_assert!(i < self.slots);
         // SAFETY: the caller's promise: the entries are `slots`.
-        unsafe { self.entries.get_unchecked_mut(i) }
+        unsafe { &mut self.table.get_unchecked_mut(i).entry }
     }
 
     /// The age-list links of slot `i`, or the sentinel's (`i == slots`).
@@ -398,9 +407,9 @@ impl<B> FixedStore<B> {
     /// `i <= slots` in a table of at least one slot.
     #[inline(always)]
     unsafe fn link(&self, i: usize) -> &Link {
-        debug_assert!(i < self.links.len());
+        debug_assert!(i < self.table.len());
         // SAFETY: the caller's promise: the links are `slots + 1`.
-        unsafe { self.links.get_unchecked(i) }
+        unsafe { &self.table.get_unchecked(i).link }
     }
 
     /// The age-list links of slot `i`, or the sentinel's, mutably.
@@ -410,9 +419,9 @@ impl<B> FixedStore<B> {
     /// As [`link`](Self::link).
     #[inline(always)]
     unsafe fn link_mut(&mut self, i: usize) -> &mut Link {
-        debug_assert!(i < self.links.len());
+        debug_assert!(i < self.table.len());
         // SAFETY: the caller's promise: the links are `slots + 1`.
-        unsafe { self.links.get_unchecked_mut(i) }
+        unsafe { &mut self.table.get_unchecked_mut(i).link }
     }
 
     /// Sets the tag of slot `i`.
@@ -824,7 +833,7 @@ impl<B> FixedStore<B> {
         // a tag equal to a class's (never `EMPTY`) is a slot's.
         // SAFETY: then `p < slots`.
         if t == tag && unsafe { self.entry(p) }.class == class {
-            debug_assert!(self.links[p].stamp < self.links[i].stamp);
+            debug_assert!(self.table[p].link.stamp < self.table[i].link.stamp);
             p
         } else {
             self.slots
@@ -875,7 +884,7 @@ impl<B> FixedStore<B> {
     ) -> Option<(B, usize)> {
         let mut oldest: Option<(usize, u64)> = None;
         for i in self.window(home) {
-            let s = self.links[i].stamp;
+            let s = self.table[i].link.stamp;
             if oldest.is_none_or(|(_, o)| s < o) {
                 oldest = Some((i, s));
             }
@@ -913,7 +922,7 @@ impl<B> Drop for FixedStore<B> {
                 // SAFETY: an occupied slot's block is initialised; its tag
                 // now says it is not, so it is dropped once even if a drop
                 // below panics.
-                unsafe { self.entries[i].block.assume_init_drop() };
+                unsafe { self.table[i].entry.block.assume_init_drop() };
             }
         }
     }
@@ -998,7 +1007,7 @@ impl<B> Store<B> for FixedStore<B> {
         if self.len() == 0 {
             return None;
         }
-        let oldest = self.links[self.slots].newer as usize;
+        let oldest = self.table[self.slots].link.newer as usize;
         self.evicted += 1;
         // SAFETY: a non-empty age list's first entry is an occupied slot.
         Some(unsafe { self.remove(oldest, EMPTY) })
@@ -1028,15 +1037,14 @@ impl<B> Store<B> for FixedStore<B> {
     /// there is nothing to shrink.
     #[cfg(any(test, feature = "testing"))]
     fn footprint(&self) -> usize {
-        core::mem::size_of_val(&*self.entries)
-            + core::mem::size_of_val(&*self.links)
+        core::mem::size_of_val(&*self.table)
             + core::mem::size_of_val(&*self.tags)
             + core::mem::size_of_val(&*self.below)
     }
 
     fn cached_of(&self, class: usize) -> usize {
         self.occupied()
-            .filter(|&i| self.entries[i].class == class)
+            .filter(|&i| self.table[i].entry.class == class)
             .count()
     }
 
@@ -1044,13 +1052,11 @@ impl<B> Store<B> for FixedStore<B> {
         let n = self.slots;
         if n == 0 {
             assert!(self.tags.is_empty(), "tags of an empty table");
-            assert!(self.entries.is_empty(), "entries of an empty table");
-            assert!(self.links.is_empty(), "links of an empty table");
+            assert!(self.table.is_empty(), "records of an empty table");
             assert_eq!((self.len(), self.bytes), (0, 0), "counts of an empty table");
             return;
         }
-        assert_eq!(self.entries.len(), n, "entry array length");
-        assert_eq!(self.links.len(), n + 1, "link array length");
+        assert_eq!(self.table.len(), n + 1, "record array length");
         assert_eq!(self.tags.len(), n + WIDTH, "tag array length");
         for j in 0..WIDTH {
             assert_eq!(self.tags[n + j], EMPTY, "padding tag {j}");
@@ -1068,7 +1074,7 @@ impl<B> Store<B> for FixedStore<B> {
         assert_eq!(self.fast_homes, fast, "homes of the fast path");
         let (mut len, mut bytes) = (0usize, 0usize);
         for i in self.occupied() {
-            let e = &self.entries[i];
+            let e = &self.table[i].entry;
             len += 1;
             bytes += e.class;
             let (home, tag) = self.locate(e.class);
@@ -1078,7 +1084,10 @@ impl<B> Store<B> for FixedStore<B> {
                 "entry {i} of class {} is outside its window",
                 e.class
             );
-            assert!(self.links[i].stamp < self.next_stamp, "stamp of slot {i}");
+            assert!(
+                self.table[i].link.stamp < self.next_stamp,
+                "stamp of slot {i}"
+            );
         }
         assert_eq!(self.below.len(), n, "chain link array length");
         for i in 0..n {
@@ -1107,13 +1116,13 @@ impl<B> Store<B> for FixedStore<B> {
         // (which makes it the only one marked); under FIFO none is marked.
         // Its chain link, if it holds, names the newest of the others.
         for i in self.occupied().filter(|&i| self.tags[i] & NEWEST != 0) {
-            let class = self.entries[i].class;
+            let class = self.table[i].entry.class;
             assert_ne!(self.newest, 0, "a block of class {class} marked under FIFO");
             let newer = self.window(self.locate(class).0).any(|j| {
                 j != i
                     && self.is_occupied(j)
-                    && self.entries[j].class == class
-                    && self.links[j].stamp > self.links[i].stamp
+                    && self.table[j].entry.class == class
+                    && self.table[j].link.stamp > self.table[i].link.stamp
             });
             assert!(!newer, "a block of class {class} marked but not its newest");
             self.check_below(i, class);
@@ -1124,7 +1133,7 @@ impl<B> Store<B> for FixedStore<B> {
         if self.newest != 0 {
             let ghost = |i: usize| self.tags[i] & (EMPTY | NEWEST) == EMPTY | NEWEST;
             for i in (0..n).filter(|&i| ghost(i)) {
-                let class = self.entries[i].class;
+                let class = self.table[i].entry.class;
                 let (home, tag) = self.locate(class);
                 assert_eq!(self.tags[i], EMPTY | NEWEST | tag, "ghost {i}'s tag");
                 assert!(
@@ -1133,7 +1142,7 @@ impl<B> Store<B> for FixedStore<B> {
                 );
                 let others = self.window(home).filter(|&j| {
                     j != i
-                        && self.entries[j].class == class
+                        && self.table[j].entry.class == class
                         && (ghost(j) || self.tags[j] == tag | NEWEST)
                 });
                 assert_eq!(
@@ -1156,11 +1165,11 @@ impl<B> Store<B> for FixedStore<B> {
         // The age list visits every occupied slot once, stamps increasing,
         // from the sentinel back to it.
         let (mut at, mut prev, mut seen, mut last) =
-            (self.links[n].newer as usize, n, 0usize, None);
+            (self.table[n].link.newer as usize, n, 0usize, None);
         while at != n {
             assert!(at < n, "age list link {at} out of the table");
             assert!(self.is_occupied(at), "age list reaches empty slot {at}");
-            let link = self.links[at];
+            let link = self.table[at].link;
             assert_eq!(link.older as usize, prev, "age list back link");
             if let Some(s) = last {
                 assert!(link.stamp > s, "age list out of order");
@@ -1171,7 +1180,7 @@ impl<B> Store<B> for FixedStore<B> {
             prev = at;
             at = link.newer as usize;
         }
-        assert_eq!(self.links[n].older as usize, prev, "age list tail");
+        assert_eq!(self.table[n].link.older as usize, prev, "age list tail");
         assert_eq!(seen, len, "age list length");
     }
 }
@@ -1192,8 +1201,8 @@ impl<B> FixedStore<B> {
             j != i
                 && j != p
                 && self.is_occupied(j)
-                && self.entries[j].class == class
-                && self.links[j].stamp > self.links[p].stamp
+                && self.table[j].entry.class == class
+                && self.table[j].link.stamp > self.table[p].link.stamp
         });
         assert!(
             !newer,
@@ -1386,12 +1395,16 @@ mod tests {
         assert_eq!(core::mem::size_of::<Entry<core::ptr::NonNull<u8>>>(), 16);
         assert_eq!(core::mem::size_of::<Entry<u64>>(), 16);
         assert_eq!(core::mem::size_of::<Link>(), 16);
+        assert_eq!(core::mem::size_of::<Slot<u64>>(), 32);
+        assert_eq!(core::mem::size_of::<Slot<core::ptr::NonNull<u8>>>(), 32);
+        // A larger block rounds its record up to the alignment.
+        assert_eq!(core::mem::size_of::<Slot<[u64; 2]>>(), 64);
         let store = FixedStore::<u64>::new(1 << 12, FixedCapacity::WINDOW, Reuse::Lifo);
-        // The entries, the links and the sentinel's, the tags and their
-        // padding, the chain links.
+        // The records (entry and links) and the sentinel's, the tags and
+        // their padding, the chain links.
         assert_eq!(
             store.footprint(),
-            (1 << 12) * 16 + ((1 << 12) + 1) * 16 + (1 << 12) + WIDTH + (1 << 12) * 4
+            ((1 << 12) + 1) * 32 + (1 << 12) + WIDTH + (1 << 12) * 4
         );
     }
 
@@ -1563,8 +1576,8 @@ mod tests {
                         // Straight back: into the same slot.
                         assert_eq!(store.put(b, class, 0), None);
                         assert_eq!(store.tags[slot], tag | mark);
-                        assert_eq!(store.entries[slot].class, class);
-                        assert_eq!(store.links[store.slots].older as usize, slot);
+                        assert_eq!(store.table[slot].entry.class, class);
+                        assert_eq!(store.table[store.slots].link.older as usize, slot);
                     } else {
                         held.push((b, class));
                     }
@@ -1607,7 +1620,7 @@ mod tests {
                         assert_ne!(below, store.slots, "window {window}, round {round}");
                         assert_eq!(
                             // SAFETY: `below` holds a block (`below_of`).
-                            unsafe { store.entries[below].block.assume_init_read() },
+                            unsafe { store.table[below].entry.block.assume_init_read() },
                             want - 1
                         );
                     }
@@ -1665,10 +1678,10 @@ mod tests {
                     let class = 64 * (1 + (x >> 33) as usize % 6);
                     let cached: Vec<u64> = store
                         .occupied()
-                        .filter(|&i| store.entries[i].class == class)
+                        .filter(|&i| store.table[i].entry.class == class)
                         // SAFETY: an occupied slot's block is initialised
                         // (a `u64`, copied).
-                        .map(|i| unsafe { store.entries[i].block.assume_init_read() })
+                        .map(|i| unsafe { store.table[i].entry.block.assume_init_read() })
                         .collect();
                     let was = store.branch;
                     let inline = store.take_inline(class, 0);
@@ -1747,10 +1760,12 @@ mod tests {
                             0..=2 => {
                                 let cached: Vec<u64> = store
                                     .occupied()
-                                    .filter(|&i| store.entries[i].class == class)
+                                    .filter(|&i| store.table[i].entry.class == class)
                                     // SAFETY: an occupied slot's block is
                                     // initialised (a `u64`, copied).
-                                    .map(|i| unsafe { store.entries[i].block.assume_init_read() })
+                                    .map(|i| unsafe {
+                                        store.table[i].entry.block.assume_init_read()
+                                    })
                                     .collect();
                                 let want = match reuse {
                                     Reuse::Lifo => cached.iter().max(),
