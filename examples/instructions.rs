@@ -22,7 +22,9 @@
 //! `fixed_capacity` with `Reuse::Fifo`;
 //! `exponential_moved`, `exponential` with the clock moved on a
 //! millisecond once the pool is filled, as between two ticks of
-//! `MonotonicClock`;
+//! `MonotonicClock`; `fixed_time_monotonic` and `exponential_monotonic`,
+//! over `MonotonicClock`, the default clock, whose time moves on every
+//! millisecond while they run;
 //! `shared` or `thread_caches`, a `FixedTime` pool behind
 //! `SharedPool::new` or `SharedPool::with_thread_caches`, on one thread),
 //! the scale (`CLASSESxPER`, such as `1x1`, `64x1`, `4096x4` or
@@ -52,8 +54,8 @@ use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use decaying_pool::{
-    DecayingPool, Exponential, FixedCapacity, FixedTime, ManualClock, Policy, Reuse, SharedPool,
-    SizeClass,
+    Clock, DecayingPool, Exponential, FixedCapacity, FixedTime, ManualClock, MonotonicClock,
+    Policy, Reuse, SharedPool, SizeClass,
 };
 
 #[path = "../benches/common/mod.rs"]
@@ -71,9 +73,9 @@ const BATCH: usize = 16;
 const SAMPLES: usize = 300;
 
 /// The caches a run can name.
-const CACHES: &str = "map, fixed_time, fixed_time_fifo, rounded, exponential, \
-                      exponential_moved, fixed_capacity, fixed_capacity_fifo, shared or \
-                      thread_caches";
+const CACHES: &str = "map, fixed_time, fixed_time_fifo, fixed_time_monotonic, rounded, \
+                      exponential, exponential_moved, exponential_monotonic, fixed_capacity, \
+                      fixed_capacity_fifo, shared or thread_caches";
 
 /// The scale of a run: parsed from the command line.
 struct Scale {
@@ -151,7 +153,7 @@ impl Cache for HandWritten {
     }
 }
 
-impl<P: Policy> Cache for DecayingPool<Null, P, ManualClock> {
+impl<P: Policy, C: Clock> Cache for DecayingPool<Null, P, C> {
     #[inline(always)]
     fn get(&mut self, size: usize) -> usize {
         self.allocate(size).unwrap()
@@ -227,6 +229,34 @@ fn pool<'a, P: Policy + 'a>(
         .build();
     fill(&mut pool, sizes, scale.per);
     clock.advance(moved);
+    filled(pool, scale, sizes, walk)
+}
+
+/// A pool with `policy` over the default clock, `MonotonicClock` (whose
+/// time moves on every millisecond while the round trips run), filled;
+/// each run checks that its round trips hit.
+fn pool_monotonic<'a, P: Policy + 'a>(
+    policy: P,
+    scale: &'a Scale,
+    sizes: &'a [usize],
+    walk: &'a [usize],
+) -> Runner<'a> {
+    let mut pool = DecayingPool::builder(Null::default())
+        .policy(policy)
+        .clock(MonotonicClock)
+        .build();
+    fill(&mut pool, sizes, scale.per);
+    filled(pool, scale, sizes, walk)
+}
+
+/// The runner of `pool`, filled: each run checks that its round trips
+/// hit.
+fn filled<'a, P: Policy + 'a, C: Clock + 'a>(
+    mut pool: DecayingPool<Null, P, C>,
+    scale: &'a Scale,
+    sizes: &'a [usize],
+    walk: &'a [usize],
+) -> Runner<'a> {
     let filled = pool.stats().misses;
     let mut i = 0;
     Box::new(move || {
@@ -306,6 +336,8 @@ fn runner<'a>(
             sizes,
             walk,
         ),
+        "fixed_time_monotonic" => pool_monotonic(FixedTime::new(ttl), scale, sizes, walk),
+        "exponential_monotonic" => pool_monotonic(Exponential::new(ttl), scale, sizes, walk),
         "exponential" => pool(
             Exponential::new(ttl),
             exact,
