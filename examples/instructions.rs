@@ -229,7 +229,7 @@ fn pool<'a, P: Policy + 'a>(
         .build();
     fill(&mut pool, sizes, scale.per);
     clock.advance(moved);
-    filled(pool, scale, sizes, walk)
+    measured(pool, scale, sizes, walk)
 }
 
 /// A pool with `policy` over the default clock, `MonotonicClock` (whose
@@ -246,12 +246,12 @@ fn pool_monotonic<'a, P: Policy + 'a>(
         .clock(MonotonicClock)
         .build();
     fill(&mut pool, sizes, scale.per);
-    filled(pool, scale, sizes, walk)
+    measured(pool, scale, sizes, walk)
 }
 
-/// The runner of `pool`, filled: each run checks that its round trips
-/// hit.
-fn filled<'a, P: Policy + 'a, C: Clock + 'a>(
+/// The runner of `pool`, already filled: each run checks that its round
+/// trips hit.
+fn measured<'a, P: Policy + 'a, C: Clock + 'a>(
     mut pool: DecayingPool<Null, P, C>,
     scale: &'a Scale,
     sizes: &'a [usize],
