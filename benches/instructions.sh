@@ -84,12 +84,12 @@ table() {
     if $time; then
         for s in "${cols[@]}"; do time_all "$s"; done
     fi
-    printf '%-20s' "$1"
+    printf '%-22s' "$1"
     for s in "${cols[@]}"; do printf '%16s' "$s"; done
     echo
     declare -A base
     for c in "${rows[@]}"; do
-        printf '%-20s' "$c"
+        printf '%-22s' "$c"
         for s in "${cols[@]}"; do
             if $time; then v=${times[$c,$s]}; else v=$(per_trip "$c" "$s"); fi
             if [ "$c" = "${rows[0]}" ]; then
