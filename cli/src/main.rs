@@ -368,6 +368,28 @@ fn read_options(a: &InputArgs) -> ReadOptions {
     }
 }
 
+/// Why a trace gave no allocation, when `--device` or `--stream` left out
+/// every row that would have made one: so that an empty replay or
+/// conversion says it was the selection, not the trace.
+fn nothing_selected(read: &ReadStats, opts: ReadOptions) -> Option<String> {
+    if read.allocs > 0 {
+        return None;
+    }
+    let mut why = Vec::new();
+    if let (Some(d), n @ 1..) = (opts.device, read.other_devices) {
+        why.push(format!(
+            "no allocation on device {d} ({n} rows of other devices skipped; \
+             without --device the first device seen is replayed)"
+        ));
+    }
+    if let (Some(s), n @ 1..) = (opts.stream, read.other_streams) {
+        why.push(format!(
+            "no allocation on stream {s} ({n} rows of other streams skipped)"
+        ));
+    }
+    (!why.is_empty()).then(|| why.join("; "))
+}
+
 /// A trace file's text, ready for a [`TraceReader`]: pickles are
 /// converted to PyTorch CSV in memory.
 enum Source {
@@ -462,6 +484,9 @@ fn convert(a: &ConvertArgs) -> Result<(), Failure> {
     }
     w.finish().map_err(werr)?;
     let s = reader.stats();
+    if let Some(why) = nothing_selected(&s, read_options(&a.input)) {
+        eprintln!("warning: {}: {why}", a.input_file.display());
+    }
     eprintln!(
         "wrote {}: {} allocations, {} frees (from a {} trace{})",
         a.output.display(),
@@ -847,6 +872,10 @@ fn replay_file(
     }
     bar.finish_and_clear();
     let read = read.unwrap_or_default();
+    let selection = nothing_selected(&read, opts);
+    if let Some(why) = &selection {
+        eprintln!("warning: {}: {why}", path.display());
+    }
     let kind = match (&source, format) {
         (Source::Converted(_), _) => "PyTorch snapshot pickle".to_string(),
         (_, Some(f)) => format!("{f} trace"),
@@ -864,7 +893,7 @@ fn replay_file(
                 )
             } else {
                 String::new()
-            }
+            } + &selection.map(|why| format!(": {why}")).unwrap_or_default()
         ),
         reports: finish(capacities.to_vec(), replayers, &name),
         name,

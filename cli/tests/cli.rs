@@ -433,6 +433,33 @@ fn device_and_stream_select_rows() {
     assert_eq!(allocs(&[]), 1); // the first device seen: 0
     assert_eq!(allocs(&["--device", "1"]), 2);
     assert_eq!(allocs(&["--device", "1", "--stream", "5"]), 1);
+    // A selection that leaves nothing says so, on the description line
+    // and as a warning; one that selects rows does not.
+    let o = run(&["replay", t.path(), "--device", "1"]);
+    assert!(!stderr(&o).contains("warning"), "{}", stderr(&o));
+    let o = run(&["replay", t.path(), "--device", "2"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let why = "no allocation on device 2 (6 rows of other devices skipped";
+    assert!(
+        stderr(&o).contains(&format!("warning: {}: {why}", t.path())),
+        "{}",
+        stderr(&o)
+    );
+    assert!(
+        stdout(&o).contains(&format!("0 allocations, 0 frees: {why}")),
+        "{}",
+        stdout(&o)
+    );
+    let o = run(&["replay", t.path(), "--stream", "9"]);
+    assert!(
+        stderr(&o).contains("no allocation on stream 9 (6 rows of other streams skipped)"),
+        "{}",
+        stderr(&o)
+    );
+    let out = Scratch::new("devices-converted.csv", "");
+    let o = run(&["convert", t.path(), "--device", "2", "-o", out.path()]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(stderr(&o).contains(why), "{}", stderr(&o));
     let o = run(&["replay", t.path(), "--stream", "five"]);
     assert_eq!(o.status.code(), Some(2));
     assert!(

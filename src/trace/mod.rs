@@ -408,6 +408,12 @@ pub struct ReadStats {
     pub failed_allocs: u64,
     /// Rows ignored: other PyTorch actions, other devices and streams.
     pub ignored: u64,
+    /// Of the rows ignored, those of PyTorch devices other than the one
+    /// replayed ([`ReadOptions::device`], or the first one seen).
+    pub other_devices: u64,
+    /// Of the rows ignored, those of streams other than
+    /// [`ReadOptions::stream`].
+    pub other_streams: u64,
 }
 
 /// A streaming trace reader: an iterator of [`Event`]s, in file order.
@@ -643,6 +649,7 @@ impl<R: BufRead> TraceReader<R> {
             .ok_or_else(|| malformed(format!("stream {s:?} is not a number")))?;
             if stream != want {
                 self.stats.ignored += 1;
+                self.stats.other_streams += 1;
                 return Ok(None);
             }
         }
@@ -682,6 +689,7 @@ impl<R: BufRead> TraceReader<R> {
                     None => self.options.device = Some(device),
                     Some(d) if d != device => {
                         self.stats.ignored += 1;
+                        self.stats.other_devices += 1;
                         return Ok(None);
                     }
                     Some(_) => {}

@@ -205,7 +205,8 @@ fn stream_selection_keeps_one_stream() {
     let mut r = TraceReader::with_options(csv.as_bytes(), opts).unwrap();
     let ev: Vec<Event> = r.by_ref().collect::<Result<_, _>>().unwrap();
     assert_eq!(ev.iter().map(|e| e.addr).collect::<Vec<_>>(), [0x20, 0x20]);
-    assert_eq!(r.stats().ignored, 2);
+    let s = r.stats();
+    assert_eq!((s.ignored, s.other_streams, s.other_devices), (2, 2, 0));
     let rmm = "Thread,Time,Action,Pointer,Size,Stream\n\
                1,00:00:00.000001,allocate,0x10,64,0x1f\n\
                1,00:00:00.000002,allocate,0x20,64,0x2f\n";
@@ -213,10 +214,9 @@ fn stream_selection_keeps_one_stream() {
         stream: Some(0x2f),
         ..ReadOptions::default()
     };
-    let ev: Vec<Event> = TraceReader::with_options(rmm.as_bytes(), opts)
-        .unwrap()
-        .collect::<Result<_, _>>()
-        .unwrap();
+    let mut r = TraceReader::with_options(rmm.as_bytes(), opts).unwrap();
+    let ev: Vec<Event> = r.by_ref().collect::<Result<_, _>>().unwrap();
     assert_eq!(ev.len(), 1);
     assert_eq!(ev[0].addr, 0x20);
+    assert_eq!(r.stats().other_streams, 1);
 }

@@ -59,6 +59,7 @@ fn pytorch_reader_keeps_alloc_and_free_completed() {
     );
     let s = r.stats();
     assert_eq!((s.allocs, s.frees, s.ignored), (2, 1, 3)); // 2 actions + device 1
+    assert_eq!((s.other_devices, s.other_streams), (1, 0));
     assert_eq!(s.lines, 10);
     assert_eq!(r.live_blocks(), 1);
 }
