@@ -191,6 +191,55 @@ fn a_pickle_that_is_not_a_snapshot_is_named_so() {
     assert!(e.to_string().starts_with("not a readable pickle"), "{e}");
 }
 
+/// Protocol 5 as Python writes it (a frame, memoized keys fetched back,
+/// shared frames, an address past 2^63, a `None` stream), and pickles
+/// nested or shared past what a recursive reader survives: errors, not
+/// a stack overflow.
+#[test]
+fn snapshot_pickles_of_any_shape_read_or_fail_cleanly() {
+    // fr = [{'filename': 'a.py', 'line': 1, 'name': 'f'}]
+    // pickle.dumps({'segments': [], 'device_traces': [[
+    //     {'action': 'alloc', 'addr': 2**64 - 512, 'size': 1 << 40,
+    //      'stream': None, 'time_us': 5, 'frames': fr},
+    //     {'action': 'free_completed', 'addr': 2**64 - 512, 'size': 1 << 40,
+    //      'stream': 2**40, 'time_us': 9, 'frames': fr}]]}, protocol=5)
+    let p5 = b"\x80\x05\x95\xeb\x00\x00\x00\x00\x00\x00\x00}\x94(\x8c\x08segments\x94]\x94\x8c\rdevice_traces\x94]\x94]\x94(}\x94(\x8c\x06action\x94\x8c\x05alloc\x94\x8c\x04addr\x94\x8a\t\x00\xfe\xff\xff\xff\xff\xff\xff\x00\x8c\x04size\x94\x8a\x06\x00\x00\x00\x00\x00\x01\x8c\x06stream\x94N\x8c\x07time_us\x94K\x05\x8c\x06frames\x94]\x94}\x94(\x8c\x08filename\x94\x8c\x04a.py\x94\x8c\x04line\x94K\x01\x8c\x04name\x94\x8c\x01f\x94uau}\x94(h\x07\x8c\x0efree_completed\x94h\t\x8a\t\x00\xfe\xff\xff\xff\xff\xff\xff\x00h\n\x8a\x06\x00\x00\x00\x00\x00\x01h\x0b\x8a\x06\x00\x00\x00\x00\x00\x01h\x0cK\th\rh\x0eueau.";
+    let csv = String::from_utf8(snapshot_to_csv(&p5[..]).unwrap()).unwrap();
+    assert_eq!(
+        csv,
+        "device,time_us,action,addr,size,stream\n\
+         0,5,alloc,0xfffffffffffffe00,1099511627776,0\n\
+         0,9,free_completed,0xfffffffffffffe00,1099511627776,1099511627776\n"
+    );
+    // A list nested a million deep, as `device_traces` and at the top.
+    let n = 1_000_000;
+    let deep = |prefix: &[u8], suffix: &[u8]| {
+        let mut p = prefix.to_vec();
+        p.extend(std::iter::repeat_n(b']', n));
+        p.extend(std::iter::repeat_n(b'a', n - 1));
+        p.extend(suffix);
+        p
+    };
+    let e = snapshot_to_csv(&deep(b"\x80\x02", b".")[..]).unwrap_err();
+    assert!(e.to_string().contains("the pickle is not a dict"), "{e}");
+    let e =
+        snapshot_to_csv(&deep(b"\x80\x02}X\r\x00\x00\x00device_traces", b"s.")[..]).unwrap_err();
+    assert!(e.to_string().contains("event 0: not a dict"), "{e}");
+    // Sixty lists, each holding the one before twice: 2^60 leaves as a
+    // tree, sixty values here.
+    let mut laughs = b"\x80\x04}\x94\x8c\rdevice_traces\x94]\x94".to_vec();
+    for i in 2..62u32 {
+        laughs.extend(b"0](j"); // the list before goes off the stack (its memo keeps it)
+        laughs.extend(i.to_le_bytes());
+        laughs.extend(b"j");
+        laughs.extend(i.to_le_bytes());
+        laughs.extend(b"e\x94");
+    }
+    laughs.extend(b"s.");
+    let e = snapshot_to_csv(&laughs[..]).unwrap_err();
+    assert!(e.to_string().contains("event 0: not a dict"), "{e}");
+}
+
 #[test]
 fn stream_selection_keeps_one_stream() {
     let csv = "device,time_us,action,addr,size,stream\n\

@@ -1,11 +1,12 @@
 //! PyTorch snapshot pickles (`torch.cuda.memory._dump_snapshot`), read
-//! directly (feature `pickle`).
+//! directly (feature `pickle`): `machine` runs the pickle into an arena of
+//! values, and this module reads the events out of it.
 
-use std::collections::BTreeMap;
+mod machine;
+
 use std::io::Read;
 
-use serde_pickle::{DeOptions, HashableValue, Value};
-
+use self::machine::{Id, Node, Unpickled, unpickle};
 use super::{PYTORCH_HEADER, TraceError, TraceErrorKind};
 
 /// Whether `bytes` (a file's first bytes) look like a pickle: protocol 2
@@ -28,27 +29,19 @@ fn bad(what: impl Into<String>) -> TraceError {
     }
 }
 
-fn key<'a>(d: &'a BTreeMap<HashableValue, Value>, k: &str) -> Option<&'a Value> {
-    d.get(&HashableValue::String(k.into()))
-        .or_else(|| d.get(&HashableValue::Bytes(k.as_bytes().to_vec())))
-}
-
-fn int(v: &Value, field: &str, i: usize) -> Result<i128, TraceError> {
-    match v {
-        Value::I64(x) => Ok(i128::from(*x)),
-        Value::Int(b) => b
-            .to_string()
-            .parse()
-            .map_err(|_| bad(format!("event {i}: {field} {b} out of range"))),
-        Value::Bool(b) => Ok(i128::from(*b)),
+fn int(u: &Unpickled, v: Id, field: &str, i: usize) -> Result<i128, TraceError> {
+    match u.node(v) {
+        Node::Int(x) => Ok(*x),
+        Node::BigInt => Err(bad(format!("event {i}: {field} out of range"))),
+        Node::Bool(b) => Ok(i128::from(*b)),
         other => Err(bad(format!(
             "event {i}: {field} is {other:?}, expected an integer"
         ))),
     }
 }
 
-fn unsigned(v: &Value, field: &str, i: usize) -> Result<u64, TraceError> {
-    let x = int(v, field, i)?;
+fn unsigned(u: &Unpickled, v: Id, field: &str, i: usize) -> Result<u64, TraceError> {
+    let x = int(u, v, field, i)?;
     u64::try_from(x).map_err(|_| bad(format!("event {i}: {field} {x} is negative or too large")))
 }
 
@@ -75,21 +68,20 @@ fn unsigned(v: &Value, field: &str, i: usize) -> Result<u64, TraceError> {
 ///            "device,time_us,action,addr,size,stream\n0,7,alloc,0x10,512,0\n");
 /// # Ok::<(), decaying_pool::trace::TraceError>(())
 /// ```
-pub fn snapshot_to_csv(input: impl Read) -> Result<Vec<u8>, TraceError> {
-    let value = serde_pickle::value_from_reader(
-        input,
-        DeOptions::new()
-            .replace_unresolved_globals()
-            .replace_recursive_structures(),
-    )
-    .map_err(|e| bad(format!("not a readable pickle: {e}")))?;
-    let Value::Dict(top) = value else {
+pub fn snapshot_to_csv(mut input: impl Read) -> Result<Vec<u8>, TraceError> {
+    let mut bytes = Vec::new();
+    input
+        .read_to_end(&mut bytes)
+        .map_err(|e| bad(format!("cannot read the pickle: {e}")))?;
+    let u = unpickle(&bytes).map_err(|e| bad(format!("not a readable pickle: {e}")))?;
+    drop(bytes);
+    let Node::Dict(top) = u.node(u.root()) else {
         return Err(bad(
             "not a PyTorch memory snapshot: the pickle is not a dict",
         ));
     };
-    let traces = match key(&top, "device_traces") {
-        Some(Value::List(l)) | Some(Value::Tuple(l)) => l,
+    let traces = match u.get(top, "device_traces").map(|v| u.node(v)) {
+        Some(Node::List(l) | Node::Tuple(l)) => l,
         Some(_) => {
             return Err(bad(
                 "not a PyTorch memory snapshot: `device_traces` is not a list",
@@ -106,31 +98,35 @@ pub fn snapshot_to_csv(input: impl Read) -> Result<Vec<u8>, TraceError> {
     out.extend_from_slice(PYTORCH_HEADER.as_bytes());
     out.push(b'\n');
     let mut i = 0usize;
-    for (device, events) in traces.iter().enumerate() {
-        let (Value::List(events) | Value::Tuple(events)) = events else {
+    for (device, &events) in traces.iter().enumerate() {
+        let (Node::List(events) | Node::Tuple(events)) = u.node(events) else {
             return Err(bad(format!(
                 "device_traces[{device}] is not a list of events"
             )));
         };
-        for ev in events {
-            let Value::Dict(d) = ev else {
+        for &ev in events {
+            let Node::Dict(d) = u.node(ev) else {
                 return Err(bad(format!("event {i}: not a dict")));
             };
-            let get = |k: &str| key(d, k).ok_or_else(|| bad(format!("event {i}: no `{k}`")));
-            let action = match get("action")? {
-                Value::String(s) => s.clone(),
-                Value::Bytes(b) => String::from_utf8_lossy(b).into_owned(),
+            let get = |k: &str| {
+                u.get(d, k)
+                    .ok_or_else(|| bad(format!("event {i}: no `{k}`")))
+            };
+            let action = match u.node(get("action")?) {
+                Node::Str(s) => s.clone(),
+                Node::Bytes(b) => String::from_utf8_lossy(b).into_owned(),
                 other => return Err(bad(format!("event {i}: action is {other:?}"))),
             };
             if action.contains([',', '\n', '\r']) {
                 return Err(bad(format!("event {i}: action {action:?}")));
             }
-            let addr = unsigned(get("addr")?, "addr", i)?;
-            let size = unsigned(get("size")?, "size", i)?;
-            let time_us = unsigned(get("time_us")?, "time_us", i)?;
-            let stream = match key(d, "stream") {
-                None | Some(Value::None) => 0,
-                Some(v) => int(v, "stream", i)?,
+            let addr = unsigned(&u, get("addr")?, "addr", i)?;
+            let size = unsigned(&u, get("size")?, "size", i)?;
+            let time_us = unsigned(&u, get("time_us")?, "time_us", i)?;
+            let stream = match u.get(d, "stream") {
+                None => 0,
+                Some(v) if *u.node(v) == Node::None => 0,
+                Some(v) => int(&u, v, "stream", i)?,
             };
             out.extend_from_slice(
                 format!("{device},{time_us},{action},{addr:#x},{size},{stream}\n").as_bytes(),
