@@ -21,7 +21,8 @@ use indicatif::{ProgressBar, ProgressStyle};
 
 mod sweep;
 
-const EXIT_CODES: &str = "Exit codes: 0 success; 1 the replay or writing an output failed; \
+const EXIT_CODES: &str = "Exit codes: 0 success (also when the reader of the output goes away, \
+                          as `| head` does); 1 the replay or writing an output failed; \
                           2 bad usage or bad input (an unreadable or malformed trace, a bad number).";
 
 /// Which pool configuration for my workload? Replays allocation traces
@@ -769,20 +770,35 @@ fn replay(a: &ReplayArgs) -> Result<(), Failure> {
                 r
             })
             .collect();
-        println!("{}", reports_to_json(&all));
-        return Ok(());
+        return written(|out| writeln!(out, "{}", reports_to_json(&all)));
     }
-    for o in &outcomes {
-        print_outcome(a, o, capacities.len() > 1);
+    written(|out| {
+        for o in &outcomes {
+            print_outcome(out, a, o, capacities.len() > 1)?;
+        }
+        writeln!(
+            out,
+            "hits: requests served from the cache; b.allocs / b.frees: backing allocator calls \
+             (cudaMalloc / cuMemFree);\npeak res: peak reserved bytes, ÷live: over the trace's \
+             peak live bytes; idle: integral of cached bytes over time;\nbacking: modelled time \
+             in the backing allocator ({}); failures: requests the device could not serve.",
+            a.costs.source()
+        )
+    })
+}
+
+/// Writes the results to standard output through `write`. A reader that
+/// went away (`| head`) ends the output quietly, as it ends `cat`'s;
+/// another write error is a failure.
+fn written(
+    write: impl FnOnce(&mut BufWriter<std::io::StdoutLock<'_>>) -> std::io::Result<()>,
+) -> Result<(), Failure> {
+    let mut out = BufWriter::new(std::io::stdout().lock());
+    match write(&mut out).and_then(|()| out.flush()) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        Err(e) => Err(runtime_error(format!("cannot write the results: {e}"))),
     }
-    println!(
-        "hits: requests served from the cache; b.allocs / b.frees: backing allocator calls \
-         (cudaMalloc / cuMemFree);\npeak res: peak reserved bytes, ÷live: over the trace's peak \
-         live bytes; idle: integral of cached bytes over time;\nbacking: modelled time in the \
-         backing allocator ({}); failures: requests the device could not serve.",
-        a.costs.source()
-    );
-    Ok(())
 }
 
 /// A report's configuration, with its capacity when several were swept.
@@ -902,12 +918,17 @@ fn replay_file(
     })
 }
 
-fn print_outcome(a: &ReplayArgs, o: &Outcome, several_caps: bool) {
+fn print_outcome(
+    out: &mut impl Write,
+    a: &ReplayArgs,
+    o: &Outcome,
+    several_caps: bool,
+) -> std::io::Result<()> {
     let Some((_, first)) = o.reports.first() else {
-        return;
+        return Ok(());
     };
-    println!("== {} ==", o.name);
-    println!("   {}", o.description);
+    writeln!(out, "== {} ==", o.name)?;
+    writeln!(out, "   {}", o.description)?;
     let mut extra = if a.repeat > 1 {
         format!(", {} passes {:?} apart", a.repeat, a.gap)
     } else {
@@ -916,19 +937,20 @@ fn print_outcome(a: &ReplayArgs, o: &Outcome, several_caps: bool) {
     if !a.reaper.is_zero() {
         extra.push_str(&format!(", collect every {:?}", a.reaper));
     }
-    println!(
+    writeln!(
+        out,
         "   {:.3} s of trace time{extra}; peak live {:.1} MiB; exact-cache floor {} backing allocations{}",
         first.span_seconds,
         first.peak_live_bytes as f64 / (1u64 << 20) as f64,
         o.floor,
         if a.repeat > 1 { " per pass" } else { "" },
-    );
+    )?;
     if let Some(r) = &o.read {
         if r.zero_size > 0 {
-            println!("   {} zero-byte allocations skipped", r.zero_size);
+            writeln!(out, "   {} zero-byte allocations skipped", r.zero_size)?;
         }
     }
-    println!();
+    writeln!(out)?;
     let reports: Vec<Report> = o
         .reports
         .iter()
@@ -938,8 +960,9 @@ fn print_outcome(a: &ReplayArgs, o: &Outcome, several_caps: bool) {
             r
         })
         .collect();
-    print!("{}", format_table(&reports));
-    println!();
-    print!("{}", sweep::recommend(&reports, a.budget));
-    println!();
+    write!(out, "{}", format_table(&reports))?;
+    writeln!(out)?;
+    write!(out, "{}", sweep::recommend(&reports, a.budget))?;
+    writeln!(out)?;
+    Ok(())
 }

@@ -65,7 +65,7 @@ fn help_exits_zero_and_documents_every_option_and_the_exit_codes() {
     let o = run(&["--help"]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     assert!(
-        stdout(&o).contains("Exit codes: 0 success; 1"),
+        stdout(&o).contains("Exit codes: 0 success (also when the reader"),
         "{}",
         stdout(&o)
     );
@@ -467,6 +467,37 @@ fn device_and_stream_select_rows() {
         "{}",
         stderr(&o)
     );
+}
+
+/// A reader that goes away (`| head`) ends the output quietly; a full
+/// disk is a failure that says so.
+#[test]
+fn output_that_cannot_be_written_ends_cleanly() {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_decaying-pool"))
+        .args(["replay", &shipped()])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("the binary runs");
+    // The replay takes a while before it writes: the pipe is closed by
+    // then.
+    drop(child.stdout.take());
+    let o = child.wait_with_output().unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(stderr(&o).is_empty(), "{}", stderr(&o));
+    if cfg!(target_os = "linux") {
+        let o = Command::new(env!("CARGO_BIN_EXE_decaying-pool"))
+            .args(["replay", "--json", &shipped()])
+            .stdout(std::fs::File::create("/dev/full").unwrap())
+            .output()
+            .unwrap();
+        assert_eq!(o.status.code(), Some(1));
+        assert!(
+            stderr(&o).contains("cannot write the results: No space left on device"),
+            "{}",
+            stderr(&o)
+        );
+    }
 }
 
 #[test]
