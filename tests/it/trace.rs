@@ -722,3 +722,47 @@ fn json_report_has_the_documented_keys() {
         assert_eq!(o["hits"], r.hits);
     }
 }
+
+/// A clock that jumps by centuries (a corrupt timestamp, or a `--gap` of
+/// years) with the reaper ticking every millisecond: the ticks after the
+/// pools have nothing left to free are passed over, so the replay ends
+/// (one tick a millisecond would be 1.6e13 of them), and the time-to-live
+/// and half-life policies still free their block on the first ticks
+/// after it expires.
+#[test]
+fn a_clock_jump_of_centuries_replays_in_a_few_ticks() {
+    let opts = ReplayOptions {
+        reaper: Some(Duration::from_millis(1)),
+        ..ReplayOptions::default()
+    };
+    let years = Duration::from_secs(500 * 365 * 86_400);
+    let mut r = Replayer::new(&Config::defaults(), opts);
+    r.event(&Event::alloc(Duration::ZERO, 0x10, 4096));
+    r.event(&Event::free(Duration::from_millis(1), 0x10, 4096));
+    r.event(&Event::alloc(years, 0x20, 4096));
+    r.event(&Event::free(years, 0x20, 4096));
+    // The last moment there is: no tick is left there.
+    r.event(&Event::alloc(Duration::MAX, 0x30, 4096));
+    let reports = r.finish("jump");
+    for rep in &reports {
+        let timed = rep.policy.starts_with("fixed-time") || rep.policy.starts_with("exponential");
+        if timed {
+            // The block expired long before the second request: a miss,
+            // and the first block went back.
+            assert_eq!(rep.hits, 0, "{}", rep.policy);
+            assert!(rep.evictions >= 1, "{}", rep.policy);
+        }
+        if rep.policy == "keep-all" {
+            assert_eq!(rep.hits, 2);
+            // Its block sat idle for the whole span: 4096 bytes for
+            // about 584 years (to the last event), integrated in one
+            // step.
+            let secs = 4096.0 * Duration::from_nanos(u64::MAX).as_secs_f64();
+            assert!(
+                (rep.idle_byte_seconds - secs).abs() < secs * 1e-6,
+                "{} against {secs}",
+                rep.idle_byte_seconds
+            );
+        }
+    }
+}

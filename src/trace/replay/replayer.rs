@@ -18,6 +18,9 @@ trait Sim {
     fn alloc(&mut self, addr: u64, size: usize);
     fn free(&mut self, addr: u64);
     fn collect(&mut self);
+    /// Whether a collection now would free nothing: the policy never
+    /// frees on a collection, or nothing is cached.
+    fn quiet(&self) -> bool;
     fn release_all(&mut self);
     fn stats(&self) -> Stats;
     fn state(&mut self) -> &mut SimState;
@@ -34,6 +37,9 @@ struct SimState {
     peak_live_bytes: usize,
     idle_byte_seconds: f64,
     recorder: Option<Recorder>,
+    /// The policy frees blocks on a collection (a time-to-live or a
+    /// half-life; not keep-all, no pool or a fixed capacity).
+    decays: bool,
 }
 
 /// What a [`PoolSim`] needs of its pool: a plain or a packed one.
@@ -140,6 +146,10 @@ impl<T: SimPool> Sim for PoolSim<T> {
         self.pool.collect();
     }
 
+    fn quiet(&self) -> bool {
+        !self.st.decays || self.pool.stats().bytes_cached == 0
+    }
+
     fn release_all(&mut self) {
         // In ascending order of trace address: the order decides what a
         // policy keeps, and a replay must not depend on a hash seed.
@@ -187,6 +197,10 @@ fn sim<P: Policy + 'static>(
         recorder: options
             .record
             .then(|| Recorder::with_resolution(&config.name, options.record_resolution)),
+        decays: matches!(
+            config.policy,
+            PolicyKind::FixedTime(_) | PolicyKind::Exponential(_)
+        ),
         ..SimState::default()
     };
     match config.packing {
@@ -413,15 +427,30 @@ impl Replayer {
     }
 
     /// Moves time to `now`: integrates idle bytes, runs reaper ticks.
+    ///
+    /// Once no pool holds a block that a collection could free, the ticks
+    /// left before `now` would change nothing, and are passed over at
+    /// once: a trace whose clock jumps by years (or `--gap` of years)
+    /// costs a few ticks, not one per period. `next_tick` is `u64::MAX`
+    /// when no tick is left (none at 584 years).
     fn at(&mut self, now: u64) {
-        while self.next_tick <= now {
+        let period = self.options.reaper.map_or(u64::MAX, duration_nanos).max(1);
+        while self.next_tick <= now && self.next_tick != u64::MAX {
             let tick = self.next_tick;
+            if self.sims.iter().all(|s| s.quiet()) {
+                // The first tick after `now`.
+                let ticks = (now - tick) / period + 1;
+                self.next_tick = ticks
+                    .checked_mul(period)
+                    .and_then(|d| tick.checked_add(d))
+                    .unwrap_or(u64::MAX);
+                break;
+            }
             self.advance(tick);
             for s in &mut self.sims {
                 s.collect();
             }
             self.after_step();
-            let period = self.options.reaper.map_or(u64::MAX, duration_nanos).max(1);
             self.next_tick = tick.saturating_add(period);
         }
         self.advance(now);
