@@ -16,7 +16,9 @@
 //! The `fuzz/` targets `pool_ops` and `shared_ops` and the stable-Rust
 //! corpus replay (`tests/it/fuzz_corpus.rs`) all call [`pool_ops`] and
 //! [`shared_ops`] here, so the same checks run under libFuzzer and under
-//! `cargo test`.
+//! `cargo test`; with feature `pickle`, the target `snapshot` and its
+//! replay call `snapshot`, which runs any bytes as a PyTorch snapshot
+//! pickle.
 //!
 //! An input is an [`Arbitrary`](arbitrary::Arbitrary) configuration (policy and its parameter,
 //! [`Reuse`](crate::Reuse), [`SizeClass`](crate::SizeClass), an optional limit, an optional backing
@@ -114,6 +116,8 @@ mod model;
 pub mod packed;
 mod pool;
 mod shared;
+#[cfg(feature = "pickle")]
+mod snapshot;
 
 pub use input::{
     CAPACITIES, Common, Config, DIVISIONS, FAULTS, Fault, HUGE, Kind, LIMITS, MAGAZINES, MAX_OPS,
@@ -122,6 +126,9 @@ pub use input::{
 pub use model::model_round;
 pub use pool::{pool_ops, run_pool};
 pub use shared::{SHARED_ALLOCATE_DEALLOCATE_PANICS, run_shared, shared_ops};
+#[cfg(feature = "pickle")]
+#[cfg_attr(docsrs, doc(cfg(feature = "pickle")))]
+pub use snapshot::{SnapshotSummary, snapshot};
 
 use core::any::Any;
 use core::fmt;

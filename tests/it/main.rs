@@ -13,7 +13,8 @@
 //!   `robustness` (panics in the allocator, clock or policy), `knobs`
 //!   (run-time limit, figures, observer, serde);
 //! - against a reference model: `model` (random sequences), `fuzz_corpus`
-//!   and `packing_corpus` (the fuzz seed corpus on stable);
+//!   and `packing_corpus` (the fuzz seed corpus on stable); and
+//!   `snapshot_corpus`, the snapshot-pickle fuzz corpus;
 //! - the policies and stores: `exponential`, `fixed_capacity`,
 //!   `timed_store`;
 //! - threads and handles: `shared`, `adoption_safety`;
@@ -52,6 +53,9 @@ mod robustness;
 mod semantics;
 mod shared;
 mod size_class;
+// Reads files: blocked by Miri's isolation.
+#[cfg(all(not(miri), feature = "pickle"))]
+mod snapshot_corpus;
 mod support;
 // The unit tests' generator, shared rather than copied.
 #[path = "../../src/test_rng.rs"]
