@@ -13,8 +13,8 @@ use std::time::Duration;
 
 use decaying_pool::trace::{
     Config, CostModel, Event, Format, Op, PolicyKind, ReadOptions, Recorder, ReplayOptions,
-    Replayer, Report, TraceErrorKind, TraceReader, TraceWriter, workloads, write_chrome_trace,
-    write_svg,
+    Replayer, Report, TraceErrorKind, TraceReader, TraceWriter, format_table, workloads,
+    write_chrome_trace, write_svg,
 };
 
 fn read_all(text: &str, opts: ReadOptions) -> Result<Vec<Event>, decaying_pool::trace::TraceError> {
@@ -765,4 +765,44 @@ fn a_clock_jump_of_centuries_replays_in_a_few_ticks() {
             );
         }
     }
+}
+
+/// An outlier widens its own column: every line of the table keeps the
+/// same width, and each header stays over its figures.
+#[test]
+fn the_table_widens_a_column_for_an_outlier() {
+    let mut reports = replay(
+        [
+            Event::alloc(Duration::ZERO, 0x10, 4096),
+            Event::free(Duration::from_millis(1), 0x10, 4096),
+        ],
+        ReplayOptions::default(),
+    );
+    let normal = format_table(&reports);
+    let width = |t: &str| -> Vec<usize> { t.lines().map(|l| l.chars().count()).collect() };
+    let w = width(&normal);
+    assert!(w.iter().all(|&n| n == w[0]), "{normal}");
+    reports[1].idle_byte_seconds = 1.5e21;
+    reports[1].hits = 123_456_789_012;
+    reports[1].allocs = 123_456_789_012;
+    let wide = format_table(&reports);
+    let v = width(&wide);
+    assert!(v.iter().all(|&n| n == v[0]), "{wide}");
+    // Three digits more of hits, nine of idle byte-seconds.
+    assert_eq!(v[0], w[0] + 3 + 9, "{wide}");
+    // The figures end where their headers end.
+    let lines: Vec<&str> = wide.lines().collect();
+    // In characters: the header has a `÷`.
+    let end =
+        |line: &str, cell: &str| line[..line.find(cell).unwrap()].chars().count() + cell.len();
+    assert_eq!(
+        end(lines[0], "idle"),
+        end(lines[3], "1430511474609375.000"),
+        "{wide}"
+    );
+    assert_eq!(
+        end(lines[0], "hits"),
+        end(lines[3], "123456789012"),
+        "{wide}"
+    );
 }

@@ -158,52 +158,54 @@ pub fn reports_to_json(reports: &[Report]) -> String {
 /// assert!(format_table(&reports).lines().nth(2).unwrap().starts_with("no-pool"));
 /// ```
 pub fn format_table(reports: &[Report]) -> String {
-    let mut s = String::new();
-    let w = reports
+    // Each column as wide as its widest cell, at least as wide as the
+    // usual figures, so that an outlier (a replay over centuries, a
+    // billion hits) widens its column rather than shifting the rest.
+    const MIN: [usize; 10] = [6, 9, 7, 9, 9, 11, 6, 11, 9, 8];
+    let head: [[String; 10]; 2] = [
+        [
+            "policy", "hits", "hit %", "b.allocs", "b.frees", "peak res", "÷live", "idle",
+            "backing", "failures",
+        ]
+        .map(String::from),
+        ["", "", "", "", "", "", "", "MiB·s", "s", ""].map(String::from),
+    ];
+    let rows: Vec<[String; 10]> = reports
         .iter()
-        .map(|r| r.policy.chars().count())
-        .max()
-        .unwrap_or(0)
-        .max(6);
-    let _ = writeln!(
-        s,
-        "{:<w$} {:>9} {:>7} {:>9} {:>9} {:>11} {:>6} {:>11} {:>9} {:>8}",
-        "policy",
-        "hits",
-        "hit %",
-        "b.allocs",
-        "b.frees",
-        "peak res",
-        "÷live",
-        "idle",
-        "backing",
-        "failures"
-    );
-    let _ = writeln!(
-        s,
-        "{:<w$} {:>9} {:>7} {:>9} {:>9} {:>11} {:>6} {:>11} {:>9} {:>8}",
-        "", "", "", "", "", "", "", "MiB·s", "s", ""
-    );
-    for r in reports {
-        let hit = if r.allocs == 0 {
-            0.0
-        } else {
-            100.0 * r.hits as f64 / r.allocs as f64
-        };
-        let _ = writeln!(
-            s,
-            "{:<w$} {:>9} {:>7.2} {:>9} {:>9} {:>11} {:>6.2} {:>11.3} {:>9.3} {:>8}",
-            r.policy,
-            r.hits,
-            hit,
-            r.backing_allocs,
-            r.backing_frees,
-            human_bytes(r.peak_reserved_bytes as f64),
-            r.reserved_over_live(),
-            r.idle_byte_seconds / MIB as f64,
-            r.modelled_backing_seconds,
-            r.failures
-        );
+        .map(|r| {
+            let hit = if r.allocs == 0 {
+                0.0
+            } else {
+                100.0 * r.hits as f64 / r.allocs as f64
+            };
+            [
+                r.policy.clone(),
+                r.hits.to_string(),
+                format!("{hit:.2}"),
+                r.backing_allocs.to_string(),
+                r.backing_frees.to_string(),
+                human_bytes(r.peak_reserved_bytes as f64),
+                format!("{:.2}", r.reserved_over_live()),
+                format!("{:.3}", r.idle_byte_seconds / MIB as f64),
+                format!("{:.3}", r.modelled_backing_seconds),
+                r.failures.to_string(),
+            ]
+        })
+        .collect();
+    let mut width = MIN;
+    for row in head.iter().chain(&rows) {
+        for (w, cell) in width.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let mut s = String::new();
+    for row in head.iter().chain(&rows) {
+        let mut line = format!("{:<w$}", row[0], w = width[0]);
+        for (cell, &w) in row.iter().zip(&width).skip(1) {
+            let _ = write!(line, " {cell:>w$}");
+        }
+        s.push_str(&line);
+        s.push('\n');
     }
     s
 }
