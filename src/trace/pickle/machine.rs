@@ -192,6 +192,18 @@ impl<'a> Machine<'a> {
         Ok(self.stack.split_off(base))
     }
 
+    /// The memo key that follows a `PUT` or `GET` opcode `op`, in its
+    /// encoding.
+    fn memo_key(&mut self, op: u8) -> Result<u64, String> {
+        match op {
+            b'p' | b'g' => {
+                u64::try_from(text_int(self.line()?)?).map_err(|_| "a negative memo key".into())
+            }
+            b'q' | b'h' => Ok(self.u8()? as u64),
+            _ => Ok(self.u32()? as u64),
+        }
+    }
+
     fn memo_get(&mut self, key: u64) -> Result<(), String> {
         let id = *self
             .memo
@@ -277,34 +289,19 @@ impl<'a> Machine<'a> {
                 let id = self.top()?;
                 self.stack.push(id);
             }
-            // The memo.
-            b'p' => {
-                let key = text_int(self.line()?)?;
-                self.memo_put(u64::try_from(key).map_err(|_| "a negative memo key")?)?;
+            // The memo: a key as text (`PUT`, `GET`), in one byte
+            // (`BINPUT`, `BINGET`) or in four (`LONG_BINPUT`, `LONG_BINGET`).
+            b'p' | b'q' | b'r' => {
+                let key = self.memo_key(op)?;
+                self.memo_put(key)?;
             }
-            b'q' => {
-                let key = self.u8()?;
-                self.memo_put(key as u64)?;
-            }
-            b'r' => {
-                let key = self.u32()?;
-                self.memo_put(key as u64)?;
+            b'g' | b'h' | b'j' => {
+                let key = self.memo_key(op)?;
+                self.memo_get(key)?;
             }
             0x94 => {
                 let key = self.memo.len() as u64;
                 self.memo_put(key)?;
-            }
-            b'g' => {
-                let key = text_int(self.line()?)?;
-                self.memo_get(u64::try_from(key).map_err(|_| "a negative memo key")?)?;
-            }
-            b'h' => {
-                let key = self.u8()?;
-                self.memo_get(key as u64)?;
-            }
-            b'j' => {
-                let key = self.u32()?;
-                self.memo_get(key as u64)?;
             }
             // Constants and numbers.
             b'N' => self.push(Node::None),
