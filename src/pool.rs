@@ -91,6 +91,7 @@ where
 /// ```
 /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
 /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// // Needs the `testing` feature (its test doubles): `features = ["testing"]`.
 /// use core::time::Duration;
 /// use decaying_pool::testing::CheckingAllocator;
 /// use decaying_pool::{DecayingPool, Exponential, ManualClock, Reuse, SizeClass};
@@ -128,6 +129,7 @@ impl<A, P, C> Builder<A, P, C> {
     /// ```
     /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
     /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// // Needs the `testing` feature (its test doubles): `features = ["testing"]`.
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, FixedCapacity};
     /// let pool = DecayingPool::builder(CheckingAllocator::new()).policy(FixedCapacity::new(16)).build();
     /// # drop(pool);
@@ -154,6 +156,7 @@ impl<A, P, C> Builder<A, P, C> {
     /// ```
     /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
     /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// // Needs the `testing` feature (its test doubles): `features = ["testing"]`.
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, ManualClock};
     /// let clock = ManualClock::new();
     /// let pool = DecayingPool::builder(CheckingAllocator::new()).clock(clock.clone()).build();
@@ -181,6 +184,7 @@ impl<A, P, C> Builder<A, P, C> {
     /// ```
     /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
     /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// // Needs the `testing` feature (its test doubles): `features = ["testing"]`.
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, SizeClass};
     /// let pool = DecayingPool::builder(CheckingAllocator::new()).size_class(SizeClass::Multiple(512)).build();
     /// assert_eq!(pool.class_size(1), Some(512));
@@ -199,6 +203,7 @@ impl<A, P, C> Builder<A, P, C> {
     /// ```
     /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
     /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// // Needs the `testing` feature (its test doubles): `features = ["testing"]`.
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, Reuse};
     /// let pool = DecayingPool::builder(CheckingAllocator::new()).reuse(Reuse::Fifo).build();
     /// assert_eq!(pool.reuse(), Reuse::Fifo);
@@ -218,6 +223,7 @@ impl<A, P, C> Builder<A, P, C> {
     /// ```
     /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
     /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// // Needs the `testing` feature (its test doubles): `features = ["testing"]`.
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, PoolError};
     /// let mut pool = DecayingPool::builder(CheckingAllocator::new()).limit(1000).build();
     /// assert!(matches!(pool.allocate(1001), Err(PoolError::LimitExceeded { .. })));
@@ -249,6 +255,7 @@ impl<A, P, C> Builder<A, P, C> {
     /// ```
     /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
     /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// // Needs the `testing` feature (its test doubles): `features = ["testing"]`.
     /// use std::sync::{Arc, Mutex};
     /// use decaying_pool::testing::CheckingAllocator;
     /// use decaying_pool::{DecayingPool, Event, Reason};
@@ -280,6 +287,7 @@ impl<A, P, C> Builder<A, P, C> {
     /// ```
     /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
     /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// // Needs the `testing` feature (its test doubles): `features = ["testing"]`.
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool};
     /// let pool = DecayingPool::builder(CheckingAllocator::new()).class_stats(true).build();
     /// assert_eq!(pool.class_stats(), Some(vec![]));
@@ -300,6 +308,7 @@ impl<A: RawAllocator, P: Policy, C: Clock> Builder<A, P, C> {
     /// ```
     /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
     /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// // Needs the `testing` feature (its test doubles): `features = ["testing"]`.
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool};
     /// let pool = DecayingPool::builder(CheckingAllocator::new()).build();
     /// assert_eq!(pool.stats().bytes_reserved, 0);
@@ -407,6 +416,7 @@ impl<A: RawAllocator, P: Policy, C: Clock> DecayingPool<A, P, C> {
     /// ```
     /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
     /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// // Needs the `testing` feature (its test doubles): `features = ["testing"]`.
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, FixedTime};
     /// let mut pool = DecayingPool::new(CheckingAllocator::new(), FixedTime::default());
     /// let b = pool.allocate(256).unwrap();
@@ -546,6 +556,7 @@ impl<A: RawAllocator, P: Policy, C: Clock> DecayingPool<A, P, C> {
     /// ```
     /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
     /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// // Needs the `testing` feature (its test doubles): `features = ["testing"]`.
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, FixedTime};
     /// let mut pool = DecayingPool::new(CheckingAllocator::new(), FixedTime::default());
     /// let b = pool.allocate(100).unwrap();
@@ -593,6 +604,7 @@ impl<A: RawAllocator, P: Policy, C: Clock> DecayingPool<A, P, C> {
     /// ```
     /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
     /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// // Needs the `testing` feature (its test doubles): `features = ["testing"]`.
     /// use core::time::Duration;
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, FixedTime, ManualClock};
     /// let clock = ManualClock::new();
@@ -623,6 +635,7 @@ impl<A: RawAllocator, P: Policy, C: Clock> DecayingPool<A, P, C> {
     /// ```
     /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
     /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// // Needs the `testing` feature (its test doubles): `features = ["testing"]`.
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, FixedTime};
     /// let mut pool = DecayingPool::new(CheckingAllocator::new(), FixedTime::default());
     /// let (a, b) = (pool.allocate(100).unwrap(), pool.allocate(200).unwrap());
@@ -646,6 +659,7 @@ impl<A: RawAllocator, P: Policy, C: Clock> DecayingPool<A, P, C> {
     /// ```
     /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
     /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// // Needs the `testing` feature (its test doubles): `features = ["testing"]`.
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, FixedTime};
     /// let pool = DecayingPool::new(CheckingAllocator::new(), FixedTime::default());
     /// assert_eq!(pool.stats(), decaying_pool::Stats::default());
@@ -671,6 +685,7 @@ impl<A: RawAllocator, P: Policy, C: Clock> DecayingPool<A, P, C> {
     /// ```
     /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
     /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// // Needs the `testing` feature (its test doubles): `features = ["testing"]`.
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, FixedTime, PoolError};
     /// let mut pool = DecayingPool::new(CheckingAllocator::new(), FixedTime::default());
     /// let (a, b) = (pool.allocate(100)?, pool.allocate(200)?);
@@ -701,6 +716,7 @@ impl<A: RawAllocator, P: Policy, C: Clock> DecayingPool<A, P, C> {
     /// ```
     /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
     /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// // Needs the `testing` feature (its test doubles): `features = ["testing"]`.
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, FixedTime};
     /// let mut pool = DecayingPool::new(CheckingAllocator::new(), FixedTime::default());
     /// let b = pool.allocate(1000)?;
@@ -725,6 +741,7 @@ impl<A: RawAllocator, P: Policy, C: Clock> DecayingPool<A, P, C> {
     /// ```
     /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
     /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// // Needs the `testing` feature (its test doubles): `features = ["testing"]`.
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, SizeClass};
     /// let mut pool = DecayingPool::builder(CheckingAllocator::new())
     ///     .size_class(SizeClass::PowerOfTwo)
@@ -753,6 +770,7 @@ impl<A: RawAllocator, P: Policy, C: Clock> DecayingPool<A, P, C> {
     /// ```
     /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
     /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// // Needs the `testing` feature (its test doubles): `features = ["testing"]`.
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, SizeClass};
     /// let pool = DecayingPool::builder(CheckingAllocator::new()).size_class(SizeClass::PowerOfTwo).build();
     /// assert_eq!(pool.class_size(1025), Some(2048));
@@ -771,6 +789,7 @@ impl<A: RawAllocator, P: Policy, C: Clock> DecayingPool<A, P, C> {
     /// ```
     /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
     /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// // Needs the `testing` feature (its test doubles): `features = ["testing"]`.
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, FixedTime};
     /// let mut pool = DecayingPool::new(CheckingAllocator::new(), FixedTime::default());
     /// let b = pool.allocate(8).unwrap();
@@ -790,6 +809,7 @@ impl<A: RawAllocator, P: Policy, C: Clock> DecayingPool<A, P, C> {
     /// ```
     /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
     /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// // Needs the `testing` feature (its test doubles): `features = ["testing"]`.
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, FixedTime, SizeClass};
     /// let pool = DecayingPool::new(CheckingAllocator::new(), FixedTime::default());
     /// assert_eq!(pool.size_class(), SizeClass::Exact);
@@ -807,6 +827,7 @@ impl<A: RawAllocator, P: Policy, C: Clock> DecayingPool<A, P, C> {
     /// ```
     /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
     /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// // Needs the `testing` feature (its test doubles): `features = ["testing"]`.
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, FixedTime, Reuse};
     /// let pool = DecayingPool::new(CheckingAllocator::new(), FixedTime::default());
     /// assert_eq!(pool.reuse(), Reuse::Lifo);
@@ -824,6 +845,7 @@ impl<A: RawAllocator, P: Policy, C: Clock> DecayingPool<A, P, C> {
     /// ```
     /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
     /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// // Needs the `testing` feature (its test doubles): `features = ["testing"]`.
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, FixedTime};
     /// let pool = DecayingPool::new(CheckingAllocator::new(), FixedTime::default());
     /// assert_eq!(pool.limit(), None);
@@ -841,6 +863,7 @@ impl<A: RawAllocator, P: Policy, C: Clock> DecayingPool<A, P, C> {
     /// ```
     /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
     /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// // Needs the `testing` feature (its test doubles): `features = ["testing"]`.
     /// use decaying_pool::{testing::CheckingAllocator, Clock, DecayingPool, ManualClock};
     /// let clock = ManualClock::new();
     /// let pool = DecayingPool::builder(CheckingAllocator::new()).clock(clock.clone()).build();
@@ -864,6 +887,7 @@ impl<A: RawAllocator, P: Policy, C: Clock> DecayingPool<A, P, C> {
     /// ```
     /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
     /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// // Needs the `testing` feature (its test doubles): `features = ["testing"]`.
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, FixedTime};
     /// let mut pool = DecayingPool::new(CheckingAllocator::new(), FixedTime::default());
     /// let b = pool.allocate(8).unwrap();

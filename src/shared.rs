@@ -1257,6 +1257,7 @@ impl<A: RawAllocator, P: Policy, C: Clock> SharedPool<A, P, C> {
     /// ```
     /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
     /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// // Needs the `testing` feature (its test doubles): `features = ["testing"]`.
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, FixedTime, SharedPool};
     /// let pool = SharedPool::new(DecayingPool::new(CheckingAllocator::new(), FixedTime::default()));
     /// assert_eq!(pool.stats().bytes_reserved, 0);
@@ -1291,6 +1292,7 @@ impl<A: RawAllocator, P: Policy, C: Clock> SharedPool<A, P, C> {
     /// ```
     /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
     /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// // Needs the `testing` feature (its test doubles): `features = ["testing"]`.
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, Packing, SharedPool};
     /// let pool = SharedPool::packed(
     ///     DecayingPool::builder(CheckingAllocator::with_addresses())
@@ -1327,6 +1329,7 @@ impl<A: RawAllocator, P: Policy, C: Clock> SharedPool<A, P, C> {
     /// ```
     /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
     /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// // Needs the `testing` feature (its test doubles): `features = ["testing"]`.
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, FixedTime, SharedPool};
     /// let pool = SharedPool::new(DecayingPool::new(CheckingAllocator::new(), FixedTime::default()));
     /// assert_eq!(pool.packing_stats(), None);
@@ -1355,6 +1358,7 @@ impl<A: RawAllocator, P: Policy, C: Clock> SharedPool<A, P, C> {
     /// ```
     /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
     /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// // Needs the `testing` feature (its test doubles): `features = ["testing"]`.
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, Packing, SharedPool};
     /// let pool = SharedPool::packed(
     ///     DecayingPool::builder(CheckingAllocator::with_addresses())
@@ -1394,6 +1398,7 @@ impl<A: RawAllocator, P: Policy, C: Clock> SharedPool<A, P, C> {
     /// ```
     /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
     /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// // Needs the `testing` feature (its test doubles): `features = ["testing"]`.
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, FixedTime, SharedPool};
     /// let pool = SharedPool::new(DecayingPool::new(CheckingAllocator::new(), FixedTime::default()));
     /// let b = pool.allocate(8)?;
@@ -1426,6 +1431,7 @@ impl<A: RawAllocator, P: Policy, C: Clock> SharedPool<A, P, C> {
     /// ```
     /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
     /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// // Needs the `testing` feature (its test doubles): `features = ["testing"]`.
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, FixedTime, PoolError, SharedPool};
     /// let pool = SharedPool::new(DecayingPool::new(CheckingAllocator::new(), FixedTime::default()));
     /// let block = pool.allocate(100)?;
@@ -1455,6 +1461,7 @@ impl<A: RawAllocator, P: Policy, C: Clock> SharedPool<A, P, C> {
     /// ```
     /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
     /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// // Needs the `testing` feature (its test doubles): `features = ["testing"]`.
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, FixedTime, SharedPool};
     /// let pool = SharedPool::new(DecayingPool::new(CheckingAllocator::new(), FixedTime::default()));
     /// let b = pool.allocate(64)?;
@@ -1482,6 +1489,7 @@ impl<A: RawAllocator, P: Policy, C: Clock> SharedPool<A, P, C> {
     /// ```
     /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
     /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// // Needs the `testing` feature (its test doubles): `features = ["testing"]`.
     /// use core::time::Duration;
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, FixedTime, ManualClock, SharedPool};
     /// let clock = ManualClock::new();
@@ -1509,6 +1517,7 @@ impl<A: RawAllocator, P: Policy, C: Clock> SharedPool<A, P, C> {
     /// ```
     /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
     /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// // Needs the `testing` feature (its test doubles): `features = ["testing"]`.
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, FixedTime, SharedPool};
     /// let pool = SharedPool::new(DecayingPool::new(CheckingAllocator::new(), FixedTime::default()));
     /// drop(pool.allocate(64)?);
@@ -1530,6 +1539,7 @@ impl<A: RawAllocator, P: Policy, C: Clock> SharedPool<A, P, C> {
     /// ```
     /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
     /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// // Needs the `testing` feature (its test doubles): `features = ["testing"]`.
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, FixedTime, SharedPool};
     /// let pool = SharedPool::new(DecayingPool::new(CheckingAllocator::new(), FixedTime::default()));
     /// drop(pool.allocate(4096)?);
@@ -1550,6 +1560,7 @@ impl<A: RawAllocator, P: Policy, C: Clock> SharedPool<A, P, C> {
     /// ```
     /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
     /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// // Needs the `testing` feature (its test doubles): `features = ["testing"]`.
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, FixedTime, SharedPool};
     /// let pool = SharedPool::new(DecayingPool::new(CheckingAllocator::new(), FixedTime::default()));
     /// assert_eq!(pool.limit(), None);
@@ -1567,6 +1578,7 @@ impl<A: RawAllocator, P: Policy, C: Clock> SharedPool<A, P, C> {
     /// ```
     /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
     /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// // Needs the `testing` feature (its test doubles): `features = ["testing"]`.
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, FixedTime, SharedPool};
     /// let pool = SharedPool::new(DecayingPool::new(CheckingAllocator::new(), FixedTime::default()));
     /// drop(pool.allocate(4096)?);
@@ -1586,6 +1598,7 @@ impl<A: RawAllocator, P: Policy, C: Clock> SharedPool<A, P, C> {
     /// ```
     /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
     /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// // Needs the `testing` feature (its test doubles): `features = ["testing"]`.
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, SharedPool};
     /// let pool = SharedPool::new(DecayingPool::builder(CheckingAllocator::new()).class_stats(true).build());
     /// drop(pool.allocate(64)?);
@@ -1627,6 +1640,7 @@ impl<A: RawAllocator, P: Policy, C: Clock> SharedPool<A, P, C> {
     /// ```
     /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
     /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// // Needs the `testing` feature (its test doubles): `features = ["testing"]`.
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, FixedTime, SharedPool};
     /// let pool = SharedPool::new(
     ///     DecayingPool::builder(CheckingAllocator::new()).limit(1 << 20).build(),
@@ -1695,6 +1709,7 @@ impl<A: RawAllocator, P: Policy, C: Clock> SharedPool<A, P, C> {
     /// ```
     /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
     /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// // Needs the `testing` feature (its test doubles): `features = ["testing"]`.
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, FixedTime, SharedPool};
     /// let a = SharedPool::new(DecayingPool::new(CheckingAllocator::new(), FixedTime::default()));
     /// let b = SharedPool::new(DecayingPool::new(CheckingAllocator::new(), FixedTime::default()));
@@ -1779,6 +1794,7 @@ impl<A: RawAllocator, P: Policy, C: Clock> SharedPool<A, P, C> {
     /// ```
     /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
     /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// // Needs the `testing` feature (its test doubles): `features = ["testing"]`.
     /// use core::time::Duration;
     /// use decaying_pool::{DecayingPool, FixedTime, SharedPool, testing::CheckingAllocator};
     ///
@@ -1885,6 +1901,7 @@ impl<A: RawAllocator, C: Clock + Clone + Sync> SharedPool<A, FixedTime, C> {
     /// ```
     /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
     /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// // Needs the `testing` feature (its test doubles): `features = ["testing"]`.
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, FixedTime, SharedPool};
     /// let alloc = CheckingAllocator::new();
     /// let pool = SharedPool::with_thread_caches(DecayingPool::new(alloc.clone(), FixedTime::default()));
@@ -1974,6 +1991,7 @@ impl<A: RawAllocator, C: Clock + Clone + Sync> SharedPool<A, FixedTime, C> {
     /// ```
     /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
     /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// // Needs the `testing` feature (its test doubles): `features = ["testing"]`.
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, FixedTime, SharedPool};
     /// let pool = SharedPool::with_thread_caches(DecayingPool::new(
     ///     CheckingAllocator::new(),
@@ -2096,6 +2114,7 @@ where
 /// ```
 /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
 /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// // Needs the `testing` feature (its test doubles): `features = ["testing"]`.
 /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, FixedTime, SharedPool};
 /// let pool = SharedPool::new(DecayingPool::new(CheckingAllocator::new(), FixedTime::default()));
 /// drop(pool.allocate(100)?);
@@ -2147,6 +2166,7 @@ impl<A: RawAllocator, P: Policy, C: Clock> LockedPool<'_, A, P, C> {
     /// ```
     /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
     /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// // Needs the `testing` feature (its test doubles): `features = ["testing"]`.
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, FixedTime, Pooled, SharedPool};
     /// let pool = SharedPool::new(DecayingPool::new(CheckingAllocator::new(), FixedTime::default()));
     /// let raw = pool.with(|p| p.allocate(8))?;
@@ -2177,6 +2197,7 @@ impl<A: RawAllocator, P: Policy, C: Clock> LockedPool<'_, A, P, C> {
     /// ```
     /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
     /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// // Needs the `testing` feature (its test doubles): `features = ["testing"]`.
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, FixedTime, SharedPool};
     /// let pool = SharedPool::new(DecayingPool::new(CheckingAllocator::new(), FixedTime::default()));
     /// let (block, size) = pool.allocate(8)?.into_raw();
@@ -2197,6 +2218,7 @@ impl<A: RawAllocator, P: Policy, C: Clock> LockedPool<'_, A, P, C> {
     /// ```
     /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
     /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// // Needs the `testing` feature (its test doubles): `features = ["testing"]`.
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, FixedTime, SharedPool};
     /// let pool = SharedPool::new(DecayingPool::new(CheckingAllocator::new(), FixedTime::default()));
     /// assert_eq!(pool.with(|p| p.collect()), 0);
@@ -2214,6 +2236,7 @@ impl<A: RawAllocator, P: Policy, C: Clock> LockedPool<'_, A, P, C> {
     /// ```
     /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
     /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// // Needs the `testing` feature (its test doubles): `features = ["testing"]`.
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, FixedTime, SharedPool};
     /// let pool = SharedPool::new(DecayingPool::new(CheckingAllocator::new(), FixedTime::default()));
     /// drop(pool.allocate(8)?);
@@ -2232,6 +2255,7 @@ impl<A: RawAllocator, P: Policy, C: Clock> LockedPool<'_, A, P, C> {
     /// ```
     /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
     /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// // Needs the `testing` feature (its test doubles): `features = ["testing"]`.
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, FixedTime, SharedPool};
     /// let pool = SharedPool::new(DecayingPool::new(CheckingAllocator::new(), FixedTime::default()));
     /// drop(pool.allocate(8)?);
@@ -2250,6 +2274,7 @@ impl<A: RawAllocator, P: Policy, C: Clock> LockedPool<'_, A, P, C> {
     /// ```
     /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
     /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// // Needs the `testing` feature (its test doubles): `features = ["testing"]`.
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, FixedTime, SharedPool};
     /// let pool = SharedPool::new(DecayingPool::new(CheckingAllocator::new(), FixedTime::default()));
     /// drop(pool.allocate(8)?);
@@ -2352,6 +2377,7 @@ impl Stop {
 /// ```
 /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
 /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// // Needs the `testing` feature (its test doubles): `features = ["testing"]`.
 /// use core::time::Duration;
 /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, FixedTime, SharedPool};
 ///
@@ -2378,6 +2404,7 @@ impl Reaper {
     /// ```
     /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
     /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// // Needs the `testing` feature (its test doubles): `features = ["testing"]`.
     /// use core::time::Duration;
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, FixedTime, SharedPool};
     ///
@@ -2429,6 +2456,7 @@ impl fmt::Debug for Reaper {
 /// ```
 /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
 /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// // Needs the `testing` feature (its test doubles): `features = ["testing"]`.
 /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, FixedTime, SharedPool};
 /// let pool = SharedPool::new(DecayingPool::new(CheckingAllocator::new(), FixedTime::default()));
 /// let block = pool.allocate(256)?;
@@ -2472,6 +2500,7 @@ impl<A: RawAllocator, P: Policy, C: Clock> Pooled<A, P, C> {
     /// ```
     /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
     /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// // Needs the `testing` feature (its test doubles): `features = ["testing"]`.
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, SharedPool, SizeClass};
     /// let pool = SharedPool::new(
     ///     DecayingPool::builder(CheckingAllocator::new()).size_class(SizeClass::PowerOfTwo).build(),
@@ -2493,6 +2522,7 @@ impl<A: RawAllocator, P: Policy, C: Clock> Pooled<A, P, C> {
     /// ```
     /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
     /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// // Needs the `testing` feature (its test doubles): `features = ["testing"]`.
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, FixedTime, SharedPool};
     /// let pool = SharedPool::new(DecayingPool::new(CheckingAllocator::new(), FixedTime::default()));
     /// let block = pool.allocate(8)?;
@@ -2517,6 +2547,7 @@ impl<A: RawAllocator, P: Policy, C: Clock> Pooled<A, P, C> {
     /// ```
     /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
     /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// // Needs the `testing` feature (its test doubles): `features = ["testing"]`.
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, FixedTime, Pooled, SharedPool};
     /// let pool = SharedPool::new(DecayingPool::new(CheckingAllocator::new(), FixedTime::default()));
     /// let (block, size) = pool.allocate(512)?.into_raw();
@@ -2562,6 +2593,7 @@ impl<A: RawAllocator, P: Policy, C: Clock> Pooled<A, P, C> {
     /// ```
     /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
     /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// // Needs the `testing` feature (its test doubles): `features = ["testing"]`.
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, FixedTime, Pooled, SharedPool};
     /// let pool = SharedPool::new(DecayingPool::new(CheckingAllocator::new(), FixedTime::default()));
     /// let (block, size) = pool.allocate(100)?.into_raw();

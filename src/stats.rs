@@ -19,6 +19,7 @@ use core::fmt;
 /// ```
 /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
 /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// // Needs the `testing` feature (its test doubles): `features = ["testing"]`.
 /// use decaying_pool::testing::CheckingAllocator;
 /// use decaying_pool::{DecayingPool, FixedTime};
 /// use core::time::Duration;
@@ -167,6 +168,7 @@ impl fmt::Display for HumanBytes {
 /// ```
 /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
 /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// // Needs the `testing` feature (its test doubles): `features = ["testing"]`.
 /// use decaying_pool::testing::CheckingAllocator;
 /// use decaying_pool::{DecayingPool, FixedTime, SizeClass};
 ///
@@ -261,6 +263,7 @@ impl fmt::Display for Stats {
 /// ```
 /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
 /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// // Needs the `testing` feature (its test doubles): `features = ["testing"]`.
 /// use decaying_pool::testing::CheckingAllocator;
 /// use decaying_pool::{ClassStats, DecayingPool};
 ///

@@ -157,6 +157,7 @@ impl<A, P, C> Builder<A, P, C> {
     /// ```
     /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
     /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// // Needs the `testing` feature (its test doubles): `features = ["testing"]`.
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, Packing};
     /// let pool = DecayingPool::builder(CheckingAllocator::with_addresses())
     ///     .limit(1 << 30)
@@ -182,6 +183,7 @@ impl<A: Packable, P: Policy, C: Clock> PackedBuilder<A, P, C> {
     /// ```
     /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
     /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// // Needs the `testing` feature (its test doubles): `features = ["testing"]`.
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, Packing};
     /// let pool = DecayingPool::builder(CheckingAllocator::with_addresses()).packing(Packing::default()).build();
     /// assert_eq!(pool.packing_stats().segments, 0);
@@ -201,6 +203,7 @@ impl<A: Packable, P: Policy, C: Clock> PackedPool<A, P, C> {
     /// ```
     /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
     /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// // Needs the `testing` feature (its test doubles): `features = ["testing"]`.
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, FixedTime, PackedPool, Packing};
     /// let pool = DecayingPool::new(CheckingAllocator::with_addresses(), FixedTime::default());
     /// let packed = PackedPool::from_pool(pool, Packing::default());
@@ -252,6 +255,7 @@ impl<A: Packable, P: Policy, C: Clock> PackedPool<A, P, C> {
     /// ```
     /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
     /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// // Needs the `testing` feature (its test doubles): `features = ["testing"]`.
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, Packing, PoolError};
     /// let mut pool = DecayingPool::builder(CheckingAllocator::with_addresses()).packing(Packing::default()).build();
     /// let a = pool.allocate(100).unwrap();
@@ -352,6 +356,7 @@ impl<A: Packable, P: Policy, C: Clock> PackedPool<A, P, C> {
     /// ```
     /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
     /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// // Needs the `testing` feature (its test doubles): `features = ["testing"]`.
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, Packing};
     /// let mut pool = DecayingPool::builder(CheckingAllocator::with_addresses()).packing(Packing::default()).build();
     /// let a = pool.allocate(100).unwrap();
@@ -431,6 +436,7 @@ impl<A: Packable, P: Policy, C: Clock> PackedPool<A, P, C> {
     /// ```
     /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
     /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// // Needs the `testing` feature (its test doubles): `features = ["testing"]`.
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, Packing};
     /// let mut pool = DecayingPool::builder(CheckingAllocator::with_addresses()).packing(Packing::default()).build();
     /// assert_eq!(pool.collect(), 0);
@@ -449,6 +455,7 @@ impl<A: Packable, P: Policy, C: Clock> PackedPool<A, P, C> {
     /// ```
     /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
     /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// // Needs the `testing` feature (its test doubles): `features = ["testing"]`.
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, Packing};
     /// let mut pool = DecayingPool::builder(CheckingAllocator::with_addresses()).packing(Packing::default()).build();
     /// let a = pool.allocate(100).unwrap();
@@ -468,6 +475,7 @@ impl<A: Packable, P: Policy, C: Clock> PackedPool<A, P, C> {
     /// ```
     /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
     /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// // Needs the `testing` feature (its test doubles): `features = ["testing"]`.
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, Packing};
     /// let mut pool = DecayingPool::builder(CheckingAllocator::with_addresses()).packing(Packing::default()).build();
     /// let (a, b) = (pool.allocate(100).unwrap(), pool.allocate(200).unwrap());
@@ -487,6 +495,7 @@ impl<A: Packable, P: Policy, C: Clock> PackedPool<A, P, C> {
     /// ```
     /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
     /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// // Needs the `testing` feature (its test doubles): `features = ["testing"]`.
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, Packing};
     /// let pool = DecayingPool::builder(CheckingAllocator::with_addresses()).packing(Packing::default()).build();
     /// assert_eq!(pool.packing_stats(), decaying_pool::PackingStats::default());
@@ -504,6 +513,7 @@ impl<A: Packable, P: Policy, C: Clock> PackedPool<A, P, C> {
     /// ```
     /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
     /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// // Needs the `testing` feature (its test doubles): `features = ["testing"]`.
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, Packing};
     /// let pool = DecayingPool::builder(CheckingAllocator::with_addresses()).limit(1 << 30).packing(Packing::default()).build();
     /// assert_eq!(pool.pool().limit(), Some(1 << 30));
@@ -521,6 +531,7 @@ impl<A: Packable, P: Policy, C: Clock> PackedPool<A, P, C> {
     /// ```
     /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
     /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// // Needs the `testing` feature (its test doubles): `features = ["testing"]`.
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, Packing};
     /// let p = Packing::default().medium_threshold(16 << 20);
     /// let pool = DecayingPool::builder(CheckingAllocator::with_addresses()).packing(p).build();
@@ -539,6 +550,7 @@ impl<A: Packable, P: Policy, C: Clock> PackedPool<A, P, C> {
     /// ```
     /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
     /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// // Needs the `testing` feature (its test doubles): `features = ["testing"]`.
     /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, Packing};
     /// let pool = DecayingPool::builder(CheckingAllocator::with_addresses())
     ///     .packing(Packing::default().capacity(8 << 30))

@@ -15,6 +15,7 @@
 /// ```
 /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
 /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// // Needs the `testing` feature (its test doubles): `features = ["testing"]`.
 /// use decaying_pool::testing::CheckingAllocator;
 /// use decaying_pool::{DecayingPool, Packing};
 ///

@@ -74,6 +74,7 @@ impl<T> TraceAddress for *const T {
 /// ```
 /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
 /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// // Needs the `testing` feature (its test doubles): `features = ["testing"]`.
 /// use core::time::Duration;
 /// use decaying_pool::testing::CheckingAllocator;
 /// use decaying_pool::trace::{Config, PolicyKind, Recording, Replayer, ReplayOptions, TraceReader};
@@ -147,6 +148,7 @@ impl<A: RawAllocator, W: Write, C: Clock> Recording<A, W, C> {
     /// ```
     /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
     /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// // Needs the `testing` feature (its test doubles): `features = ["testing"]`.
     /// use decaying_pool::{testing::CheckingAllocator, trace::Recording, ManualClock};
     /// let rec = Recording::with_clock(CheckingAllocator::new(), Vec::new(), ManualClock::new()).unwrap();
     /// assert!(rec.error().is_none());
@@ -169,6 +171,7 @@ impl<A: RawAllocator, W: Write, C: Clock> Recording<A, W, C> {
     /// ```
     /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
     /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// // Needs the `testing` feature (its test doubles): `features = ["testing"]`.
     /// use decaying_pool::{testing::CheckingAllocator, trace::Recording};
     /// let rec = Recording::new(CheckingAllocator::new(), Vec::new()).unwrap();
     /// assert_eq!(rec.inner().live(), 0);
@@ -186,6 +189,7 @@ impl<A: RawAllocator, W: Write, C: Clock> Recording<A, W, C> {
     /// ```
     /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
     /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// // Needs the `testing` feature (its test doubles): `features = ["testing"]`.
     /// use decaying_pool::{testing::CheckingAllocator, trace::Recording};
     /// let rec = Recording::new(CheckingAllocator::new(), Vec::new()).unwrap();
     /// assert!(rec.error().is_none());
@@ -207,6 +211,7 @@ impl<A: RawAllocator, W: Write, C: Clock> Recording<A, W, C> {
     /// ```
     /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
     /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// // Needs the `testing` feature (its test doubles): `features = ["testing"]`.
     /// use decaying_pool::{testing::CheckingAllocator, trace::Recording, RawAllocator};
     /// let mut rec = Recording::new(CheckingAllocator::new(), Vec::new()).unwrap();
     /// let b = rec.allocate(64).unwrap();
