@@ -12,8 +12,8 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use decaying_pool::trace::cli;
 use decaying_pool::trace::{
-    Config, CostModel, Event, Op, PolicyKind, ReadOptions, ReadStats, Recorder, ReplayOptions,
-    Replayer, Report, TraceReader, TraceWriter, format_table, reports_to_json, workloads,
+    Config, CostModel, Event, Op, PolicyKind, ReadOptions, ReadStats, ReplayOptions, Replayer,
+    Report, StatsTimeline, TraceReader, TraceWriter, format_table, reports_to_json, workloads,
     write_chrome_trace, write_svg,
 };
 use decaying_pool::{Packing, SizeClass};
@@ -739,10 +739,10 @@ fn replay(a: &ReplayArgs) -> Result<(), Failure> {
     }
 
     for (i, o) in outcomes.iter().enumerate() {
-        let recs: Vec<Recorder> = o
+        let recs: Vec<StatsTimeline> = o
             .reports
             .iter()
-            .filter_map(|(_, r)| r.recording.clone())
+            .filter_map(|(_, r)| r.timeline.clone())
             .collect();
         for kind in ["chrome", "svg"] {
             if let Some((p, f)) = outputs.remove(&(i, kind)) {

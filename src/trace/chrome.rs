@@ -2,7 +2,7 @@
 
 use std::io::{self, Write};
 
-use super::{Recorder, Sample, json_escape};
+use super::{Sample, StatsTimeline, json_escape};
 
 /// Writes `recorders` as a Chrome trace-event JSON document
 /// (`{"traceEvents":[…],"displayTimeUnit":"ms"}`), which Perfetto
@@ -23,10 +23,10 @@ use super::{Recorder, Sample, json_escape};
 ///
 /// ```
 /// use core::time::Duration;
-/// use decaying_pool::trace::{write_chrome_trace, Recorder};
+/// use decaying_pool::trace::{write_chrome_trace, StatsTimeline};
 /// use decaying_pool::Stats;
 ///
-/// let mut rec = Recorder::new("keep-all");
+/// let mut rec = StatsTimeline::new("keep-all");
 /// let s = Stats { bytes_in_use: 4096, bytes_reserved: 4096, ..Default::default() };
 /// rec.record(Duration::from_micros(5), &s);
 /// let mut out = Vec::new();
@@ -35,7 +35,7 @@ use super::{Recorder, Sample, json_escape};
 /// assert!(json.contains(r#""name":"in_use_bytes","ph":"C","ts":5,"pid":1,"args":{"value":4096}"#));
 /// # Ok::<(), std::io::Error>(())
 /// ```
-pub fn write_chrome_trace<W: Write>(mut out: W, recorders: &[Recorder]) -> io::Result<()> {
+pub fn write_chrome_trace<W: Write>(mut out: W, recorders: &[StatsTimeline]) -> io::Result<()> {
     out.write_all(b"{\"traceEvents\":[\n")?;
     let mut first = true;
     let mut sep = |out: &mut W| -> io::Result<()> {

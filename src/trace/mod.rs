@@ -51,7 +51,7 @@
 //!
 //! [`Replayer`] runs a trace through several [`Config`]urations at once, on
 //! trace time, over a [`ModelledAllocator`] that charges what CUDA would,
-//! and gives a [`Report`] per configuration. A [`Recorder`] turns a pool's
+//! and gives a [`Report`] per configuration. A [`StatsTimeline`] turns a pool's
 //! [`Stats`](crate::Stats) over time into counter tracks and instant events,
 //! exported by [`write_chrome_trace`] (Perfetto, `chrome://tracing`) and
 //! [`write_svg`] (a chart). [`workloads`] holds small built-in traces.
@@ -83,25 +83,25 @@ use std::io::{self, BufRead, Write};
 
 mod chrome;
 pub mod cli;
+mod logging;
 #[cfg(feature = "pickle")]
 mod pickle;
-mod record;
-mod recording;
 mod replay;
 mod svg;
+mod timeline;
 pub mod workloads;
 
 pub use chrome::write_chrome_trace;
+pub use logging::{LoggingAllocator, TraceAddress};
 #[cfg(feature = "pickle")]
 #[cfg_attr(docsrs, doc(cfg(feature = "pickle")))]
 pub use pickle::{is_pickle, snapshot_to_csv};
-pub use record::{Instant, InstantKind, Recorder, Sample};
-pub use recording::{Recording, TraceAddress};
 pub use replay::{
     Config, CostCurve, CostModel, ModelledAllocator, OutOfMemory, PolicyKind, ReplayOptions,
     Replayer, Report, format_table, reports_to_json,
 };
 pub use svg::write_svg;
+pub use timeline::{Instant, InstantKind, Sample, StatsTimeline};
 
 /// What happens to a block in an [`Event`].
 ///

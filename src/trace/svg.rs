@@ -4,7 +4,7 @@
 use core::fmt::Write as _;
 use std::io::{self, Write};
 
-use super::{InstantKind, Recorder, human_bytes};
+use super::{InstantKind, StatsTimeline, human_bytes};
 
 const WIDTH: f64 = 960.0;
 const LEFT: f64 = 78.0;
@@ -33,10 +33,10 @@ const RESERVED: &str = "#7a4a00";
 ///
 /// ```
 /// use core::time::Duration;
-/// use decaying_pool::trace::{write_svg, Recorder};
+/// use decaying_pool::trace::{write_svg, StatsTimeline};
 /// use decaying_pool::Stats;
 ///
-/// let mut rec = Recorder::new("keep-all");
+/// let mut rec = StatsTimeline::new("keep-all");
 /// for (ms, in_use, cached) in [(0, 0, 0), (1, 4096, 0), (2, 0, 4096)] {
 ///     let s = Stats { bytes_in_use: in_use, bytes_cached: cached,
 ///                     bytes_reserved: in_use + cached, ..Default::default() };
@@ -48,7 +48,7 @@ const RESERVED: &str = "#7a4a00";
 /// assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"));
 /// # Ok::<(), std::io::Error>(())
 /// ```
-pub fn write_svg<W: Write>(mut out: W, title: &str, recorders: &[Recorder]) -> io::Result<()> {
+pub fn write_svg<W: Write>(mut out: W, title: &str, recorders: &[StatsTimeline]) -> io::Result<()> {
     let n = recorders.len().max(1) as f64;
     let height = TOP + n * (PANEL + PANEL_GAP) + BOTTOM - PANEL_GAP + 10.0;
     let plot_w = WIDTH - LEFT - RIGHT;

@@ -22,10 +22,10 @@
 //!   `packing_shared`;
 //! - backing allocators: `backends`, `cuda` (feature `cuda`; device tests
 //!   skip without a GPU);
-//! - trace tooling: `trace`, `trace_input`, `recording`;
+//! - trace tooling: `trace`, `trace_input`, `logging`;
 //! - `support`: helpers the modules share.
 //!
-//! A few tests in `trace`, `recording` and `packing` also replay the real
+//! A few tests in `trace`, `logging` and `packing` also replay the real
 //! traces of `../shared/workloads`, the project's shared folder beside the
 //! repository (not in the packaged crate); without it they print a note
 //! and check nothing more (each module's documentation names them).
@@ -41,14 +41,14 @@ mod fixed_capacity;
 mod fuzz_corpus;
 mod knobs;
 mod limit_retry;
+#[cfg(not(miri))]
+mod logging;
 mod model;
 mod packing;
 mod packing_corpus;
 mod packing_model;
 mod packing_robust;
 mod packing_shared;
-#[cfg(not(miri))]
-mod recording;
 mod robustness;
 mod semantics;
 mod shared;

@@ -12,8 +12,8 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use decaying_pool::trace::{
-    Config, CostModel, Event, Format, Op, PolicyKind, ReadOptions, Recorder, ReplayOptions,
-    Replayer, Report, TraceErrorKind, TraceReader, TraceWriter, format_table, workloads,
+    Config, CostModel, Event, Format, Op, PolicyKind, ReadOptions, ReplayOptions, Replayer, Report,
+    StatsTimeline, TraceErrorKind, TraceReader, TraceWriter, format_table, workloads,
     write_chrome_trace, write_svg,
 };
 
@@ -603,7 +603,7 @@ fn a_device_too_small_fails_requests_and_skips_their_frees() {
     assert_eq!((keep.hits, keep.backing_allocs), (1, 1));
 }
 
-fn recorded(w: &workloads::Workload) -> Vec<Recorder> {
+fn recorded(w: &workloads::Workload) -> Vec<StatsTimeline> {
     let reps = replay(
         w.events.iter().copied(),
         ReplayOptions {
@@ -613,7 +613,7 @@ fn recorded(w: &workloads::Workload) -> Vec<Recorder> {
             ..ReplayOptions::default()
         },
     );
-    reps.into_iter().map(|r| r.recording.unwrap()).collect()
+    reps.into_iter().map(|r| r.timeline.unwrap()).collect()
 }
 
 #[test]

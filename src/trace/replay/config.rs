@@ -238,7 +238,7 @@ pub struct ReplayOptions {
     /// so pools decay while the trace is quiet (default: never; a pool then
     /// decays only when the trace calls it).
     pub reaper: Option<Duration>,
-    /// Keep a [`Recorder`](crate::trace::Recorder) per configuration (default `false`: no cost).
+    /// Keep a [`StatsTimeline`](crate::trace::StatsTimeline) per configuration (default `false`: no cost).
     pub record: bool,
     /// The recorders' resolution (default 0: every change).
     pub record_resolution: Duration,

@@ -5,7 +5,7 @@ use core::time::Duration;
 use std::collections::{HashMap, HashSet};
 
 use crate::policy::Policy;
-use crate::trace::{Event, Op, Recorder};
+use crate::trace::{Event, Op, StatsTimeline};
 use crate::{DecayingPool, Exponential, FixedCapacity, FixedTime, ManualClock, PackedPool, Stats};
 
 use super::config::{Config, PolicyKind, ReplayOptions};
@@ -36,7 +36,7 @@ struct SimState {
     live_bytes: usize,
     peak_live_bytes: usize,
     idle_byte_seconds: f64,
-    recorder: Option<Recorder>,
+    recorder: Option<StatsTimeline>,
     /// The policy frees blocks on a collection (a time-to-live or a
     /// half-life; not keep-all, no pool or a fixed capacity).
     decays: bool,
@@ -196,7 +196,7 @@ fn sim<P: Policy + 'static>(
         name: config.name.clone(),
         recorder: options
             .record
-            .then(|| Recorder::with_resolution(&config.name, options.record_resolution)),
+            .then(|| StatsTimeline::with_resolution(&config.name, options.record_resolution)),
         decays: matches!(
             config.policy,
             PolicyKind::FixedTime(_) | PolicyKind::Exponential(_)
@@ -529,7 +529,7 @@ impl Replayer {
                     failures: st.failures,
                     span_seconds: span,
                     stats,
-                    recording: st.recorder,
+                    timeline: st.recorder,
                 }
             })
             .collect()

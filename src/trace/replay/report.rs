@@ -3,7 +3,7 @@
 use std::fmt::Write as _;
 
 use crate::Stats;
-use crate::trace::{Recorder, human_bytes, json_escape};
+use crate::trace::{StatsTimeline, human_bytes, json_escape};
 
 use super::cost::MIB;
 
@@ -56,10 +56,10 @@ pub struct Report {
     pub span_seconds: f64,
     /// The pool's final counters.
     pub stats: Stats,
-    /// The recording, when [`ReplayOptions::record`](super::ReplayOptions::record) was set (not
+    /// The stats timeline, when [`ReplayOptions::record`](super::ReplayOptions::record) was set (not
     /// serialized: write it with its own exporters).
     #[cfg_attr(feature = "serde", serde(skip))]
-    pub recording: Option<Recorder>,
+    pub timeline: Option<StatsTimeline>,
 }
 
 impl Report {
@@ -81,7 +81,7 @@ impl Report {
         }
     }
 
-    /// One JSON object with the report's figures (not the recording).
+    /// One JSON object with the report's figures (not the timeline).
     ///
     /// # Examples
     ///

@@ -1,4 +1,4 @@
-//! `trace::Recording`: a program records its own workload, and the trace
+//! `trace::LoggingAllocator`: a program records its own workload, and the trace
 //! replays to the backing calls the live program made; PyTorch snapshot
 //! pickles read as their CSV conversion; stream selection.
 //!
@@ -12,7 +12,7 @@ use core::time::Duration;
 
 use decaying_pool::testing::CheckingAllocator;
 use decaying_pool::trace::{
-    Config, Event, PolicyKind, ReadOptions, Recording, ReplayOptions, Replayer, TraceReader,
+    Config, Event, LoggingAllocator, PolicyKind, ReadOptions, ReplayOptions, Replayer, TraceReader,
     snapshot_to_csv,
 };
 use decaying_pool::{DecayingPool, FixedTime, ManualClock, RawAllocator};
@@ -29,7 +29,7 @@ fn recorded_trace_replays_to_the_live_backing_calls() {
         .clock(clock.clone())
         .build();
     // One line: the program's allocator is now recorded.
-    let mut rec = Recording::with_clock(pool, Vec::new(), clock.clone()).unwrap();
+    let mut rec = LoggingAllocator::with_clock(pool, Vec::new(), clock.clone()).unwrap();
 
     let mut rng = 0x2545_f491_4f6c_dd1du64;
     let mut live = Vec::new();
@@ -84,7 +84,7 @@ fn recording_the_backing_allocator_logs_its_calls() {
     let mut backing = CheckingAllocator::new();
     let mut text = Vec::new();
     {
-        let rec = Recording::with_clock(&mut backing, &mut text, clock.clone()).unwrap();
+        let rec = LoggingAllocator::with_clock(&mut backing, &mut text, clock.clone()).unwrap();
         let mut pool = DecayingPool::builder(rec)
             .policy(FixedTime::new(Duration::from_millis(10)))
             .clock(clock.clone())
@@ -128,7 +128,7 @@ fn a_write_error_is_reported_by_finish() {
             Ok(())
         }
     }
-    let mut rec = Recording::new(CheckingAllocator::new(), Full(25)).unwrap();
+    let mut rec = LoggingAllocator::new(CheckingAllocator::new(), Full(25)).unwrap();
     let b = rec.allocate(64).unwrap();
     assert!(rec.error().is_some());
     // SAFETY: `b` came from `rec.allocate(64)`.

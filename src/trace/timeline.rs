@@ -5,7 +5,7 @@ use core::time::Duration;
 
 use crate::Stats;
 
-/// The counters of one moment, as a [`Recorder`] keeps them.
+/// The counters of one moment, as a [`StatsTimeline`] keeps them.
 ///
 /// # Examples
 ///
@@ -132,7 +132,7 @@ pub struct Instant {
 /// // Needs the `testing` feature (its test doubles): `features = ["testing"]`.
 /// use core::time::Duration;
 /// use decaying_pool::testing::CheckingAllocator;
-/// use decaying_pool::trace::{InstantKind, Recorder};
+/// use decaying_pool::trace::{InstantKind, StatsTimeline};
 /// use decaying_pool::{Clock, DecayingPool, FixedTime, ManualClock};
 ///
 /// let clock = ManualClock::new();
@@ -140,7 +140,7 @@ pub struct Instant {
 ///     .policy(FixedTime::new(Duration::from_millis(10)))
 ///     .clock(clock.clone())
 ///     .build();
-/// let mut rec = Recorder::new("fixed-time 10ms");
+/// let mut rec = StatsTimeline::new("fixed-time 10ms");
 /// let b = pool.allocate(4096).unwrap();
 /// rec.record(clock.now(), &pool.stats());
 /// unsafe { pool.release(b, 4096) };
@@ -156,7 +156,7 @@ pub struct Instant {
 /// # }
 /// ```
 #[derive(Clone, Debug)]
-pub struct Recorder {
+pub struct StatsTimeline {
     name: String,
     resolution: Duration,
     samples: Vec<Sample>,
@@ -165,13 +165,13 @@ pub struct Recorder {
     bucket_start: usize,
 }
 
-impl Recorder {
+impl StatsTimeline {
     /// A recorder that keeps every change; `name` labels its tracks.
     ///
     /// # Examples
     ///
     /// ```
-    /// assert_eq!(decaying_pool::trace::Recorder::new("keep-all").name(), "keep-all");
+    /// assert_eq!(decaying_pool::trace::StatsTimeline::new("keep-all").name(), "keep-all");
     /// ```
     pub fn new(name: impl Into<String>) -> Self {
         Self::with_resolution(name, Duration::ZERO)
@@ -183,9 +183,9 @@ impl Recorder {
     ///
     /// ```
     /// use core::time::Duration;
-    /// use decaying_pool::trace::Recorder;
+    /// use decaying_pool::trace::StatsTimeline;
     /// use decaying_pool::Stats;
-    /// let mut r = Recorder::with_resolution("p", Duration::from_millis(1));
+    /// let mut r = StatsTimeline::with_resolution("p", Duration::from_millis(1));
     /// for us in 0..10u64 {
     ///     let s = Stats { bytes_in_use: us as usize, bytes_reserved: us as usize, ..Default::default() };
     ///     r.record(Duration::from_micros(us * 300), &s);
@@ -195,7 +195,7 @@ impl Recorder {
     /// assert_eq!(r.samples()[0].bytes_in_use, 3);
     /// ```
     pub fn with_resolution(name: impl Into<String>, resolution: Duration) -> Self {
-        Recorder {
+        StatsTimeline {
             name: name.into(),
             resolution,
             samples: Vec::new(),
@@ -210,7 +210,7 @@ impl Recorder {
     /// # Examples
     ///
     /// ```
-    /// assert_eq!(decaying_pool::trace::Recorder::new("x").name(), "x");
+    /// assert_eq!(decaying_pool::trace::StatsTimeline::new("x").name(), "x");
     /// ```
     pub fn name(&self) -> &str {
         &self.name
@@ -221,8 +221,8 @@ impl Recorder {
     /// # Examples
     ///
     /// ```
-    /// use decaying_pool::{trace::Recorder, Stats};
-    /// let mut r = Recorder::new("p");
+    /// use decaying_pool::{trace::StatsTimeline, Stats};
+    /// let mut r = StatsTimeline::new("p");
     /// r.record(Default::default(), &Stats::default());
     /// r.record(Default::default(), &Stats::default()); // nothing changed
     /// assert_eq!(r.samples().len(), 1);
@@ -311,7 +311,7 @@ impl Recorder {
     /// # Examples
     ///
     /// ```
-    /// assert!(decaying_pool::trace::Recorder::new("p").samples().is_empty());
+    /// assert!(decaying_pool::trace::StatsTimeline::new("p").samples().is_empty());
     /// ```
     pub fn samples(&self) -> &[Sample] {
         &self.samples
@@ -322,7 +322,7 @@ impl Recorder {
     /// # Examples
     ///
     /// ```
-    /// assert!(decaying_pool::trace::Recorder::new("p").instants().is_empty());
+    /// assert!(decaying_pool::trace::StatsTimeline::new("p").instants().is_empty());
     /// ```
     pub fn instants(&self) -> &[Instant] {
         &self.instants

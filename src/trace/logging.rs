@@ -1,4 +1,4 @@
-//! [`Recording`]: an allocator adaptor that logs every call to a trace.
+//! [`LoggingAllocator`]: an allocator adaptor that logs every call to a trace.
 
 use core::fmt;
 use core::ptr::NonNull;
@@ -7,7 +7,7 @@ use std::io::{self, Write};
 use super::{Event, TraceWriter};
 use crate::{Clock, PreciseClock, RawAllocator};
 
-/// A block handle that names an address, so a [`Recording`] can write it
+/// A block handle that names an address, so a [`LoggingAllocator`] can write it
 /// to a trace: integers (device pointers, offsets) and host pointers.
 ///
 /// # Examples
@@ -77,7 +77,7 @@ impl<T> TraceAddress for *const T {
 /// // Needs the `testing` feature (its test doubles): `features = ["testing"]`.
 /// use core::time::Duration;
 /// use decaying_pool::testing::CheckingAllocator;
-/// use decaying_pool::trace::{Config, PolicyKind, Recording, Replayer, ReplayOptions, TraceReader};
+/// use decaying_pool::trace::{Config, PolicyKind, LoggingAllocator, Replayer, ReplayOptions, TraceReader};
 /// use decaying_pool::{DecayingPool, FixedTime, ManualClock, RawAllocator};
 ///
 /// let clock = ManualClock::new();
@@ -85,7 +85,7 @@ impl<T> TraceAddress for *const T {
 ///     .policy(FixedTime::new(Duration::from_millis(100)))
 ///     .clock(clock.clone())
 ///     .build();
-/// let mut rec = Recording::with_clock(pool, Vec::new(), clock.clone())?;
+/// let mut rec = LoggingAllocator::with_clock(pool, Vec::new(), clock.clone())?;
 /// for _ in 0..3 {
 ///     let b = rec.allocate(4096).unwrap();
 ///     clock.advance(Duration::from_millis(10));
@@ -102,22 +102,22 @@ impl<T> TraceAddress for *const T {
 /// # Ok(())
 /// # }
 /// ```
-pub struct Recording<A, W: Write, C = PreciseClock> {
+pub struct LoggingAllocator<A, W: Write, C = PreciseClock> {
     inner: A,
     out: TraceWriter<W>,
     error: Option<io::Error>,
     clock: C,
 }
 
-impl<A, W: Write, C> fmt::Debug for Recording<A, W, C> {
+impl<A, W: Write, C> fmt::Debug for LoggingAllocator<A, W, C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Recording")
+        f.debug_struct("LoggingAllocator")
             .field("failed", &self.error.is_some())
             .finish_non_exhaustive()
     }
 }
 
-impl<A: RawAllocator, W: Write> Recording<A, W, PreciseClock> {
+impl<A: RawAllocator, W: Write> LoggingAllocator<A, W, PreciseClock> {
     /// Records `inner`'s calls to `out` on real time; writes the header.
     ///
     /// # Errors
@@ -127,8 +127,8 @@ impl<A: RawAllocator, W: Write> Recording<A, W, PreciseClock> {
     /// # Examples
     ///
     /// ```
-    /// use decaying_pool::{trace::Recording, SystemAllocator};
-    /// let rec = Recording::new(SystemAllocator::new(), Vec::new()).unwrap();
+    /// use decaying_pool::{trace::LoggingAllocator, SystemAllocator};
+    /// let rec = LoggingAllocator::new(SystemAllocator::new(), Vec::new()).unwrap();
     /// assert_eq!(rec.finish().unwrap().1, b"time_ns,action,addr,size\n");
     /// ```
     pub fn new(inner: A, out: W) -> io::Result<Self> {
@@ -136,7 +136,7 @@ impl<A: RawAllocator, W: Write> Recording<A, W, PreciseClock> {
     }
 }
 
-impl<A: RawAllocator, W: Write, C: Clock> Recording<A, W, C> {
+impl<A: RawAllocator, W: Write, C: Clock> LoggingAllocator<A, W, C> {
     /// Records `inner`'s calls to `out`, timed by `clock`; writes the header.
     ///
     /// # Errors
@@ -149,14 +149,14 @@ impl<A: RawAllocator, W: Write, C: Clock> Recording<A, W, C> {
     /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
     /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// // Needs the `testing` feature (its test doubles): `features = ["testing"]`.
-    /// use decaying_pool::{testing::CheckingAllocator, trace::Recording, ManualClock};
-    /// let rec = Recording::with_clock(CheckingAllocator::new(), Vec::new(), ManualClock::new()).unwrap();
+    /// use decaying_pool::{testing::CheckingAllocator, trace::LoggingAllocator, ManualClock};
+    /// let rec = LoggingAllocator::with_clock(CheckingAllocator::new(), Vec::new(), ManualClock::new()).unwrap();
     /// assert!(rec.error().is_none());
     /// # Ok(())
     /// # }
     /// ```
     pub fn with_clock(inner: A, out: W, clock: C) -> io::Result<Self> {
-        Ok(Recording {
+        Ok(LoggingAllocator {
             inner,
             out: TraceWriter::new(out)?,
             error: None,
@@ -172,8 +172,8 @@ impl<A: RawAllocator, W: Write, C: Clock> Recording<A, W, C> {
     /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
     /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// // Needs the `testing` feature (its test doubles): `features = ["testing"]`.
-    /// use decaying_pool::{testing::CheckingAllocator, trace::Recording};
-    /// let rec = Recording::new(CheckingAllocator::new(), Vec::new()).unwrap();
+    /// use decaying_pool::{testing::CheckingAllocator, trace::LoggingAllocator};
+    /// let rec = LoggingAllocator::new(CheckingAllocator::new(), Vec::new()).unwrap();
     /// assert_eq!(rec.inner().live(), 0);
     /// # Ok(())
     /// # }
@@ -190,8 +190,8 @@ impl<A: RawAllocator, W: Write, C: Clock> Recording<A, W, C> {
     /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
     /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// // Needs the `testing` feature (its test doubles): `features = ["testing"]`.
-    /// use decaying_pool::{testing::CheckingAllocator, trace::Recording};
-    /// let rec = Recording::new(CheckingAllocator::new(), Vec::new()).unwrap();
+    /// use decaying_pool::{testing::CheckingAllocator, trace::LoggingAllocator};
+    /// let rec = LoggingAllocator::new(CheckingAllocator::new(), Vec::new()).unwrap();
     /// assert!(rec.error().is_none());
     /// # Ok(())
     /// # }
@@ -212,8 +212,8 @@ impl<A: RawAllocator, W: Write, C: Clock> Recording<A, W, C> {
     /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
     /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// // Needs the `testing` feature (its test doubles): `features = ["testing"]`.
-    /// use decaying_pool::{testing::CheckingAllocator, trace::Recording, RawAllocator};
-    /// let mut rec = Recording::new(CheckingAllocator::new(), Vec::new()).unwrap();
+    /// use decaying_pool::{testing::CheckingAllocator, trace::LoggingAllocator, RawAllocator};
+    /// let mut rec = LoggingAllocator::new(CheckingAllocator::new(), Vec::new()).unwrap();
     /// let b = rec.allocate(64).unwrap();
     /// unsafe { rec.deallocate(b, 64) };
     /// let (_, text) = rec.finish().unwrap();
@@ -238,7 +238,7 @@ impl<A: RawAllocator, W: Write, C: Clock> Recording<A, W, C> {
     }
 }
 
-impl<A, W, C> RawAllocator for Recording<A, W, C>
+impl<A, W, C> RawAllocator for LoggingAllocator<A, W, C>
 where
     A: RawAllocator,
     A::Block: TraceAddress,
