@@ -97,6 +97,11 @@ pub(crate) struct Cache<B, P: Policy, C> {
     over_limit: bool,
     /// The observer and the statistics by class, when asked for.
     extras: Option<Box<Extras>>,
+    /// The backing allocator's [`capacity`](crate::RawAllocator::capacity)
+    /// as the last miss read it: what [`make_room`](Self::make_room)
+    /// checks a request against when its caller cannot read the allocator
+    /// (a [`SharedPool`](crate::SharedPool) holds the cache lock there).
+    capacity: Option<usize>,
 }
 
 impl<B, P: Policy, C: Clock> Cache<B, P, C> {
@@ -123,6 +128,7 @@ impl<B, P: Policy, C: Clock> Cache<B, P, C> {
             pending: 0,
             over_limit: false,
             extras,
+            capacity: None,
         }
     }
 
@@ -354,8 +360,11 @@ impl<B, P: Policy, C: Clock> Cache<B, P, C> {
     }
 
     /// Before a miss calls the backing allocator: refuses a request that
-    /// cannot fit the limit even with an empty cache, frees cached blocks
-    /// oldest first until it fits, and books `class` bytes as pending.
+    /// no backing call can ever serve (above the backing allocator's
+    /// capacity as last read: [`Cache::capacity`]) and one that cannot fit
+    /// the limit even with an empty cache, frees
+    /// cached blocks oldest first until it fits, and books `class` bytes as
+    /// pending. A refusal frees nothing.
     pub(crate) fn make_room<E>(
         &mut self,
         size: usize,
@@ -379,6 +388,11 @@ impl<B, P: Policy, C: Clock> Cache<B, P, C> {
                     reserved: self.stats.bytes_reserved,
                 });
             }
+        }
+        if self.capacity.is_some_and(|c| class > c) {
+            return Err(PoolError::TooLarge { requested: size });
+        }
+        if let Some(limit) = self.limit {
             while committed + self.store.bytes() + class > limit {
                 if !self.trim_oldest(now, Reason::Limit, free) {
                     break;
@@ -388,6 +402,28 @@ impl<B, P: Policy, C: Clock> Cache<B, P, C> {
         }
         self.pending += class;
         Ok(())
+    }
+
+    /// Notes the backing allocator's
+    /// [`capacity`](crate::RawAllocator::capacity), as a miss just read
+    /// it, for [`make_room`](Self::make_room).
+    #[inline]
+    pub(crate) fn set_capacity(&mut self, capacity: Option<usize>) {
+        self.capacity = capacity;
+    }
+
+    /// What the pool could hand out now from a backing allocator that has
+    /// `available` bytes free: those plus every cached byte, and no more
+    /// than the limit leaves; `None` when neither is known.
+    pub(crate) fn reach(&self, available: Option<usize>) -> Option<usize> {
+        let freeable = available.map(|a| a.saturating_add(self.store.bytes()));
+        let room = self
+            .limit
+            .map(|l| l.saturating_sub(self.bytes_in_use() + self.pending));
+        match (freeable, room) {
+            (Some(f), Some(r)) => Some(f.min(r)),
+            (f, r) => f.or(r),
+        }
     }
 
     /// The backing allocator served a pending miss of `size` bytes.
@@ -413,11 +449,15 @@ impl<B, P: Policy, C: Clock> Cache<B, P, C> {
     /// for a pending miss of `class` bytes: the first failure frees cached
     /// blocks oldest first until `class` bytes are freed, the second frees
     /// every cached block, the third gives up; so does any failure with an
-    /// empty cache. Giving up drops the pending booking.
+    /// empty cache, and one that freeing the cache cannot help: `class`
+    /// above the `available` bytes the backing allocator reported just
+    /// after the failure plus every cached byte. Giving up drops the
+    /// pending booking.
     pub(crate) fn after_failure(
         &mut self,
         attempt: u32,
         class: usize,
+        available: Option<usize>,
         now: u64,
         free: &mut (impl FnMut(B, usize) + ?Sized),
     ) -> Retry {
@@ -428,7 +468,8 @@ impl<B, P: Policy, C: Clock> Cache<B, P, C> {
                 attempt,
             });
         }
-        if attempt >= 3 || self.store.is_empty() {
+        let hopeless = available.is_some_and(|a| class > a.saturating_add(self.store.bytes()));
+        if attempt >= 3 || self.store.is_empty() || hopeless {
             self.pending -= class;
             return Retry::GiveUp;
         }
@@ -691,6 +732,13 @@ impl<B, P: Policy, C: Clock> Cache<B, P, C> {
         self.extras
             .as_deref()?
             .class_stats(|class| self.store.cached_of(class))
+    }
+
+    /// The misses so far (a packed pool tells its requests' hits from
+    /// misses by them), without building a whole [`Stats`].
+    #[inline]
+    pub(crate) fn miss_count(&self) -> u64 {
+        self.stats.misses
     }
 
     pub(crate) fn stats(&self) -> Stats {

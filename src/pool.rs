@@ -498,6 +498,12 @@ impl<A: RawAllocator, P: Policy, C: Clock> DecayingPool<A, P, C> {
         self.miss(size, class, now)
     }
 
+    /// The misses so far (see [`Cache::miss_count`]).
+    #[inline]
+    pub(crate) fn miss_count(&self) -> u64 {
+        self.cache.miss_count()
+    }
+
     /// A cached block of `class` (a class size of this pool), if the cache
     /// holds one once the policy has run: a hit for `class` bytes, to be
     /// released with `class` as its size. Never calls the backing
@@ -950,6 +956,7 @@ impl<A: RawAllocator, P: Policy, C: Clock> DecayingPool<A, P, C> {
         }
 
         let Self { alloc, cache, .. } = self;
+        cache.set_capacity(alloc.capacity());
         // SAFETY: only the cache calls it, as its free callback (`backing_free`'s contract).
         cache.make_room(size, class, now, &mut unsafe { backing_free(alloc) })?;
         let booking = Booking { cache, class };
@@ -963,9 +970,10 @@ impl<A: RawAllocator, P: Policy, C: Clock> DecayingPool<A, P, C> {
                 Err(e) => e,
             };
             attempt += 1;
+            let available = alloc.available();
             // SAFETY: only the cache calls it, as its free callback (`backing_free`'s contract).
             let free = &mut unsafe { backing_free(alloc) };
-            let retry = booking.cache.after_failure(attempt, class, now, free);
+            let retry = booking.cache.after_failure(attempt, class, available, now, free);
             if retry == Retry::GiveUp {
                 // `after_failure` dropped the booking.
                 booking.settle();
@@ -1056,6 +1064,23 @@ impl<A: RawAllocator, P: Policy, C: Clock> RawAllocator for DecayingPool<A, P, C
     #[inline]
     fn block_key(&self, block: &Self::Block) -> Option<usize> {
         self.alloc.block_key(block)
+    }
+
+    /// The backing allocator's capacity, or the pool's limit when that is
+    /// lower (the pool never holds more).
+    fn capacity(&self) -> Option<usize> {
+        match (self.alloc.capacity(), self.cache.limit()) {
+            (Some(c), Some(l)) => Some(c.min(l)),
+            (c, l) => c.or(l),
+        }
+    }
+
+    /// What the backing allocator has free plus every byte the pool has
+    /// cached (it frees them for a request that needs them), and no more
+    /// than the limit leaves over the blocks in use; `None` when neither
+    /// is known.
+    fn available(&self) -> Option<usize> {
+        self.cache.reach(self.alloc.available())
     }
 
     #[inline]

@@ -76,6 +76,76 @@ pub trait RawAllocator {
         let _ = block;
         None
     }
+
+    /// The most bytes this allocator could ever have handed out at once,
+    /// if it knows a bound (the default: `None`, no known bound): a
+    /// device's total memory, a byte limit, the machine's memory. A request
+    /// above it can never succeed, however much is given back first.
+    ///
+    /// A [`DecayingPool`](crate::DecayingPool) reads it on every miss,
+    /// before it frees anything for the request: a class above it fails at
+    /// once with [`PoolError::TooLarge`](crate::PoolError::TooLarge), no
+    /// backing call made and the cache kept. So it must be cheap (read a
+    /// number, not a file), and it must never be below what `allocate`
+    /// could serve, or the pool refuses requests the allocator would have
+    /// served. The host allocators report the machine's memory as Linux
+    /// bounds it (see [`SystemAllocator`](crate::SystemAllocator)); the
+    /// CUDA allocators the device's total memory.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use decaying_pool::RawAllocator;
+    ///
+    /// /// A device with 1 KiB of memory.
+    /// struct Tiny { used: usize }
+    ///
+    /// impl RawAllocator for Tiny {
+    ///     type Block = usize;
+    ///     type Error = &'static str;
+    ///     fn allocate(&mut self, size: usize) -> Result<usize, Self::Error> {
+    ///         if self.used + size > 1024 { return Err("out of memory") }
+    ///         self.used += size;
+    ///         Ok(self.used - size)
+    ///     }
+    ///     unsafe fn deallocate(&mut self, _block: usize, size: usize) { self.used -= size }
+    ///     fn capacity(&self) -> Option<usize> { Some(1024) }
+    ///     fn available(&self) -> Option<usize> { Some(1024 - self.used) }
+    /// }
+    ///
+    /// let tiny = Tiny { used: 0 };
+    /// assert_eq!((tiny.capacity(), tiny.available()), (Some(1024), Some(1024)));
+    /// ```
+    #[inline]
+    fn capacity(&self) -> Option<usize> {
+        None
+    }
+
+    /// How many bytes `allocate` could hand out now, without anything
+    /// given back to it first, if it can tell (the default: `None`): a
+    /// device's free memory.
+    ///
+    /// A [`DecayingPool`](crate::DecayingPool) reads it only after a
+    /// backing `allocate` failed, before its retry ladder frees anything:
+    /// when the class is more than this plus every byte the pool has
+    /// cached, freeing the cache cannot help, so the pool returns the
+    /// backing error at once and keeps its cache. It may be an estimate,
+    /// but should not be below the truth (a low figure makes the pool give
+    /// up where freeing its cache would have let the retry succeed). Where
+    /// the figure is unreliable, as on a host that overcommits memory,
+    /// report `None`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use decaying_pool::{RawAllocator, SystemAllocator};
+    /// // Linux overcommits host memory: what is free says little.
+    /// assert_eq!(SystemAllocator::new().available(), None);
+    /// ```
+    #[inline]
+    fn available(&self) -> Option<usize> {
+        None
+    }
 }
 
 /// Implements [`RawAllocator`] for a pointer type to an allocator by
@@ -89,6 +159,16 @@ macro_rules! forward_raw_allocator {
             #[inline]
             fn block_key(&self, block: &Self::Block) -> Option<usize> {
                 (**self).block_key(block)
+            }
+
+            #[inline]
+            fn capacity(&self) -> Option<usize> {
+                (**self).capacity()
+            }
+
+            #[inline]
+            fn available(&self) -> Option<usize> {
+                (**self).available()
             }
 
             #[inline]

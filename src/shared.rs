@@ -1110,24 +1110,49 @@ impl<A: RawAllocator, P: Policy, C: Clock> Inner<A, P, C> {
         }
         let booking = Booking { inner: self, class };
         let mut attempt = 0;
+        // The allocator's capacity, read with the first backing call (the
+        // cache lock could not read it: `Cache::make_room` checked the
+        // figure the last miss left).
+        let mut capacity = None;
         loop {
-            let err = match self.alloc(|alloc| alloc.allocate(class)) {
-                Ok(block) => {
+            let first = attempt == 0;
+            let outcome = self.alloc(|alloc| {
+                if first {
+                    capacity = alloc.capacity();
+                    if capacity.is_some_and(|c| class > c) {
+                        return None;
+                    }
+                }
+                // What is free is read only after a failure, for the ladder.
+                Some(alloc.allocate(class).map_err(|e| (e, alloc.available())))
+            });
+            let (err, available) = match outcome {
+                Some(Ok(block)) => {
                     core::mem::forget(booking);
                     self.slot(|cache, lending| {
+                        cache.set_capacity(capacity);
                         cache.miss_done(size, class);
                         lending.lend(this);
                     });
                     return Ok(block);
                 }
-                Err(e) => e,
+                Some(Err(failed)) => failed,
+                // No backing call can serve it: refused, the cache kept.
+                None => {
+                    core::mem::forget(booking);
+                    self.cache(|cache| {
+                        cache.set_capacity(capacity);
+                        cache.abandon(class);
+                    });
+                    return Err(PoolError::TooLarge { requested: size });
+                }
             };
             attempt += 1;
             let retry = self.slot_then_free(|cache, lending, free| {
                 // Blocks idle in thread caches go back to the cache first,
                 // where the ladder frees them oldest first.
                 lending.flush_mags(cache, now, free);
-                cache.after_failure(attempt, class, now, free)
+                cache.after_failure(attempt, class, available, now, free)
             });
             if retry == Retry::GiveUp {
                 core::mem::forget(booking);

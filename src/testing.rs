@@ -17,7 +17,7 @@ use core::convert::Infallible;
 use core::fmt;
 use core::time::Duration;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::clock::{Clock, ManualClock};
@@ -372,6 +372,8 @@ impl std::error::Error for TestError {}
 #[derive(Debug)]
 struct Control {
     capacity: AtomicUsize,
+    /// Whether `RawAllocator::capacity` and `available` report it.
+    silent: AtomicBool,
     used: AtomicUsize,
     fail_next: AtomicU32,
     failures: AtomicU64,
@@ -437,6 +439,7 @@ impl<A> FailingAllocator<A> {
             inner,
             ctl: Arc::new(Control {
                 capacity: AtomicUsize::new(usize::MAX),
+                silent: AtomicBool::new(false),
                 used: AtomicUsize::new(0),
                 fail_next: AtomicU32::new(0),
                 failures: AtomicU64::new(0),
@@ -484,6 +487,34 @@ impl<A> FailingAllocator<A> {
         match self.ctl.capacity.load(Ordering::Relaxed) {
             usize::MAX => None,
             c => Some(c),
+        }
+    }
+
+    /// Whether the capacity and the bytes left are reported to a pool
+    /// through [`RawAllocator::capacity`] and [`RawAllocator::available`]
+    /// (default: yes, as a device reports them). Off, the allocator tells
+    /// nothing, like one that cannot know: the pool then finds the
+    /// capacity only by failing, and runs its whole retry ladder.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use decaying_pool::{testing::FailingAllocator, RawAllocator};
+    /// let a = FailingAllocator::with_capacity(10);
+    /// a.set_reporting(false);
+    /// assert_eq!((RawAllocator::capacity(&a), a.available()), (None, None));
+    /// assert_eq!(a.capacity(), Some(10)); // still enforced
+    /// ```
+    pub fn set_reporting(&self, on: bool) {
+        self.ctl.silent.store(!on, Ordering::Relaxed);
+    }
+
+    /// The capacity as reported (`None` when reporting is off).
+    fn reported(&self) -> Option<usize> {
+        if self.ctl.silent.load(Ordering::Relaxed) {
+            None
+        } else {
+            FailingAllocator::capacity(self)
         }
     }
 
@@ -572,6 +603,51 @@ impl<A: RawAllocator> RawAllocator for FailingAllocator<A> {
         // SAFETY: the caller upholds the contract for the same block and size,
         // which this wrapper passed through unchanged from the inner allocator.
         unsafe { self.inner.deallocate(block, size) }
+    }
+
+    /// The byte capacity ([`set_capacity`](FailingAllocator::set_capacity)),
+    /// or the inner allocator's when that is lower or the only one: a
+    /// simulated device reports its size, as a real one does (unless
+    /// [`set_reporting`](FailingAllocator::set_reporting) turned it off).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use decaying_pool::{testing::FailingAllocator, RawAllocator};
+    /// let a = FailingAllocator::with_capacity(1000);
+    /// assert_eq!(RawAllocator::capacity(&a), Some(1000));
+    /// a.set_capacity(None);
+    /// assert_eq!(RawAllocator::capacity(&a), None);
+    /// ```
+    fn capacity(&self) -> Option<usize> {
+        min_known(self.reported(), self.inner.capacity())
+    }
+
+    /// The capacity less the bytes outstanding (an injected failure
+    /// ([`fail_next`](FailingAllocator::fail_next)) does not change it), or
+    /// the inner allocator's figure when that is lower or the only one.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use decaying_pool::{testing::FailingAllocator, RawAllocator};
+    /// let mut a = FailingAllocator::with_capacity(1000);
+    /// let b = a.allocate(300)?;
+    /// assert_eq!(a.available(), Some(700));
+    /// # unsafe { a.deallocate(b, 300) };
+    /// # Ok::<(), decaying_pool::testing::TestError>(())
+    /// ```
+    fn available(&self) -> Option<usize> {
+        let own = self.reported().map(|c| c.saturating_sub(self.used()));
+        min_known(own, self.inner.available())
+    }
+}
+
+/// The smaller of two bounds, either of which may be unknown.
+fn min_known(a: Option<usize>, b: Option<usize>) -> Option<usize> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
     }
 }
 
@@ -799,6 +875,25 @@ impl<A: RawAllocator> RawAllocator for PanickingAllocator<A> {
         // SAFETY: the caller upholds the contract for the same block and
         // size, passed through unchanged from the inner allocator.
         unsafe { self.inner.deallocate(block, size) }
+    }
+
+    /// The inner allocator's capacity (no panic switch).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use decaying_pool::testing::{FailingAllocator, PanickingAllocator};
+    /// use decaying_pool::RawAllocator;
+    /// let a = PanickingAllocator::new(FailingAllocator::with_capacity(64));
+    /// assert_eq!((a.capacity(), a.available()), (Some(64), Some(64)));
+    /// ```
+    fn capacity(&self) -> Option<usize> {
+        self.inner.capacity()
+    }
+
+    /// The inner allocator's figure (no panic switch).
+    fn available(&self) -> Option<usize> {
+        self.inner.available()
     }
 }
 

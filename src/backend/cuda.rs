@@ -327,6 +327,40 @@ impl RawAllocator for DeviceAllocator {
         // once (the caller's contract); `cuMemFree` waits for pending work.
         let _ = unsafe { result::free_sync(block) };
     }
+
+    /// The device's total memory (`cuDeviceTotalMem`; `None` when the
+    /// driver cannot tell).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use decaying_pool::{cuda, RawAllocator};
+    /// if cuda::available() {
+    ///     let alloc = cuda::DeviceAllocator::new(0)?;
+    ///     assert_eq!(alloc.capacity(), alloc.context().total_mem().ok());
+    /// }
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    fn capacity(&self) -> Option<usize> {
+        self.ctx.total_mem().ok()
+    }
+
+    /// The device's free memory (`cuMemGetInfo`; `None` when the driver
+    /// cannot tell).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use decaying_pool::{cuda, RawAllocator};
+    /// if cuda::available() {
+    ///     let alloc = cuda::DeviceAllocator::new(0)?;
+    ///     assert!(alloc.available() <= alloc.capacity());
+    /// }
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    fn available(&self) -> Option<usize> {
+        self.ctx.mem_get_info().ok().map(|(free, _total)| free)
+    }
 }
 
 /// Stream-ordered device memory from `cuMemAllocAsync` / `cuMemFreeAsync`
@@ -413,6 +447,27 @@ impl RawAllocator for StreamAllocator {
         // work already queued on the stream.
         let _ = unsafe { result::free_async(block, self.stream.cu_stream()) };
     }
+
+    /// The device's total memory (`cuDeviceTotalMem`; `None` when the
+    /// driver cannot tell). No `available`: the driver's stream-ordered
+    /// pool keeps memory it can reuse that `cuMemGetInfo` does not count
+    /// as free, so that figure would be too low.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use decaying_pool::{cuda, RawAllocator};
+    /// if cuda::available() {
+    ///     let stream = cudarc::driver::CudaContext::new(0)?.default_stream();
+    ///     let alloc = cuda::StreamAllocator::new(stream.clone());
+    ///     assert_eq!(alloc.capacity(), stream.context().total_mem().ok());
+    ///     assert_eq!(alloc.available(), None);
+    /// }
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    fn capacity(&self) -> Option<usize> {
+        self.stream.context().total_mem().ok()
+    }
 }
 
 /// Page-locked ("pinned") host memory from `cuMemHostAlloc` /
@@ -480,6 +535,24 @@ impl RawAllocator for PinnedHostAllocator {
         // SAFETY: `block` came from `cuMemHostAlloc` and is freed once (the
         // caller's contract).
         let _ = unsafe { result::free_host(block.as_ptr().cast()) };
+    }
+
+    /// The host's memory, as for
+    /// [`SystemAllocator`](crate::SystemAllocator) (pinned memory is
+    /// never more than that).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use decaying_pool::{cuda, RawAllocator, SystemAllocator};
+    /// if cuda::available() {
+    ///     let alloc = cuda::PinnedHostAllocator::new(0)?;
+    ///     assert_eq!(alloc.capacity(), SystemAllocator::new().capacity());
+    /// }
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    fn capacity(&self) -> Option<usize> {
+        Some(super::host::capacity())
     }
 }
 

@@ -135,4 +135,27 @@ impl RawAllocator for MmapAllocator {
     fn block_key(&self, block: &Self::Block) -> Option<usize> {
         Some(block.as_ptr() as usize)
     }
+
+    /// The machine's memory as Linux bounds one allocation: RAM plus swap
+    /// under the default overcommit heuristic (`vm.overcommit_memory =
+    /// 0`, which refuses any larger mapping), `CommitLimit` under strict
+    /// accounting (`2`), and never more than `RLIMIT_AS` nor the user
+    /// address space (47 bits on x86-64, 48 on AArch64). Read once per
+    /// process. Elsewhere `isize::MAX`, which no Rust allocation (and no
+    /// mapping) exceeds.
+    ///
+    /// No `available`: an overcommitting host says little about what a
+    /// request can get now.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use decaying_pool::{MmapAllocator, RawAllocator};
+    /// let bytes = MmapAllocator::new().capacity().unwrap();
+    /// assert!(bytes >= 1 << 20 && bytes <= isize::MAX as usize);
+    /// ```
+    #[inline]
+    fn capacity(&self) -> Option<usize> {
+        Some(super::host::capacity())
+    }
 }

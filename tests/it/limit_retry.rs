@@ -356,6 +356,15 @@ fn limit_is_never_exceeded_over_a_long_sequence() {
 #[test]
 fn backing_failure_with_an_empty_cache_makes_exactly_one_attempt() {
     let (mut pool, fail, inner, _clock) = failing(Some(100));
+    // Above the capacity the allocator reports: refused without a call.
+    assert_eq!(
+        pool.allocate(200),
+        Err(PoolError::TooLarge { requested: 200 })
+    );
+    assert_eq!(fail.failures(), 0);
+    assert_eq!(pool.stats(), Stats::default(), "nothing counted");
+    // An allocator that tells nothing is asked, once.
+    fail.set_reporting(false);
     assert_eq!(
         pool.allocate(200),
         Err(PoolError::Backing(TestError::OutOfMemory {
@@ -572,6 +581,9 @@ fn out_of_memory_error_carries_the_last_failure() {
     cache(&mut pool, &clock, &[200, 100]);
     let x = get(&mut pool, 150); // 450 of 500 used
     fail.set_capacity(Some(100));
+    // Told the capacity, the pool would refuse 120 > 100 at once; an
+    // allocator that tells nothing runs the whole ladder.
+    fail.set_reporting(false);
     // Every attempt fails; the last one sees 150 in use after freeing all.
     assert_eq!(
         pool.allocate(120),
