@@ -28,7 +28,14 @@ use core::fmt;
 pub enum PoolError<E> {
     /// A request for zero bytes.
     ZeroSize,
-    /// Rounding `requested` up to its size class would overflow `usize`.
+    /// No backing call can ever serve the request: rounding `requested` up
+    /// to its size class (or counting it in the bytes reserved) would
+    /// overflow `usize`, or its class is above the backing allocator's
+    /// [`capacity`](crate::RawAllocator::capacity) (a device's total
+    /// memory, the machine's memory for the host allocators, which never
+    /// exceeds `isize::MAX`; a stacked pool's limit). Refused before
+    /// anything is freed or a backing call made: the cache is kept, and
+    /// nothing is counted (not even a `backing_failures`).
     TooLarge {
         /// The size the caller asked for.
         requested: usize,
@@ -44,7 +51,9 @@ pub enum PoolError<E> {
         reserved: usize,
     },
     /// The backing allocator failed, even after the pool freed its cache and
-    /// retried.
+    /// retried; or at once, the cache kept, when it reported too little
+    /// free ([`available`](crate::RawAllocator::available)) for freeing the
+    /// cache to help.
     Backing(E),
 }
 
@@ -54,7 +63,8 @@ impl<E: fmt::Display> fmt::Display for PoolError<E> {
             PoolError::ZeroSize => f.write_str("cannot allocate zero bytes"),
             PoolError::TooLarge { requested } => write!(
                 f,
-                "a request of {requested} bytes overflows when rounded to its size class"
+                "a request of {requested} bytes is too large: its size class overflows \
+                 or exceeds what the backing allocator can ever serve"
             ),
             PoolError::LimitExceeded {
                 requested,

@@ -231,8 +231,11 @@ impl<A: RawAllocator, P: Policy, C: Clock> LocalBlock<A, P, C> {
 
 /// A backing allocator whose blocks are host memory: a `NonNull<u8>` valid
 /// for reads and writes of the size it was allocated with, aligned to at
-/// least 1, and owned by whoever holds the block. [`LocalBlock`] offers safe
-/// byte views over such blocks.
+/// least 1, and owned by whoever holds the block. [`LocalBlock`] and
+/// [`Pooled`](crate::Pooled) offer safe byte views over such blocks.
+///
+/// The host allocators implement it, and so do the pools over them,
+/// plain ([`DecayingPool`]) and packed ([`PackedPool`](crate::PackedPool)).
 ///
 /// # Safety
 ///
@@ -251,6 +254,22 @@ unsafe impl HostMemory for crate::backend::MmapAllocator {}
 // the request's class size (at least the size asked for), to one user at a
 // time.
 unsafe impl<A: HostMemory, P: Policy, C: Clock> HostMemory for DecayingPool<A, P, C> {}
+// SAFETY: a packed pool hands out either an exact block of its
+// `DecayingPool<A>` (`HostMemory` above), allocated with at least the size
+// asked for (the request rounded up, or a larger cached class), or a block
+// carved from a segment: the segment is a block of that same pool, so
+// `seg.bytes` of host memory, and the carved block is its address plus an
+// offset, spanning whole units of at least `size` bytes that lie inside
+// the segment and overlap no other live carved block (the segment's free
+// ranges hand each unit to one block at a time). Either way the memory is
+// the caller's alone until it is released.
+unsafe impl<A, P, C> HostMemory for crate::packing::PackedPool<A, P, C>
+where
+    A: HostMemory + crate::packing::Packable,
+    P: Policy,
+    C: Clock,
+{
+}
 
 impl<A: HostMemory, P: Policy, C: Clock> LocalBlock<A, P, C> {
     /// The block's bytes, possibly uninitialised (a hit returns the bytes

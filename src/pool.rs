@@ -382,23 +382,38 @@ impl<A: RawAllocator, P: Policy, C: Clock> DecayingPool<A, P, C> {
     /// First frees whatever the policy says must go at the current time,
     /// then serves the request from the cache if a block of its class is
     /// there, else from the backing allocator, subject to the byte limit and
-    /// the out-of-memory retry: when the backing allocator fails, the pool
-    /// frees cached blocks oldest first until at least the class size is
-    /// freed and retries, then frees every cached block and retries once
-    /// more.
+    /// the out-of-memory retry.
+    ///
+    /// # The retry ladder
+    ///
+    /// On a miss, a request the backing allocator can never serve (its
+    /// class above [`RawAllocator::capacity`]) fails at once, before
+    /// anything is freed. Otherwise, when the backing allocator fails, the
+    /// pool frees cached blocks oldest first until at least the class size
+    /// is freed and retries, then frees every cached block and retries
+    /// once more; unless the class is more than the allocator reports free
+    /// ([`RawAllocator::available`], read after each failure) plus every
+    /// cached byte: freeing cannot help then, and the error is returned at
+    /// once, the cache kept. So one impossible request costs no cache.
     ///
     /// # Errors
     ///
     /// - [`PoolError::ZeroSize`] for `size == 0`;
     /// - [`PoolError::TooLarge`] when rounding `size` to its class, or
-    ///   counting it in `bytes_reserved`, would overflow `usize`;
+    ///   counting it in `bytes_reserved`, would overflow `usize`, or when
+    ///   the class is above the backing allocator's capacity (for the host
+    ///   allocators, the machine's memory; always for sizes above
+    ///   `isize::MAX`): no backing call is made, nothing is freed;
     /// - [`PoolError::LimitExceeded`] when the blocks in use plus this one
     ///   would exceed the limit (no backing call is made, the cache is left
     ///   alone);
     /// - [`PoolError::Backing`] when the backing allocator still fails after
-    ///   the retries.
+    ///   the retries, or failed once with too little free for the retries
+    ///   to help.
     ///
-    /// A failed call hands out nothing and counts neither a hit nor a miss.
+    /// A failed call hands out nothing and counts neither a hit nor a
+    /// miss; each failed backing call counts in `backing_failures` (a
+    /// refusal before any call counts nothing).
     ///
     /// A hit hands out a block as its previous user left it: its bytes are
     /// whatever was written there last, not zeroes (an `mmap` block is

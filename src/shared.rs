@@ -18,7 +18,7 @@
 
 use core::any::Any;
 use core::fmt;
-use core::mem::ManuallyDrop;
+use core::mem::{ManuallyDrop, MaybeUninit};
 use core::ops::Deref;
 use core::sync::atomic::{AtomicUsize, Ordering};
 use core::time::Duration;
@@ -34,6 +34,7 @@ use crate::cache::{Cache, Retry};
 use crate::class::SizeClass;
 use crate::clock::{Clock, MonotonicClock};
 use crate::error::PoolError;
+use crate::local::HostMemory;
 use crate::observe::Reason;
 use crate::packing::{Packable, PackedPool, PackingStats};
 use crate::policy::{FixedTime, Policy, Reuse};
@@ -2646,6 +2647,82 @@ impl<A: RawAllocator, P: Policy, C: Clock> Deref for Pooled<A, P, C> {
     #[inline]
     fn deref(&self) -> &A::Block {
         &self.block
+    }
+}
+
+/// Safe byte views of host blocks, as [`LocalBlock`](crate::LocalBlock)'s.
+///
+/// Every `Pooled` block came from its pool's `allocate(size)` with its
+/// [`size`](Pooled::size): from the plain pool, a thread cache of it, or
+/// the packed pool (through [`SharedPool::allocate`], or
+/// [`Pooled::from_raw`], whose contract says so). With a [`HostMemory`]
+/// allocator each is `size` bytes of host memory, valid for reads and
+/// writes and this handle's alone until it is dropped: [`DecayingPool`]
+/// and [`PackedPool`] are `HostMemory` over one.
+impl<A: HostMemory, P: Policy, C: Clock> Pooled<A, P, C> {
+    /// The block's bytes, possibly uninitialised (a hit returns the bytes
+    /// the previous user left).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use decaying_pool::{DecayingPool, FixedTime, SharedPool, SystemAllocator};
+    /// let pool = SharedPool::new(DecayingPool::new(SystemAllocator::new(), FixedTime::default()));
+    /// let block = pool.allocate(8)?;
+    /// assert_eq!(block.as_uninit().len(), 8);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn as_uninit(&self) -> &[MaybeUninit<u8>] {
+        // SAFETY: the block is `size` bytes valid for reads, owned by this
+        // handle (see the `impl`); `&self` allows no writer through it
+        // meanwhile, and `MaybeUninit` admits any content.
+        unsafe { core::slice::from_raw_parts(self.block.as_ptr().cast(), self.size) }
+    }
+
+    /// The block's bytes, possibly uninitialised, for writing.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use core::mem::MaybeUninit;
+    /// use decaying_pool::{DecayingPool, FixedTime, SharedPool, SystemAllocator};
+    /// let pool = SharedPool::new(DecayingPool::new(SystemAllocator::new(), FixedTime::default()));
+    /// let mut block = pool.allocate(8)?;
+    /// block.as_uninit_mut()[0] = MaybeUninit::new(42);
+    /// // SAFETY: byte 0 was just written.
+    /// assert_eq!(unsafe { block.as_uninit()[0].assume_init() }, 42);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn as_uninit_mut(&mut self) -> &mut [MaybeUninit<u8>] {
+        // SAFETY: as in `as_uninit`, for writes too, and `&mut self` makes
+        // the view unique.
+        unsafe { core::slice::from_raw_parts_mut(self.block.as_ptr().cast(), self.size) }
+    }
+
+    /// Sets every byte of the block to `byte` and returns it as an
+    /// initialised slice.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use decaying_pool::{DecayingPool, Packing, SharedPool, SystemAllocator};
+    /// // A packed pool's carved blocks are host memory too.
+    /// let packed = DecayingPool::builder(SystemAllocator::new()).packing(Packing::default()).build();
+    /// let pool = SharedPool::packed(packed);
+    /// let mut block = pool.allocate(4)?;
+    /// let bytes: &mut [u8] = block.fill(0);
+    /// bytes[1] = 9;
+    /// assert_eq!(bytes, &[0, 9, 0, 0]);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn fill(&mut self, byte: u8) -> &mut [u8] {
+        let ptr = self.block.as_ptr();
+        // SAFETY: as in `as_uninit_mut`; every byte is written before the
+        // slice is formed, so it is initialised.
+        unsafe {
+            ptr.write_bytes(byte, self.size);
+            core::slice::from_raw_parts_mut(ptr, self.size)
+        }
     }
 }
 
