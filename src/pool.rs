@@ -988,7 +988,9 @@ impl<A: RawAllocator, P: Policy, C: Clock> DecayingPool<A, P, C> {
             let available = alloc.available();
             // SAFETY: only the cache calls it, as its free callback (`backing_free`'s contract).
             let free = &mut unsafe { backing_free(alloc) };
-            let retry = booking.cache.after_failure(attempt, class, available, now, free);
+            let retry = booking
+                .cache
+                .after_failure(attempt, class, available, now, free);
             if retry == Retry::GiveUp {
                 // `after_failure` dropped the booking.
                 booking.settle();

@@ -75,7 +75,8 @@ fn address_space_limit() -> Option<usize> {
     if unsafe { libc::getrlimit(libc::RLIMIT_AS, &mut lim) } != 0 {
         return None;
     }
-    (lim.rlim_cur != libc::RLIM_INFINITY).then(|| usize::try_from(lim.rlim_cur).unwrap_or(usize::MAX))
+    (lim.rlim_cur != libc::RLIM_INFINITY)
+        .then(|| usize::try_from(lim.rlim_cur).unwrap_or(usize::MAX))
 }
 
 /// The user address space of a mapping made without an address hint.

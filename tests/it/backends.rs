@@ -191,7 +191,10 @@ fn pool_over_system_allocator_reports_errors_without_panicking() {
     let b = p2.allocate(100).unwrap();
     // SAFETY: `b` came from `p2.allocate(100)` and is not used again.
     unsafe { p2.release(b, 100) };
-    assert!(matches!(p2.allocate(1 << 61), Err(PoolError::TooLarge { .. })));
+    assert!(matches!(
+        p2.allocate(1 << 61),
+        Err(PoolError::TooLarge { .. })
+    ));
     let s = p2.stats();
     assert_eq!((s.backing_failures, s.trimmed, s.bytes_cached), (0, 0, 128));
     p2.validate();
@@ -297,7 +300,10 @@ mod mmap {
         unsafe { pool.release(b, 1 << 16) };
         clock.advance(Duration::from_secs(1));
         // Above the machine's memory: refused without a backing call.
-        assert!(matches!(pool.allocate(1 << 62), Err(PoolError::TooLarge { .. })));
+        assert!(matches!(
+            pool.allocate(1 << 62),
+            Err(PoolError::TooLarge { .. })
+        ));
         let s = pool.stats();
         // The policy freed the expired block before the refusal.
         assert_eq!((s.evictions, s.trimmed, s.backing_failures), (1, 0, 0));

@@ -9,9 +9,11 @@
 //! Where to look (the rules they check are listed in
 //! `docs/ARCHITECTURE.md`, "Rules every pool keeps"):
 //!
-//! - the pool's rules: `semantics`, `limit_retry`, `size_class`,
-//!   `robustness` (panics in the allocator, clock or policy), `knobs`
-//!   (run-time limit, figures, observer, serde);
+//! - the pool's rules: `semantics`, `limit_retry`, `unservable`
+//!   (requests above the backing allocator's capacity or reach),
+//!   `size_class`, `robustness` (panics in the allocator, clock or
+//!   policy; `Pooled`'s byte views), `knobs` (run-time limit, figures,
+//!   observer, serde);
 //! - against a reference model: `model` (random sequences), `fuzz_corpus`
 //!   and `packing_corpus` (the fuzz seed corpus on stable); and
 //!   `snapshot_corpus`, the snapshot-pickle fuzz corpus;
@@ -67,3 +69,4 @@ mod timed_store;
 mod trace;
 #[cfg(not(miri))]
 mod trace_input;
+mod unservable;

@@ -690,3 +690,84 @@ fn a_release_whose_on_release_panics_forgets_the_planned_deadline() {
     drop(pool);
     alloc.assert_all_freed();
 }
+
+// ----------------------------------------------------- byte views of Pooled
+
+/// `Pooled`'s byte views over host memory: each thread fills its own
+/// blocks through `fill` and `as_uninit_mut` and reads them back through
+/// `as_uninit`, on a plain, a thread-cached and a packed shared pool; the
+/// blocks are distinct (no thread sees another's bytes), also when reused.
+#[test]
+fn pooled_byte_views_are_each_blocks_own() {
+    use core::mem::MaybeUninit;
+    use decaying_pool::{Packing, Pooled, SystemAllocator};
+
+    fn exercise<P: Policy + Send, C: decaying_pool::Clock + Send>(
+        pool: &SharedPool<SystemAllocator, P, C>,
+        kind: &str,
+    ) {
+        std::thread::scope(|s| {
+            for t in 0..2u8 {
+                s.spawn(move || {
+                    for round in 0..20usize {
+                        let sizes = [24 + round, 3000, 70_000];
+                        let mut held: Vec<Pooled<SystemAllocator, P, C>> =
+                            sizes.iter().map(|&n| pool.allocate(n).unwrap()).collect();
+                        for (i, block) in held.iter_mut().enumerate() {
+                            let byte = t * 16 + i as u8;
+                            assert_eq!(block.fill(byte).len(), block.size());
+                            block.as_uninit_mut()[0] = MaybeUninit::new(0xff - byte);
+                        }
+                        std::thread::yield_now();
+                        for (i, block) in held.iter().enumerate() {
+                            let byte = t * 16 + i as u8;
+                            let view = block.as_uninit();
+                            assert_eq!(view.len(), block.size(), "{kind}");
+                            // SAFETY: every byte was written by `fill`.
+                            let bytes: Vec<u8> =
+                                view.iter().map(|b| unsafe { b.assume_init() }).collect();
+                            assert_eq!(bytes[0], 0xff - byte, "{kind}");
+                            assert!(bytes[1..].iter().all(|&b| b == byte), "{kind}: thread {t}");
+                        }
+                    }
+                });
+            }
+        });
+        pool.validate();
+    }
+
+    let plain = || DecayingPool::new(SystemAllocator::new(), FixedTime::default());
+    exercise(&SharedPool::new(plain()), "plain");
+    exercise(&SharedPool::with_thread_caches(plain()), "thread caches");
+    let packed = DecayingPool::builder(SystemAllocator::new())
+        .packing(Packing::default())
+        .build();
+    exercise(&SharedPool::packed(packed), "packed");
+}
+
+/// A `Pooled` is `Sync`: shared by reference, its bytes are read from
+/// several threads at once.
+#[test]
+fn a_pooled_block_is_read_from_two_threads() {
+    use decaying_pool::SystemAllocator;
+    let pool = SharedPool::new(DecayingPool::new(
+        SystemAllocator::new(),
+        FixedTime::default(),
+    ));
+    let mut block = pool.allocate(256).unwrap();
+    block.fill(7);
+    let block = &block;
+    std::thread::scope(|s| {
+        for _ in 0..2 {
+            s.spawn(move || {
+                // SAFETY: every byte was written by `fill`.
+                assert!(
+                    block
+                        .as_uninit()
+                        .iter()
+                        .all(|b| unsafe { b.assume_init() } == 7)
+                );
+            });
+        }
+    });
+}
