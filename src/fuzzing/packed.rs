@@ -494,6 +494,17 @@ impl Harness {
         }
     }
 
+    /// The exact pool's own counters (segments and exact blocks are its
+    /// blocks).
+    fn pool_stats(&self) -> Stats {
+        match &*self.subject {
+            Subject::Plain(p) => p.pool().stats(),
+            Subject::Shared(s) => s
+                .with_packed(|p| p.pool().stats())
+                .expect("a packed shared pool"),
+        }
+    }
+
     fn validate(&self) {
         match &*self.subject {
             Subject::Plain(p) => p.validate(),
@@ -586,7 +597,41 @@ impl Harness {
         let ctx = || format!("after {what:?} at step {step}");
         self.sync_backing();
         self.validate();
-        let (s, ps) = self.stats();
+        let (user, ps) = self.stats();
+        let s = self.pool_stats();
+
+        // The caller's counters: one per request, a miss its backing call.
+        assert_eq!(
+            user.hits + user.misses,
+            ps.requests,
+            "hits + misses = requests, {}",
+            ctx()
+        );
+        assert_eq!(
+            (user.misses, user.backing_allocs),
+            (s.misses, s.backing_allocs),
+            "a request's miss is the pool's, {}",
+            ctx()
+        );
+        assert_eq!(s.misses, s.backing_allocs, "{}", ctx());
+        assert_eq!(
+            user.blocks_in_use,
+            self.held.len() as u64,
+            "blocks in use = the caller's blocks held, {}",
+            ctx()
+        );
+        assert_eq!(
+            user.bytes_reserved,
+            user.bytes_in_use + user.bytes_cached,
+            "reserved = in use + idle, {}",
+            ctx()
+        );
+        assert!(
+            user.bytes_in_use >= self.held.iter().map(|h| h.size).sum::<usize>(),
+            "bytes in use cover the requests held, {}",
+            ctx()
+        );
+        assert!(user.peak_bytes_in_use >= user.bytes_in_use, "{}", ctx());
 
         // The layer's counters agree with themselves.
         assert_eq!(
@@ -1013,7 +1058,7 @@ pub fn run_packed(input: &PackedInput) -> PackedSummary {
     summary.exact_fallbacks = ps.exact_fallbacks;
     summary.segments_created = ps.segments_created;
     summary.segments_released = ps.segments_released;
-    summary.pool_hits = s.hits;
+    summary.pool_hits = h.pool_stats().hits;
     summary.larger_reuses = ps.larger_reuses;
     summary.evictions = s.evictions;
 

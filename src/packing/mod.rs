@@ -99,6 +99,52 @@ const LARGER: usize = 64;
 /// assert_eq!(pool.stats().bytes_reserved, 0);
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
+///
+/// A packed pool is `Send` under the bounds of [`DecayingPool`]: its
+/// allocator, policy and clock are `Send` and its blocks are
+/// [`SendBlock`](crate::SendBlock). So a packed host pool moves to another
+/// thread, or goes behind a `Mutex` or a [`SharedPool`](crate::SharedPool):
+///
+/// ```
+/// use std::sync::{Arc, Mutex};
+/// use decaying_pool::{DecayingPool, MmapAllocator, Packing};
+///
+/// let pool = DecayingPool::builder(MmapAllocator::new()).packing(Packing::default()).build();
+/// let pool = Arc::new(Mutex::new(pool));
+/// let other = Arc::clone(&pool);
+/// std::thread::spawn(move || {
+///     let mut p = other.lock().unwrap();
+///     let block = p.allocate(4096).unwrap();
+///     // SAFETY: `block` came from this pool with this size and is not used again.
+///     unsafe { p.release(block, 4096) };
+/// })
+/// .join()
+/// .unwrap();
+/// assert_eq!(pool.lock().unwrap().stats().hits + pool.lock().unwrap().stats().misses, 1);
+/// ```
+///
+/// A policy (or clock, or allocator) that cannot cross threads is refused
+/// at compile time, and the error names only your type and public ones
+/// ("`Rc<()>` cannot be sent between threads safely … required for
+/// `PackedPool<SystemAllocator, NotSend>` to implement `Send`"):
+///
+/// ```compile_fail,E0277
+/// use core::time::Duration;
+/// use std::rc::Rc;
+/// use decaying_pool::policy::{EvictionPolicy, Oldest};
+/// use decaying_pool::{DecayingPool, Packing, SystemAllocator};
+///
+/// struct NotSend(Rc<()>);
+/// impl EvictionPolicy for NotSend {
+///     fn must_evict(&mut self, _: Duration, _: Oldest, _: usize) -> bool { false }
+/// }
+/// fn needs_send<T: Send>(_: T) {}
+/// let pool = DecayingPool::builder(SystemAllocator::new())
+///     .policy(NotSend(Rc::new(())))
+///     .packing(Packing::default())
+///     .build();
+/// needs_send(pool);
+/// ```
 pub struct PackedPool<A: Packable, P: Policy = FixedTime, C: Clock = MonotonicClock> {
     pool: DecayingPool<A, P, C>,
     packing: Packing,
@@ -131,6 +177,44 @@ pub struct PackedPool<A: Packable, P: Policy = FixedTime, C: Clock = MonotonicCl
     /// by address: the class taken and the request's class.
     swapped: HashMap<usize, (usize, usize)>,
     st: PackingStats,
+    /// The caller's requests, as [`PackedPool::stats`] reports them.
+    req: Requests,
+}
+
+/// The caller-level counters of a packed pool (the exact pool underneath
+/// counts segments and exact blocks).
+#[derive(Clone, Copy, Default)]
+struct Requests {
+    /// Requests served with no backing allocation.
+    hits: u64,
+    /// Requests that made one (a new segment or an exact block).
+    misses: u64,
+    bytes_from_pool: usize,
+    bytes_from_backing: usize,
+    /// What callers asked for, over every successful request.
+    bytes_requested: usize,
+    /// Exact blocks handed out and not yet released, and their bytes (the
+    /// pool's class sizes).
+    exact_blocks: u64,
+    exact_bytes: usize,
+    /// The highest bytes in use (carved and exact) seen.
+    peak_in_use: usize,
+}
+
+// SAFETY: a packed pool owns its exact pool (`Send` under these same
+// bounds), its segments (each holding one block of that pool: a
+// `SendBlock`, movable to another thread and given back from there) and
+// plain bookkeeping (sub-allocators, maps of addresses and counters, none
+// shared with another owner, nothing thread-local). Moving the whole
+// packed pool moves everything it reaches. It is not `Sync`: every method
+// that touches a segment takes `&mut self`.
+unsafe impl<A, P, C> Send for PackedPool<A, P, C>
+where
+    A: Packable + Send,
+    A::Block: crate::raw::SendBlock,
+    P: Policy + Send,
+    C: Clock + Send,
+{
 }
 
 #[derive(Clone, Copy)]
@@ -237,6 +321,7 @@ impl<A: Packable, P: Policy, C: Clock> PackedPool<A, P, C> {
             larger: BTreeMap::new(),
             swapped: HashMap::new(),
             st: PackingStats::default(),
+            req: Requests::default(),
         }
     }
 
@@ -291,12 +376,15 @@ impl<A: Packable, P: Policy, C: Clock> PackedPool<A, P, C> {
         } else {
             MEDIUM
         };
-        let slot = match self.best_fit(kind, units32) {
-            Some(slot) => slot,
-            None => match self.new_segment(kind, units) {
-                Some(slot) => slot,
-                None => return self.exact(size, size, true),
-            },
+        let (slot, miss) = match self.best_fit(kind, units32) {
+            Some(slot) => (slot, false),
+            None => {
+                let misses = self.pool.miss_count();
+                match self.new_segment(kind, units) {
+                    Some(slot) => (slot, self.pool.miss_count() != misses),
+                    None => return self.exact(size, size, true),
+                }
+            }
         };
         let Some(seg) = self.slots[slot as usize].as_mut() else {
             unreachable!("a listed segment is held")
@@ -330,7 +418,7 @@ impl<A: Packable, P: Policy, C: Clock> PackedPool<A, P, C> {
         st.packed_blocks += 1;
         st.packed_bytes += bytes;
         st.free_segment_bytes -= bytes;
-        self.requested(size);
+        self.requested(size, bytes, miss);
         Ok(block)
     }
 
@@ -394,6 +482,9 @@ impl<A: Packable, P: Policy, C: Clock> PackedPool<A, P, C> {
             // larger class.
             unsafe { self.pool.release(block, bytes) };
             self.st.bytes_requested = self.st.bytes_requested.saturating_sub(size);
+            let class = self.pool.class_size(bytes).unwrap_or(bytes);
+            self.req.exact_blocks = self.req.exact_blocks.saturating_sub(1);
+            self.req.exact_bytes = self.req.exact_bytes.saturating_sub(class);
             if large && self.packing.large_fit > 0 {
                 self.remember_larger(bytes);
             }
@@ -468,24 +559,61 @@ impl<A: Packable, P: Policy, C: Clock> PackedPool<A, P, C> {
         self.pool.trim()
     }
 
-    /// The exact pool's counters: segments and exact blocks are its blocks.
+    /// The counters of the caller's requests, as [`DecayingPool::stats`]
+    /// gives them for a plain pool: `hits + misses` is the number of
+    /// successful `allocate` calls, and `misses` equals `backing_allocs`
+    /// (a request makes at most one backing allocation: a new segment or an
+    /// exact block).
+    ///
+    /// - `hits`: requests served with no backing call (carved from a
+    ///   segment held, or a segment or large block the pool had cached);
+    ///   `bytes_from_pool` / `bytes_from_backing`: the bytes hits / misses
+    ///   handed to callers (a carved block's granularity-rounded size, an
+    ///   exact block's class), and `bytes_requested` what callers asked for;
+    /// - `blocks_in_use`, `bytes_in_use`, `peak_bytes_in_use`: the caller's
+    ///   blocks (carved and exact) handed out;
+    /// - `bytes_cached`: the idle bytes, `bytes_reserved - bytes_in_use`:
+    ///   blocks cached in the pool (emptied segments, large blocks) and the
+    ///   free space inside segments held
+    ///   ([`PackingStats::free_segment_bytes`]); `blocks_cached` counts the
+    ///   cached blocks;
+    /// - the backing and freeing counters (`backing_*`, `evictions`,
+    ///   `trimmed`), `bytes_reserved` and `peak_bytes_reserved` are the
+    ///   pool's: what reached the backing allocator.
+    ///
+    /// The exact pool's own counters, where segments are blocks, are
+    /// [`pool().stats()`](DecayingPool::stats); the segment figures are
+    /// [`packing_stats`](Self::packing_stats).
     ///
     /// # Examples
     ///
     /// ```
-    /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
-    /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// // Needs the `testing` feature (its test doubles): `features = ["testing"]`.
-    /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, Packing};
-    /// let mut pool = DecayingPool::builder(CheckingAllocator::with_addresses()).packing(Packing::default()).build();
-    /// let (a, b) = (pool.allocate(100).unwrap(), pool.allocate(200).unwrap());
-    /// assert_eq!(pool.stats().backing_allocs, 1); // one segment
+    /// use decaying_pool::{DecayingPool, Packing, SystemAllocator};
+    /// let mut pool = DecayingPool::builder(SystemAllocator::new()).packing(Packing::default()).build();
+    /// let (a, b) = (pool.allocate(100)?, pool.allocate(200)?);
+    /// let s = pool.stats();
+    /// assert_eq!((s.hits, s.misses, s.backing_allocs), (1, 1, 1)); // one segment, carved twice
+    /// assert_eq!((s.blocks_in_use, s.bytes_in_use), (2, 1024)); // two 512-byte units
+    /// assert_eq!(s.bytes_cached, s.bytes_reserved - 1024); // the segment's free space
+    /// assert_eq!(pool.pool().stats().blocks_in_use, 1); // the pool sees one segment
+    /// // SAFETY: each block came from this pool with this size and is not used again.
     /// unsafe { pool.release(a, 100); pool.release(b, 200) };
-    /// # Ok(())
-    /// # }
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn stats(&self) -> Stats {
-        self.pool.stats()
+        let mut s = self.pool.stats();
+        let r = &self.req;
+        let in_use = self.st.packed_bytes.saturating_add(r.exact_bytes);
+        s.hits = r.hits;
+        s.misses = r.misses;
+        s.blocks_in_use = self.st.packed_blocks + r.exact_blocks;
+        s.bytes_in_use = in_use;
+        s.bytes_cached = s.bytes_reserved.saturating_sub(in_use);
+        s.peak_bytes_in_use = r.peak_in_use;
+        s.bytes_from_pool = r.bytes_from_pool;
+        s.bytes_from_backing = r.bytes_from_backing;
+        s.bytes_requested = r.bytes_requested;
+        s
     }
 
     /// The packing counters.
@@ -693,7 +821,23 @@ impl<A: Packable, P: Policy, C: Clock> PackedPool<A, P, C> {
             self.swapped.keys().all(|a| !self.live.contains_key(a)),
             "a swapped large block is not carved"
         );
-        assert!(self.stats().bytes_in_use >= segment_bytes);
+        let pool = self.pool.stats();
+        assert!(pool.bytes_in_use >= segment_bytes);
+        // The caller's counters: one pool miss at most a request, and the
+        // pool's blocks in use are the segments and the exact blocks.
+        let r = &self.req;
+        assert_eq!(r.hits + r.misses, st.requests, "hits + misses = requests");
+        assert_eq!(r.misses, pool.misses, "a miss is a request's pool miss");
+        assert_eq!(r.exact_blocks + st.segments, pool.blocks_in_use);
+        let segment_classes: usize = self
+            .slots
+            .iter()
+            .flatten()
+            .map(|s| self.pool.class_size(s.bytes).unwrap_or(s.bytes))
+            .sum();
+        assert_eq!(r.exact_bytes + segment_classes, pool.bytes_in_use);
+        assert!(r.peak_in_use >= st.packed_bytes + r.exact_bytes);
+        assert!(r.bytes_requested >= st.bytes_requested);
     }
 
     /// Per segment held: (medium?, bytes, bytes handed out, largest free
@@ -740,10 +884,24 @@ impl<A: Packable, P: Policy, C: Clock> PackedPool<A, P, C> {
         (size >> self.shift) + usize::from(size & mask != 0)
     }
 
-    fn requested(&mut self, size: usize) {
+    /// A successful request of `size` bytes, served with `served` bytes
+    /// (its carved units or its exact block's class), a miss when it made
+    /// a backing allocation.
+    fn requested(&mut self, size: usize, served: usize, miss: bool) {
         let st = &mut self.st;
         st.bytes_requested = st.bytes_requested.saturating_add(size);
         st.peak_bytes_requested = st.peak_bytes_requested.max(st.bytes_requested);
+        let r = &mut self.req;
+        if miss {
+            r.misses += 1;
+            r.bytes_from_backing = r.bytes_from_backing.saturating_add(served);
+        } else {
+            r.hits += 1;
+            r.bytes_from_pool = r.bytes_from_pool.saturating_add(served);
+        }
+        r.bytes_requested = r.bytes_requested.saturating_add(size);
+        let in_use = st.packed_bytes.saturating_add(r.exact_bytes);
+        r.peak_in_use = r.peak_in_use.max(in_use);
     }
 
     /// An exact block of `bytes` for a request of `size`.
@@ -753,14 +911,19 @@ impl<A: Packable, P: Policy, C: Clock> PackedPool<A, P, C> {
         size: usize,
         fallback: bool,
     ) -> Result<A::Block, PoolError<A::Error>> {
+        let misses = self.pool.miss_count();
         let block = self.pool.allocate(bytes)?;
+        let miss = self.pool.miss_count() != misses;
         self.st.requests += 1;
         if fallback {
             self.st.exact_fallbacks += 1;
         } else {
             self.st.exact += 1;
         }
-        self.requested(size);
+        let class = self.pool.class_size(bytes).unwrap_or(bytes);
+        self.req.exact_blocks += 1;
+        self.req.exact_bytes = self.req.exact_bytes.saturating_add(class);
+        self.requested(size, class, miss);
         Ok(block)
     }
 
@@ -810,7 +973,9 @@ impl<A: Packable, P: Policy, C: Clock> PackedPool<A, P, C> {
                 st.oversize_bytes += taken - class;
                 self.swapped.insert(A::address(&block), (taken, class));
             }
-            self.requested(size);
+            self.req.exact_blocks += 1;
+            self.req.exact_bytes = self.req.exact_bytes.saturating_add(taken);
+            self.requested(size, taken, false);
             return Some(block);
         }
     }

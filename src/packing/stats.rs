@@ -1,8 +1,14 @@
 //! Counters of what the packing layer did.
 
-/// A snapshot of a [`PackedPool`](crate::PackedPool)'s packing counters,
-/// beside the exact pool's [`Stats`](crate::Stats) (where segments and
-/// large blocks are counted as blocks).
+use core::fmt;
+
+use crate::stats::HumanBytes;
+
+/// A snapshot of a [`PackedPool`](crate::PackedPool)'s packing counters:
+/// the segment-level figures, beside the caller-level
+/// [`Stats`](crate::Stats) of [`PackedPool::stats`](crate::PackedPool::stats)
+/// (the exact pool underneath, where segments and large blocks are its
+/// blocks, has its own: `pool().stats()`).
 ///
 /// The counters agree: `requests == carved + exact + exact_fallbacks`,
 /// `segments_created - segments_released == segments`,
@@ -72,4 +78,70 @@ pub struct PackingStats {
     /// Bytes the large blocks handed out from a larger class hold beyond
     /// their requests' classes.
     pub oversize_bytes: usize,
+}
+
+/// A summary a person reads, beside the caller-level
+/// [`Stats`](crate::Stats) of the same pool: requests by how they were
+/// served, the segments held (current and peak bytes), how full they are,
+/// and the large blocks served from a larger class.
+///
+/// # Examples
+///
+/// ```
+/// use decaying_pool::{DecayingPool, Packing, SystemAllocator};
+///
+/// let mut pool = DecayingPool::builder(SystemAllocator::new()).packing(Packing::default()).build();
+/// let a = pool.allocate(1000)?;
+/// let text = pool.packing_stats().to_string();
+/// assert!(text.contains("requests: 1 (1 carved, 0 exact, 0 exact fallbacks)"), "{text}");
+/// assert!(text.contains("segments: 1 held (1 created, 0 released)"), "{text}");
+/// assert!(text.contains("carved: 1 blocks in 1.00 KiB"), "{text}");
+/// assert!(text.contains("requested by the blocks held: 1000 B (peak 1000 B)"), "{text}");
+/// // SAFETY: `a` came from this pool with this size and is not used again.
+/// unsafe { pool.release(a, 1000) };
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+impl fmt::Display for PackingStats {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let h = HumanBytes;
+        let full = if self.segment_bytes == 0 {
+            0.0
+        } else {
+            self.packed_bytes as f64 * 100.0 / self.segment_bytes as f64
+        };
+        writeln!(f, "PackedPool packing statistics")?;
+        writeln!(
+            f,
+            "  requests: {} ({} carved, {} exact, {} exact fallbacks)",
+            self.requests, self.carved, self.exact, self.exact_fallbacks
+        )?;
+        writeln!(
+            f,
+            "  segments: {} held ({} created, {} released), {} (peak {})",
+            self.segments,
+            self.segments_created,
+            self.segments_released,
+            h(self.segment_bytes),
+            h(self.peak_segment_bytes)
+        )?;
+        writeln!(
+            f,
+            "  carved: {} blocks in {}, free inside segments {} ({full:.1}% full)",
+            self.packed_blocks,
+            h(self.packed_bytes),
+            h(self.free_segment_bytes)
+        )?;
+        writeln!(
+            f,
+            "  requested by the blocks held: {} (peak {})",
+            h(self.bytes_requested),
+            h(self.peak_bytes_requested)
+        )?;
+        write!(
+            f,
+            "  large blocks from a larger class: {} served, {} beyond their classes held",
+            self.larger_reuses,
+            h(self.oversize_bytes)
+        )
+    }
 }

@@ -460,9 +460,28 @@ fn stats_agree_with_each_other_and_with_the_pool() {
     assert_eq!(ps.segment_bytes, ps.packed_bytes + ps.free_segment_bytes);
     assert_eq!(ps.bytes_requested, 3000 + 5 * MIB + 200 * MIB);
     assert_eq!(ps.peak_bytes_requested, ps.bytes_requested);
-    assert_eq!(s.bytes_in_use, ps.segment_bytes + 200 * MIB);
+    // The caller's view: three requests, each a miss (two segments and an
+    // exact block), three blocks in use holding their own bytes; the free
+    // space inside the segments is idle.
+    assert_eq!((s.hits, s.misses, s.backing_allocs), (0, 3, 3));
     assert_eq!(s.blocks_in_use, 3);
-    assert_eq!(s.backing_allocs, 3);
+    assert_eq!(s.bytes_in_use, ps.packed_bytes + 200 * MIB);
+    assert_eq!(s.bytes_cached, ps.free_segment_bytes);
+    assert_eq!(s.bytes_reserved, s.bytes_in_use + s.bytes_cached);
+    assert_eq!(s.bytes_requested, 3000 + 5 * MIB + 200 * MIB);
+    assert_eq!(s.bytes_from_backing, s.bytes_in_use);
+    // The exact pool's view: two segments and a block in use.
+    let p = pool.pool().stats();
+    assert_eq!(p.bytes_in_use, ps.segment_bytes + 200 * MIB);
+    assert_eq!((p.blocks_in_use, p.misses), (3, 3));
+    // A fourth request carved from the small segment is a hit.
+    let d = pool.allocate(100).unwrap();
+    let s = pool.stats();
+    assert_eq!((s.hits, s.misses, s.blocks_in_use), (1, 3, 4));
+    assert_eq!(s.bytes_from_pool, 512);
+    assert_eq!(pool.pool().stats().blocks_in_use, 3);
+    // SAFETY: `d` came from this pool with this size and is released once.
+    unsafe { pool.release(d, 100) };
     // SAFETY: each block came from this pool with this size and is released once.
     unsafe {
         pool.release(a, 3000);

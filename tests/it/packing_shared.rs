@@ -323,3 +323,59 @@ fn carved_host_blocks_are_usable_memory() {
     assert!(pool.trim() > 0);
     assert_eq!(pool.stats().bytes_reserved, 0);
 }
+
+/// A packed pool's `Stats` count the caller's requests, not its segments:
+/// after 151 requests from four threads (carved small and medium blocks and
+/// exact large ones), `hits + misses` is 151, `misses` is the backing
+/// allocations, and the blocks in use are the caller's; the exact pool
+/// underneath counts fewer blocks (segments). The plain packed pool agrees,
+/// and `PackingStats` prints the segment figures.
+#[test]
+fn a_packed_pools_stats_count_the_callers_requests() {
+    let pool = SharedPool::packed(
+        DecayingPool::builder(SystemAllocator::new())
+            .policy(FixedTime::new(Duration::from_secs(60)))
+            .packing(packing())
+            .build(),
+    );
+    let sizes = |t: usize| (0..38).map(move |i| [100, 700, 3000, 9000, 100 << 10][(i + t) % 5]);
+    let held: Vec<Vec<Pooled<SystemAllocator>>> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..4)
+            .map(|t| {
+                let pool = pool.clone();
+                s.spawn(move || {
+                    // 38 requests on three threads, 37 on the fourth: 151.
+                    let n = if t == 3 { 37 } else { 38 };
+                    sizes(t)
+                        .take(n)
+                        .map(|size| pool.allocate(size).unwrap())
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let s = pool.stats();
+    let ps = pool.packing_stats().unwrap();
+    assert_eq!(s.hits + s.misses, 151, "{s:?}");
+    assert_eq!(ps.requests, 151);
+    assert_eq!(s.misses, s.backing_allocs);
+    assert!(
+        s.hits > s.misses,
+        "most requests carved from held segments: {s:?}"
+    );
+    assert_eq!(s.blocks_in_use, 151);
+    let held_bytes: usize = held.iter().flatten().map(Pooled::size).sum();
+    assert!(s.bytes_in_use >= held_bytes);
+    assert_eq!(s.bytes_reserved, s.bytes_in_use + s.bytes_cached);
+    let under = pool.with_packed(|p| p.pool().stats()).unwrap();
+    assert_eq!(under.blocks_in_use, ps.segments + (151 - ps.carved));
+    assert!(s.to_string().contains("allocations: 151 ("), "{s}");
+    assert!(ps.to_string().contains("requests: 151 ("), "{ps}");
+    drop(held);
+    let s = pool.stats();
+    assert_eq!((s.blocks_in_use, s.bytes_in_use), (0, 0));
+    assert_eq!(s.bytes_cached, s.bytes_reserved);
+    pool.trim();
+    assert_eq!(pool.stats().bytes_reserved, 0);
+}

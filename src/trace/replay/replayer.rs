@@ -89,14 +89,13 @@ impl<P: Policy> SimPool for PackedPool<ModelledAllocator, P, ManualClock> {
         PackedPool::collect(self);
     }
     fn stats(&self) -> Stats {
-        PackedPool::stats(self)
+        // The exact pool's counters: the backing calls, the bytes reserved,
+        // and as idle bytes the blocks it caches (free space inside held
+        // segments is not counted idle).
+        self.pool().stats()
     }
     fn hits(&self) -> u64 {
-        // Every successful request made at most one pool miss (a segment
-        // or an exact block).
-        self.packing_stats()
-            .requests
-            .saturating_sub(PackedPool::stats(self).misses)
+        PackedPool::stats(self).hits
     }
     fn modelled_seconds(&self) -> f64 {
         self.pool().allocator().modelled_seconds()
