@@ -723,9 +723,12 @@ fn pooled_byte_views_are_each_blocks_own() {
                             let byte = t * 16 + i as u8;
                             let view = block.as_uninit();
                             assert_eq!(view.len(), block.size(), "{kind}");
-                            // SAFETY: every byte was written by `fill`.
-                            let bytes: Vec<u8> =
-                                view.iter().map(|b| unsafe { b.assume_init() }).collect();
+                            // SAFETY: every byte was written by `fill` (the
+                            // first again since), and `u8` has the layout of
+                            // `MaybeUninit<u8>`.
+                            let bytes = unsafe {
+                                core::slice::from_raw_parts(view.as_ptr().cast::<u8>(), view.len())
+                            };
                             assert_eq!(bytes[0], 0xff - byte, "{kind}");
                             assert!(bytes[1..].iter().all(|&b| b == byte), "{kind}: thread {t}");
                         }
@@ -760,13 +763,12 @@ fn a_pooled_block_is_read_from_two_threads() {
     std::thread::scope(|s| {
         for _ in 0..2 {
             s.spawn(move || {
-                // SAFETY: every byte was written by `fill`.
-                assert!(
-                    block
-                        .as_uninit()
-                        .iter()
-                        .all(|b| unsafe { b.assume_init() } == 7)
-                );
+                let view = block.as_uninit();
+                // SAFETY: every byte was written by `fill`, and `u8` has
+                // the layout of `MaybeUninit<u8>`.
+                let bytes =
+                    unsafe { core::slice::from_raw_parts(view.as_ptr().cast::<u8>(), view.len()) };
+                assert!(bytes.iter().all(|&b| b == 7));
             });
         }
     });
