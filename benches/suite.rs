@@ -10,10 +10,10 @@
 //! - `scaling`: the hit round trip from 10 to 1 000 000 cached blocks;
 //! - `mmap_64mib`: a real costly allocator, pooled against direct;
 //! - `replay_throughput`: a real training trace through each policy, per
-//!   event. It reads `../shared/workloads/pytorch_cs336_medium_ctx128_training.csv`
-//!   (the project's shared workloads folder, beside the repository, not in
-//!   it or in the packaged crate); when that file is absent the group prints
-//!   a notice and measures nothing.
+//!   event. It reads `cli/traces/training.csv` (the command-line tool's
+//!   copy of the training trace, in the repository but not in the packaged
+//!   library crate); when that file is absent the group prints a notice and
+//!   measures nothing.
 //!
 //! ```text
 //! cargo bench --bench suite
@@ -342,9 +342,9 @@ fn mmap_64mib(_c: &mut Criterion) {
     println!("mmap_64mib: skipped (not unix)");
 }
 
-/// The training trace of the shared workloads folder, relative to the
-/// crate (absent outside the project's checkout: the group is skipped).
-const TRACE: &str = "../shared/workloads/pytorch_cs336_medium_ctx128_training.csv";
+/// The training trace the command-line tool ships, relative to the crate
+/// (absent from the packaged library crate: the group is skipped).
+const TRACE: &str = "cli/traces/training.csv";
 
 /// Replays `events` through `pool` (any pool, as a `RawAllocator`), the
 /// clock set to each event's time.

@@ -65,7 +65,7 @@ def replay(binary, trace, packing, factors):
 
     unbounded = [r for r in run([]) if r["policy"] == row][0]
     peak = unbounded["peak_live_bytes"]
-    caps = ",".join(f"{f * peak / 2**30!r}" for f in factors)
+    caps = ",".join(f"{f * peak / 2**30!r}GiB" for f in factors)
     bounded = [r for r in run(["--capacity", caps]) if r["policy"].startswith(row + " @")]
     return (
         unbounded["backing_allocs"],

@@ -43,10 +43,10 @@ WEIRD = [
 OPTIONS = [
     [], [], [],
     ["--device", "1"], ["--stream", "7"], ["--strict"],
-    ["--packing", "default"], ["--capacity", "0.036"], ["--capacity", "0.00001"],
+    ["--packing", "default"], ["--capacity", "0.036GiB"], ["--capacity", "0.00001GiB"],
     ["--repeat", "3", "--gap", "5"], ["--repeat", "2", "--gap", "1000000000000000"],
     ["--reaper", "0"], ["--ttl", "1ns,1s"], ["--half-life", "1ms"], ["--slots", "0,1"],
-    ["--limit", "1,1M"], ["--size-class", "pow2/4,x512"], ["--json"],
+    ["--limit", "1B,1M"], ["--size-class", "pow2/4,x512B"], ["--capacity", "3"], ["--json"],
     ["--svg", "SVG", "--chrome-trace", "CHROME"],
 ]
 

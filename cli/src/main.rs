@@ -21,12 +21,16 @@ use indicatif::{ProgressBar, ProgressStyle};
 
 mod sweep;
 
-const EXIT_CODES: &str = "Exit codes: 0 success (also when the reader of the output goes away, \
+const EXIT_CODES: &str = "Sizes (--capacity, --limit, --budget, --size-class xN, the size keys of \
+                          --packing) take a unit: B, KiB, MiB, GiB, TiB (K, M, G, T and KB, MB, GB, TB \
+                          are the same binary units), e.g. 3GiB, 512MiB, 4k; a bare number is refused.\n\n\
+                          Exit codes: 0 success (also when the reader of the output goes away, \
                           as `| head` does); 1 the replay or writing an output failed; \
                           2 bad usage or bad input (an unreadable or malformed trace, a bad number).";
 
 /// Which pool configuration for my workload? Replays allocation traces
-/// through caching-pool configurations on a model of CUDA's costs.
+/// through caching-pool configurations on a model of the backing
+/// allocator's costs (CUDA's by default, host mmap's with --costs host).
 #[derive(Parser, Debug)]
 #[command(name = "decaying-pool", version, after_help = EXIT_CODES)]
 struct Cli {
@@ -83,8 +87,8 @@ struct ReplayArgs {
     /// Write the pool counters over time as a Chrome/Perfetto trace.
     #[arg(long, value_name = "OUT.json")]
     chrome_trace: Option<PathBuf>,
-    /// Device capacities to replay on (a list sweeps them): a size with a
-    /// K, M, G or T suffix (binary), or a bare number of GiB. Default: an
+    /// Device capacities to replay on (a list sweeps them): sizes with a
+    /// unit (5.35GiB, 80MiB; a bare number is refused). Default: an
     /// unbounded device (the built-in workloads carry their own).
     #[arg(long, value_name = "SIZE,...", value_delimiter = ',', allow_hyphen_values = true, value_parser = parse_capacity)]
     capacity: Vec<usize>,
@@ -107,22 +111,29 @@ struct ReplayArgs {
     /// Sweep: fixed-capacity policies with these numbers of slots.
     #[arg(long, value_name = "N,...", value_delimiter = ',')]
     slots: Vec<usize>,
-    /// Sweep: byte limits on the pool (sizes, or `none`); requests beyond
-    /// a limit fail, and configurations with failures are never recommended.
+    /// Sweep: byte limits on the pool (sizes with a unit, 40MiB, 8GiB; or
+    /// `none`); requests beyond a limit fail, and configurations with
+    /// failures are never recommended.
     #[arg(long, value_name = "SIZE,...", value_delimiter = ',', value_parser = parse_limit)]
     limit: Vec<Limit>,
     /// Sweep: size-class rules: exact, pow2, pow2/K (K divisions per power
-    /// of two, as PyTorch's roundup_power2_divisions), xN (multiples of N bytes).
+    /// of two, as PyTorch's roundup_power2_divisions), xSIZE (multiples of
+    /// a size with a unit: x512B, x2MiB).
     #[arg(long, value_name = "RULE,...", value_delimiter = ',', value_parser = parse_size_class)]
     size_class: Vec<SizeClass>,
     /// Packing settings to try, each KEY=VALUE,... over the defaults (keys:
     /// small, medium, small_segment, medium_segment, max_segment, growth,
     /// multiple, cap, slack, large_rounding, large_fit, capacity, granularity; `on`
-    /// for the defaults, `off` for none). Repeat the option for several.
+    /// for the defaults, `off` for none). The size keys (small, medium,
+    /// small_segment, medium_segment, max_segment, large_rounding, capacity,
+    /// granularity) take a unit (medium=128MiB, granularity=512B); growth,
+    /// multiple, cap, slack and large_fit are plain numbers. Repeat the
+    /// option for several.
     #[arg(long, value_name = "KEY=VALUE,...", value_parser = parse_packing)]
     packing: Vec<PackingArg>,
     /// The goal of the recommendation: a memory budget for peak reserved
-    /// bytes, as a size (8G, 512M) or a multiple of peak live bytes (1.2x).
+    /// bytes, as a size with a unit (8GiB, 512MiB; a bare number is
+    /// refused) or a multiple of peak live bytes (1.2x).
     /// The recommendation is the configuration with the least modelled
     /// backing time within it. Default 2x.
     #[arg(long, value_name = "SIZE|Fx", default_value = "2x", allow_hyphen_values = true, value_parser = parse_budget)]
@@ -130,7 +141,10 @@ struct ReplayArgs {
     /// What the backing calls cost in the model: `published` (CUDA's
     /// published cudaMalloc / cuMemFree figures), `h200` or `h100`
     /// (cuMemAlloc / cuMemFree measured on an idle NVIDIA H200 or H100, 10
-    /// to 400 times less).
+    /// to 400 times less), `host` (a host mmap allocator: anonymous mmap
+    /// plus the first touch of every page, and munmap, measured on an AMD
+    /// EPYC by `cargo run --release --example host_costs`; 816 µs a MiB
+    /// allocated).
     #[arg(long, value_enum, value_name = "MODEL", default_value_t = Costs::Published)]
     costs: Costs,
 }
@@ -144,6 +158,8 @@ enum Costs {
     H200,
     /// `CostModel::h100`: measured on an idle H100.
     H100,
+    /// `CostModel::host`: mmap + first touch / munmap, measured on a host.
+    Host,
 }
 
 impl Costs {
@@ -152,6 +168,7 @@ impl Costs {
             Costs::Published => CostModel::cuda(),
             Costs::H200 => CostModel::h200(),
             Costs::H100 => CostModel::h100(),
+            Costs::Host => CostModel::host(),
         }
     }
 
@@ -161,6 +178,17 @@ impl Costs {
             Costs::Published => "published CUDA figures",
             Costs::H200 => "cuMemAlloc / cuMemFree measured on an idle H200",
             Costs::H100 => "cuMemAlloc / cuMemFree measured on an idle H100",
+            Costs::Host => {
+                "anonymous mmap + first touch of every page / munmap measured on an AMD EPYC host"
+            }
+        }
+    }
+
+    /// The backing calls, for the legend.
+    fn calls(self) -> &'static str {
+        match self {
+            Costs::Host => "mmap / munmap",
+            _ => "cudaMalloc / cuMemFree",
         }
     }
 }
@@ -230,35 +258,14 @@ fn parse_duration(option: &str, s: &str) -> Result<Duration, String> {
     Duration::try_from_secs_f64(secs).map_err(|_| format!("`{s}` is out of range"))
 }
 
-/// A size: a number with an optional K, M, G, T suffix (binary), or, with
-/// `bare_unit`, the unit of a bare number.
-fn parse_size(s: &str, bare_unit: f64) -> Result<usize, String> {
-    let t = s.trim();
-    let lower = t.to_ascii_lowercase();
-    let digits = lower.trim_end_matches("ib").trim_end_matches('b');
-    let (num, unit) = match digits.chars().last() {
-        Some('k') => (&digits[..digits.len() - 1], 1024f64),
-        Some('m') => (&digits[..digits.len() - 1], 1024f64.powi(2)),
-        Some('g') => (&digits[..digits.len() - 1], 1024f64.powi(3)),
-        Some('t') => (&digits[..digits.len() - 1], 1024f64.powi(4)),
-        _ if digits.len() < lower.len() => (digits, 1.0),
-        _ => (digits, bare_unit),
-    };
-    let x = non_negative(num).map_err(|e| format!("{e} (expected a size such as 8G or 512M)"))?;
-    let bytes = x * unit;
-    if bytes >= usize::MAX as f64 {
-        return Err(format!("`{s}` is out of range"));
-    }
-    Ok(bytes as usize)
+/// A size with a unit (every size option reads its values so; a bare
+/// number is refused).
+fn parse_size(option: &str, s: &str) -> Result<usize, String> {
+    cli::parse_size(option, s).map_err(|e| e.to_string())
 }
 
 fn parse_capacity(s: &str) -> Result<usize, String> {
-    let t = s.trim();
-    if t.parse::<f64>().is_ok() || t.eq_ignore_ascii_case("nan") {
-        // A bare number of GiB, as the replay has always taken it.
-        return cli::parse_capacity_gib("--capacity", s).map_err(|e| e.to_string());
-    }
-    let c = parse_size(s, 1024f64.powi(3))?;
+    let c = parse_size("--capacity", s)?;
     if c == 0 {
         return Err("a capacity of 0 bytes holds nothing".into());
     }
@@ -273,7 +280,7 @@ fn parse_limit(s: &str) -> Result<Limit, String> {
     if s.trim() == "none" {
         return Ok(Limit(None));
     }
-    parse_size(s, 1.0).map(|b| Limit(Some(b)))
+    parse_size("--limit", s).map(|b| Limit(Some(b)))
 }
 
 fn parse_budget(s: &str) -> Result<Budget, String> {
@@ -281,7 +288,9 @@ fn parse_budget(s: &str) -> Result<Budget, String> {
     if let Some(f) = t.strip_suffix(['x', 'X']) {
         return Ok(Budget::OfLive(non_negative(f)?));
     }
-    Ok(Budget::Bytes(parse_size(t, 1.0)?))
+    parse_size("--budget", t)
+        .map(Budget::Bytes)
+        .map_err(|e| format!("{e}; or a multiple of peak live bytes such as 1.5x"))
 }
 
 fn parse_stream(s: &str) -> Result<u64, String> {
@@ -295,7 +304,7 @@ fn parse_stream(s: &str) -> Result<u64, String> {
 
 fn parse_size_class(s: &str) -> Result<SizeClass, String> {
     let t = s.trim();
-    let bad = || format!("`{s}`: expected exact, pow2, pow2/K or xN");
+    let bad = || format!("`{s}`: expected exact, pow2, pow2/K or xSIZE (x512B, x2MiB)");
     match t {
         "exact" => Ok(SizeClass::Exact),
         "pow2" => Ok(SizeClass::PowerOfTwo),
@@ -307,7 +316,7 @@ fn parse_size_class(s: &str) -> Result<SizeClass, String> {
                 }
                 Ok(SizeClass::PowerOfTwoDivisions(k))
             } else if let Some(n) = t.strip_prefix('x') {
-                let n = parse_size(n, 1.0)?;
+                let n = parse_size("--size-class xSIZE", n)?;
                 if n == 0 {
                     return Err(bad());
                 }
@@ -319,12 +328,45 @@ fn parse_size_class(s: &str) -> Result<SizeClass, String> {
     }
 }
 
+/// The `--packing` keys whose values are sizes (and so take a unit).
+const PACKING_SIZE_KEYS: [&str; 10] = [
+    "small_threshold",
+    "small",
+    "medium_threshold",
+    "medium",
+    "small_segment",
+    "medium_segment",
+    "max_segment",
+    "large_rounding",
+    "capacity",
+    "granularity",
+];
+
 fn parse_packing(s: &str) -> Result<PackingArg, String> {
     let t = s.trim();
     let packing = match t {
         "off" | "none" => None,
         "on" | "default" => Some(Packing::default()),
-        _ => Some(t.parse::<Packing>().map_err(|e| e.to_string())?),
+        _ => {
+            // Sizes read as every size option reads them (a unit needed),
+            // then handed to `Packing`'s parser in bytes.
+            let mut parts = Vec::new();
+            for part in t.split(',') {
+                match part.split_once('=') {
+                    Some((k, v)) if PACKING_SIZE_KEYS.contains(&k.trim()) => {
+                        let bytes = parse_size(&format!("--packing {}", k.trim()), v)?;
+                        parts.push(format!("{}={bytes}", k.trim()));
+                    }
+                    _ => parts.push(part.to_string()),
+                }
+            }
+            Some(
+                parts
+                    .join(",")
+                    .parse::<Packing>()
+                    .map_err(|e| e.to_string())?,
+            )
+        }
     };
     Ok(PackingArg {
         text: t.to_string(),
@@ -779,9 +821,10 @@ fn replay(a: &ReplayArgs) -> Result<(), Failure> {
         writeln!(
             out,
             "hits: requests served from the cache; b.allocs / b.frees: backing allocator calls \
-             (cudaMalloc / cuMemFree);\npeak res: peak reserved bytes, ÷live: over the trace's \
+             ({});\npeak res: peak reserved bytes, ÷live: over the trace's \
              peak live bytes; idle: integral of cached bytes over time;\nbacking: modelled time \
              in the backing allocator ({}); failures: requests the device could not serve.",
+            a.costs.calls(),
             a.costs.source()
         )
     })

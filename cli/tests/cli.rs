@@ -162,12 +162,12 @@ fn a_limit_sweep_adds_limited_rows() {
 
 #[test]
 fn the_pickle_replays_to_the_rows_of_its_csv_conversion() {
-    let (Some(pickle), Some(csv)) = (
-        shared("pytorch_cs336_medium_ctx128_inference.pickle"),
-        shared("pytorch_cs336_medium_ctx128_inference.csv"),
-    ) else {
+    // The pickle is the project's shared folder's (not shipped); the CSV
+    // converted from it is the shipped inference.csv.
+    let Some(pickle) = shared("pytorch_cs336_medium_ctx128_inference.pickle") else {
         return;
     };
+    let csv = PathBuf::from(shipped());
     let a = run(&["replay", pickle.to_str().unwrap()]);
     let b = run(&["replay", csv.to_str().unwrap()]);
     assert_eq!(a.status.code(), Some(0), "{}", stderr(&a));
@@ -217,14 +217,15 @@ fn a_missing_file_is_named_with_exit_code_2() {
 fn bad_numbers_are_rejected_with_exit_code_2() {
     for (args, want) in [
         (
-            vec!["--capacity", "-1"],
-            "--capacity: \"-1\" is not a positive number of GiB",
+            vec!["--capacity", "-1GiB"],
+            "--capacity: \"-1GiB\" is not a size with a unit",
         ),
         (
-            vec!["--capacity", "0"],
-            "--capacity: \"0\" is not a positive number of GiB",
+            vec!["--capacity", "8 parsecs"],
+            "--capacity: \"8 parsecs\" is not a size with a unit",
         ),
-        (vec!["--capacity", "-1G"], "`-1` is negative"),
+        (vec!["--capacity", "nanG"], "is not a size with a unit"),
+        (vec!["--limit", "1e30T"], "is not a size with a unit"),
         (
             vec!["--capacity", "0M"],
             "a capacity of 0 bytes holds nothing",
@@ -247,11 +248,15 @@ fn bad_numbers_are_rejected_with_exit_code_2() {
         ),
         (
             vec!["--size-class", "pow3"],
-            "expected exact, pow2, pow2/K or xN",
+            "expected exact, pow2, pow2/K or xSIZE",
         ),
         (vec!["--packing", "bogus=1"], "unknown packing key `bogus`"),
         (vec!["--budget", "-2x"], "is negative"),
         (vec!["--costs", "a100"], "invalid value 'a100' for '--costs"),
+        (
+            vec!["--costs", "mmap"],
+            "[possible values: published, h200, h100, host]",
+        ),
     ] {
         let mut a = vec!["replay", "--json"];
         a.extend(&args);
@@ -260,6 +265,214 @@ fn bad_numbers_are_rejected_with_exit_code_2() {
         assert!(stderr(&o).contains(want), "{args:?}: {}", stderr(&o));
         assert!(stdout(&o).is_empty());
     }
+}
+
+/// A bare number means no one size in every size option, so each refuses
+/// it, with exit code 2 and a message naming the option and the units;
+/// with a unit each reads the same bytes.
+#[test]
+fn every_size_option_refuses_a_bare_number_and_takes_units() {
+    for (args, option) in [
+        (vec!["--capacity", "3"], "--capacity"),
+        (vec!["--capacity", "0"], "--capacity"),
+        (vec!["--capacity", "40M,80"], "--capacity"),
+        (vec!["--limit", "3"], "--limit"),
+        (vec!["--limit", "none,40"], "--limit"),
+        (vec!["--budget", "3"], "--budget"),
+        (vec!["--size-class", "x512"], "--size-class xSIZE"),
+        (vec!["--packing", "medium=128"], "--packing medium"),
+        (
+            vec!["--packing", "growth=4,granularity=512"],
+            "--packing granularity",
+        ),
+    ] {
+        let t = shipped();
+        let mut a = vec!["replay", "--json", &t];
+        a.extend(&args);
+        let o = run(&a);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", stderr(&o));
+        let e = stderr(&o);
+        let want = format!("{option}: \"");
+        assert!(e.contains(&want), "{args:?}: {e}");
+        for unit in [
+            "is not a size with a unit",
+            "KiB, MiB, GiB",
+            "a bare number is refused",
+        ] {
+            assert!(e.contains(unit), "{args:?}: {e}");
+        }
+        assert!(stdout(&o).is_empty());
+    }
+    // The same bytes in any unit give the same replay (the value's text,
+    // which names a packed row, set aside).
+    let output = |extra: &[&str]| {
+        let t = shipped();
+        let mut v = vec!["replay", "--ttl", "1s", &t];
+        v.extend(extra);
+        let o = run(&v);
+        assert_eq!(o.status.code(), Some(0), "{extra:?}: {}", stderr(&o));
+        // Column widths follow the names: compare the words.
+        let out = stdout(&o).replace(extra[1], "VALUE");
+        out.split_whitespace().collect::<Vec<_>>().join(" ")
+    };
+    let same = |a: &[&str], b: &[&str]| assert_eq!(output(a), output(b), "{a:?} vs {b:?}");
+    same(&["--capacity", "40MiB"], &["--capacity", "40m"]);
+    same(&["--capacity", "0.5GiB"], &["--capacity", "512MB"]);
+    same(&["--limit", "40MiB"], &["--limit", "41943040B"]);
+    same(&["--limit", "40960KiB"], &["--limit", "40 M"]);
+    same(&["--budget", "68MiB"], &["--budget", "69632k"]);
+    same(&["--size-class", "x2MiB"], &["--size-class", "x2097152B"]);
+    same(
+        &["--packing", "medium=4MiB"],
+        &["--packing", "medium=4096KiB"],
+    );
+    assert_ne!(
+        output(&["--packing", "medium=4MiB"]),
+        output(&["--packing", "medium=1MiB"])
+    );
+    // Units change the figures they should.
+    let o = run(&[
+        "replay",
+        &shipped(),
+        "--ttl",
+        "1s",
+        "--limit",
+        "40MiB",
+        "--capacity",
+        "1TiB",
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(
+        stdout(&o)
+            .lines()
+            .any(|l| l.starts_with("fixed-time 1s, limit 40.0 MiB ")),
+        "{}",
+        stdout(&o)
+    );
+    let o = run(&["replay", &shipped(), "--size-class", "x2MiB"]);
+    assert!(
+        stdout(&o).contains("fixed-time 1s, x2097152 "),
+        "{}",
+        stdout(&o)
+    );
+    let o = run(&["replay", &shipped(), "--budget", "40MiB"]);
+    assert!(
+        stdout(&o).contains("recommendation (peak reserved within 40.0 MiB"),
+        "{}",
+        stdout(&o)
+    );
+}
+
+/// `--costs host` charges the host mmap model's measured figures (mmap +
+/// first touch, munmap), which differ from the CUDA ones, keeps the
+/// counts, and says what it charged.
+#[test]
+fn costs_host_charges_the_measured_mmap_figures() {
+    use decaying_pool::trace::CostModel;
+    let t = Scratch::new(
+        "host-costs.csv",
+        "time_ns,action,addr,size\n0,alloc,0x10,4096\n10,free,0x10,4096\n\
+         20,alloc,0x20,1048576\n30,free,0x20,1048576\n40,alloc,0x30,67108864\n50,free,0x30,67108864\n",
+    );
+    let json = |extra: &[&str]| {
+        let mut a = vec!["replay", "--json", t.path()];
+        a.extend(extra);
+        let o = run(&a);
+        assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+        let out = stdout(&o);
+        let i = out.find("\"modelled_backing_seconds\":").unwrap() + 27;
+        let first: f64 = out[i..].split([',', '}']).next().unwrap().parse().unwrap();
+        let i = out.find("\"backing_allocs\":").unwrap() + 17;
+        let allocs: u64 = out[i..].split([',', '}']).next().unwrap().parse().unwrap();
+        (first, allocs)
+    };
+    let charged = |m: CostModel| {
+        [4096, 1 << 20, 64 << 20]
+            .iter()
+            .map(|&s| (m.alloc_cost(s) + m.free_cost(s)).as_secs_f64())
+            .sum::<f64>()
+    };
+    let (host, host_nopool) = json(&["--costs", "host"]);
+    let (cuda, cuda_nopool) = json(&[]);
+    assert!((host - charged(CostModel::host())).abs() < 1e-9, "{host}");
+    assert!((cuda - charged(CostModel::cuda())).abs() < 1e-9, "{cuda}");
+    // 64 MiB of pages touched for the first time cost far more than a
+    // cudaMalloc of 64 MiB.
+    assert!(host > 10.0 * cuda, "{host} vs {cuda}");
+    assert_eq!((host_nopool, cuda_nopool), (3, 3));
+    let o = run(&["replay", t.path(), "--costs", "host"]);
+    let out = stdout(&o);
+    assert!(
+        out.contains("backing allocator calls (mmap / munmap)"),
+        "{out}"
+    );
+    assert!(out.contains("first touch of every page / munmap"), "{out}");
+    let o = run(&["replay", "--help"]);
+    assert!(
+        stdout(&o).contains("`host` (a host mmap allocator"),
+        "{}",
+        stdout(&o)
+    );
+}
+
+/// Every `replay <path>` of the README's command lines names a file of
+/// the repository, so that the commands run in a fresh clone.
+#[test]
+fn every_readme_replay_path_exists_in_the_repository() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let mut checked = 0;
+    for doc in [
+        "README.md",
+        "docs/ARCHITECTURE.md",
+        "docs/PERFORMANCE.md",
+        "benches/README.md",
+    ] {
+        let text = std::fs::read_to_string(root.join(doc)).unwrap();
+        for line in text.lines() {
+            let Some(i) = line.find("cargo run") else {
+                continue;
+            };
+            let words: Vec<&str> = line[i..]
+                .split('#')
+                .next()
+                .unwrap()
+                .split_whitespace()
+                .map(|w| w.trim_matches(|c| matches!(c, '`' | '(' | ')' | ',' | ';' | '"')))
+                .collect();
+            let Some(r) = words.iter().position(|&w| w == "replay") else {
+                continue;
+            };
+            let mut rest = words[r + 1..].iter();
+            while let Some(&w) = rest.next() {
+                if w.starts_with("--") {
+                    // An option's value (every replay option but these
+                    // flags takes one, as a separate word here).
+                    if !["--json", "--strict"].contains(&w) && !w.contains('=') {
+                        rest.next();
+                    }
+                } else if w.ends_with(".csv") || w.ends_with(".pickle") || w.contains('/') {
+                    // Files a command before it writes are not the repository's.
+                    if ["serving1.csv", "serving2.csv"].contains(&w) {
+                        continue;
+                    }
+                    assert!(
+                        !Path::new(w)
+                            .components()
+                            .any(|c| c == std::path::Component::ParentDir),
+                        "{doc}: `{}` names {w}, outside the repository",
+                        line.trim()
+                    );
+                    assert!(
+                        root.join(w).is_file(),
+                        "{doc}: `{}` names {w}, absent from the repository",
+                        line.trim()
+                    );
+                    checked += 1;
+                }
+            }
+        }
+    }
+    assert!(checked >= 8, "only {checked} replay paths found");
 }
 
 /// `--costs h200` and `--costs h100` charge the measured curves,

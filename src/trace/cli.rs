@@ -1,17 +1,22 @@
-//! Parsing of the bare numbers the `decaying-pool` command line takes
-//! (`--gap`, `--reaper`, `--capacity`, `--repeat`), so that every bad
-//! value is refused with a message naming the option and the value, never
-//! a panic or a silent zero.
+//! Parsing of the numbers the `decaying-pool` command line takes (`--gap`,
+//! `--reaper`, `--repeat`, and the sizes of `--capacity`, `--limit`,
+//! `--budget`, `--size-class xN` and `--packing`), so that every bad value
+//! is refused with a message naming the option and the value, never a
+//! panic or a silent zero.
+//!
+//! Every size on the command line takes a unit ([`parse_size`]): `3GiB`,
+//! `512MiB`, `4k`, `100B`. A bare number is refused, so that no option
+//! reads `3` as 3 bytes while another reads it as 3 GiB.
 //!
 //! # Examples
 //!
 //! ```
 //! use core::time::Duration;
-//! use decaying_pool::trace::cli::{parse_capacity_gib, parse_millis};
+//! use decaying_pool::trace::cli::{parse_millis, parse_size};
 //! assert_eq!(parse_millis("--gap", "1.5").unwrap(), Duration::from_micros(1500));
-//! assert_eq!(parse_capacity_gib("--capacity", "0.5").unwrap(), 1 << 29);
-//! let err = parse_capacity_gib("--capacity", "-1").unwrap_err();
-//! assert_eq!(err.to_string(), "--capacity: \"-1\" is not a positive number of GiB");
+//! assert_eq!(parse_size("--capacity", "0.5GiB").unwrap(), 1 << 29);
+//! let err = parse_size("--capacity", "3").unwrap_err();
+//! assert!(err.to_string().starts_with("--capacity: \"3\" is not a size with a unit"));
 //! ```
 
 use core::fmt;
@@ -86,7 +91,9 @@ pub fn parse_millis(option: &str, text: &str) -> Result<Duration, ArgError> {
     Duration::try_from_secs_f64(ms / 1e3).map_err(|_| refuse(option, text, EXPECTED))
 }
 
-/// Parses a positive, finite number of GiB (`--capacity`) into bytes.
+/// Parses a positive, finite number of GiB into bytes. (`--capacity` read
+/// a bare number so until every size option took [`parse_size`]'s units;
+/// the command line no longer takes bare sizes.)
 ///
 /// # Errors
 ///
@@ -111,6 +118,65 @@ pub fn parse_capacity_gib(option: &str, text: &str) -> Result<usize, ArgError> {
     // `usize::MAX as f64` rounds up to 2^64 (or 2^32): strictly below it fits.
     if !(bytes.is_finite() && bytes >= 1.0 && bytes < usize::MAX as f64) {
         return Err(refuse(option, text, EXPECTED));
+    }
+    Ok(bytes as usize)
+}
+
+/// What [`parse_size`] expects, as its errors say.
+pub const SIZE_EXPECTED: &str = "a size with a unit: B, KiB, MiB, GiB or TiB \
+     (K, M, G, T and KB, MB, GB, TB are the same binary units), e.g. 3GiB, 512MiB, 4k; \
+     a bare number is refused";
+
+/// Parses a size with a unit into bytes: a non-negative number (a
+/// fraction is allowed: `5.3493GiB`), then `B`, or `K`, `M`, `G`, `T`
+/// (binary, 1024-based), each optionally followed by `iB` or `B`, in any
+/// case (`4k`, `512MiB`, `3GB`, `1.5t`). Fractions of a byte are dropped.
+/// This is how every size option of the command line reads its value.
+///
+/// # Errors
+///
+/// When `text` has no unit (a bare number is refused, whatever it is), an
+/// unknown unit, a number that is not finite or is negative, or more
+/// bytes than a `usize` holds.
+///
+/// # Examples
+///
+/// ```
+/// use decaying_pool::trace::cli::parse_size;
+/// assert_eq!(parse_size("--limit", "512MiB").unwrap(), 512 << 20);
+/// assert_eq!(parse_size("--limit", "4k").unwrap(), 4096);
+/// assert_eq!(parse_size("--limit", "3GB").unwrap(), 3 << 30);
+/// assert_eq!(parse_size("--limit", "100B").unwrap(), 100);
+/// let err = parse_size("--budget", "3").unwrap_err();
+/// assert_eq!(err.option, "--budget");
+/// assert!(err.to_string().contains("a bare number is refused"));
+/// assert!(parse_size("--limit", "-1G").is_err());
+/// assert!(parse_size("--limit", "3 parsecs").is_err());
+/// ```
+pub fn parse_size(option: &str, text: &str) -> Result<usize, ArgError> {
+    let bad = || refuse(option, text, SIZE_EXPECTED);
+    let t = text.trim();
+    let split = t
+        .find(|c: char| c.is_ascii_alphabetic() && !matches!(c, 'e' | 'E'))
+        .or_else(|| {
+            // `inf`, `NaN`: no unit (and no number either).
+            t.find(|c: char| c.is_ascii_alphabetic())
+        })
+        .ok_or_else(bad)?;
+    let (num, unit) = t.split_at(split);
+    let scale: f64 = match unit.to_ascii_lowercase().as_str() {
+        "b" => 1.0,
+        "k" | "kb" | "kib" => 1024.0,
+        "m" | "mb" | "mib" => 1024f64.powi(2),
+        "g" | "gb" | "gib" => 1024f64.powi(3),
+        "t" | "tb" | "tib" => 1024f64.powi(4),
+        _ => return Err(bad()),
+    };
+    let x: f64 = num.trim().parse().map_err(|_| bad())?;
+    let bytes = x * scale;
+    // `usize::MAX as f64` rounds up to 2^64 (or 2^32): strictly below it fits.
+    if !(bytes.is_finite() && bytes >= 0.0 && bytes < usize::MAX as f64) {
+        return Err(bad());
     }
     Ok(bytes as usize)
 }

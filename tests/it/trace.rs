@@ -1,10 +1,9 @@
 //! Trace import, replay, Chrome trace and SVG export.
 //!
-//! The `shared_traces_*` tests also replay every `.csv` in
-//! `../shared/workloads` (the project's shared workloads folder, beside the
-//! repository, not in it or in the packaged crate); when that folder is
-//! absent or holds no trace they print a note and pass without checking
-//! anything. The other tests use the built-in workloads and traces
+//! The `shipped_*` tests also replay every `.csv` in `cli/traces` (the
+//! traces the command-line tool ships: in the repository, not in the
+//! packaged library crate); when that folder is absent or holds no trace
+//! they print a note and pass without checking anything. The other tests use the built-in workloads and traces
 //! written in the test.
 
 use std::collections::HashMap;
@@ -403,10 +402,13 @@ fn check_bounds(name: &str, events: &[Event], reports: &[Report]) {
     );
 }
 
-fn shared_workloads() -> Option<Vec<PathBuf>> {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared/workloads");
+fn shipped_traces() -> Option<Vec<PathBuf>> {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("cli/traces");
     let Ok(entries) = std::fs::read_dir(&dir) else {
-        println!("note: {} absent; shared-trace tests skipped", dir.display());
+        println!(
+            "note: {} absent; shipped-trace tests skipped",
+            dir.display()
+        );
         return None;
     };
     let mut v: Vec<PathBuf> = entries
@@ -416,7 +418,7 @@ fn shared_workloads() -> Option<Vec<PathBuf>> {
     v.sort();
     if v.is_empty() {
         println!(
-            "note: no traces in {}; shared-trace tests skipped",
+            "note: no traces in {}; shipped-trace tests skipped",
             dir.display()
         );
         return None;
@@ -425,8 +427,8 @@ fn shared_workloads() -> Option<Vec<PathBuf>> {
 }
 
 #[test]
-fn shared_traces_keep_all_makes_the_exact_cache_floor() {
-    let Some(paths) = shared_workloads() else {
+fn shipped_traces_keep_all_makes_the_exact_cache_floor() {
+    let Some(paths) = shipped_traces() else {
         return;
     };
     let opts = ReadOptions {
@@ -462,8 +464,8 @@ fn shared_traces_keep_all_makes_the_exact_cache_floor() {
 }
 
 #[test]
-fn shared_training_trace_is_strict_about_pre_trace_frees() {
-    let Some(paths) = shared_workloads() else {
+fn shipped_training_trace_is_strict_about_pre_trace_frees() {
+    let Some(paths) = shipped_traces() else {
         return;
     };
     let Some(p) = paths
