@@ -97,7 +97,7 @@ pub use class::SizeClass;
 pub use clock::{Clock, ManualClock, MonotonicClock, PreciseClock};
 pub use error::PoolError;
 pub use local::{HostMemory, LocalBlock, LocalPool};
-pub use observe::{Event, Reason};
+pub use observe::{Event, Reason, Request};
 pub use packing::{Packable, PackedBuilder, PackedPool, Packing, PackingStats, ParsePackingError};
 pub use policy::{
     AnyPolicy, BoxedPolicy, EvictionPolicy, Exponential, FixedCapacity, FixedTime, Policy, Reuse,

@@ -115,6 +115,114 @@ impl Event {
     }
 }
 
+/// A caller's request, as a pool tells the hook given to its
+/// `log_requests` ([`DecayingPool::log_requests`](crate::DecayingPool::log_requests),
+/// [`PackedPool::log_requests`](crate::PackedPool::log_requests); a
+/// [`SharedPool`](crate::SharedPool) takes over the hook of the pool it is
+/// made from): every successful `allocate` and every release of a block
+/// handed out, at the level the caller sees (a packed pool's carved
+/// blocks, not its segments; a thread cache's hits too). What
+/// [`trace::RequestLog`](crate::trace::RequestLog) (feature **`trace`**)
+/// writes to a trace file, for `decaying-pool replay`.
+///
+/// # Examples
+///
+/// ```
+/// use std::sync::{Arc, Mutex};
+/// use decaying_pool::{DecayingPool, FixedTime, Request, SystemAllocator};
+///
+/// let log = Arc::new(Mutex::new(Vec::new()));
+/// let mut pool = DecayingPool::new(SystemAllocator::new(), FixedTime::default());
+/// let sink = Arc::clone(&log);
+/// pool.log_requests(move |r: Request<'_, _>| sink.lock().unwrap().push((r.is_allocation(), r.size())));
+/// let b = pool.allocate(64)?;
+/// // SAFETY: `b` came from this pool with this size and is not used again.
+/// unsafe { pool.release(b, 64) };
+/// assert_eq!(*log.lock().unwrap(), [(true, 64), (false, 64)]);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[non_exhaustive]
+#[derive(Debug)]
+pub enum Request<'a, B> {
+    /// `allocate(size)` handed out `block`.
+    Allocated {
+        /// The block handed out.
+        block: &'a B,
+        /// The size asked for.
+        size: usize,
+    },
+    /// `block`, allocated with `size`, is being released.
+    Released {
+        /// The block given back.
+        block: &'a B,
+        /// The size it was allocated with.
+        size: usize,
+    },
+}
+
+impl<B> Request<'_, B> {
+    /// The block the request is about.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let r = decaying_pool::Request::Allocated { block: &7u64, size: 8 };
+    /// assert_eq!(*r.block(), 7);
+    /// ```
+    pub fn block(&self) -> &B {
+        match *self {
+            Request::Allocated { block, .. } | Request::Released { block, .. } => block,
+        }
+    }
+
+    /// The size asked for (for a release: the size it was allocated with).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// assert_eq!(decaying_pool::Request::Released { block: &7u64, size: 8 }.size(), 8);
+    /// ```
+    pub fn size(&self) -> usize {
+        match *self {
+            Request::Allocated { size, .. } | Request::Released { size, .. } => size,
+        }
+    }
+
+    /// Whether it is an allocation (else a release).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// assert!(decaying_pool::Request::Allocated { block: &7u64, size: 8 }.is_allocation());
+    /// ```
+    pub fn is_allocation(&self) -> bool {
+        matches!(self, Request::Allocated { .. })
+    }
+}
+
+/// The boxed request hook of a pool (see [`Request`]).
+/// The callback of a [`RequestHook`].
+type HookFn<B> = dyn FnMut(Request<'_, B>) + Send;
+
+pub(crate) struct RequestHook<B>(Box<HookFn<B>>);
+
+// SAFETY: the callback is only ever reached through `&mut RequestHook`
+// (`call`; it is `FnMut`), so sharing `&RequestHook` between threads gives
+// access to nothing.
+unsafe impl<B> Sync for RequestHook<B> {}
+
+impl<B> RequestHook<B> {
+    pub(crate) fn new(f: impl FnMut(Request<'_, B>) + Send + 'static) -> Self {
+        RequestHook(Box::new(f))
+    }
+
+    /// Tells the hook of `request`.
+    #[inline]
+    pub(crate) fn call(&mut self, request: Request<'_, B>) {
+        (self.0)(request)
+    }
+}
+
 /// The boxed observer callback.
 pub(crate) struct Observer(Box<dyn FnMut(Event) + Send>);
 

@@ -7,7 +7,7 @@ use crate::cache::{Cache, FirstPanic, Retry};
 use crate::class::SizeClass;
 use crate::clock::{Clock, MonotonicClock};
 use crate::error::PoolError;
-use crate::observe::{Event, Extras, Observer, Reason};
+use crate::observe::{Event, Extras, Observer, Reason, Request, RequestHook};
 use crate::policy::{FixedTime, Policy, Reuse};
 use crate::raw::{RawAllocator, SendBlock};
 use crate::stats::{ClassStats, Stats};
@@ -66,6 +66,8 @@ pub struct DecayingPool<A: RawAllocator, P: Policy = FixedTime, C: Clock = Monot
     /// [`RawAllocator::block_key`], to check releases.
     #[cfg(debug_assertions)]
     handed: std::collections::HashMap<usize, usize>,
+    /// The hook told of every request ([`DecayingPool::log_requests`]).
+    requests: Option<RequestHook<A::Block>>,
 }
 
 // SAFETY: a pool owns its allocator, policy and clock (each `Send`) and the
@@ -319,6 +321,7 @@ impl<A: RawAllocator, P: Policy, C: Clock> Builder<A, P, C> {
         DecayingPool {
             #[cfg(debug_assertions)]
             handed: std::collections::HashMap::new(),
+            requests: None,
             alloc: self.alloc,
             cache: Cache::new(
                 self.policy,
@@ -450,7 +453,44 @@ impl<A: RawAllocator, P: Policy, C: Clock> DecayingPool<A, P, C> {
                 self.handed.insert(key, size);
             }
         }
+        if let (Some(hook), Ok(block)) = (&mut self.requests, &result) {
+            hook.call(Request::Allocated { block, size });
+        }
         result
+    }
+
+    /// Tells `hook` of every request from now on: each successful
+    /// [`allocate`](Self::allocate) and each [`release`](Self::release)
+    /// (before the block goes back), as a [`Request`]. Replaces the hook
+    /// set before. [`trace::RequestLog::sink`](crate::trace::RequestLog::sink)
+    /// writes them to a trace the replay reads; a [`SharedPool`](crate::SharedPool)
+    /// or [`PackedPool`](crate::PackedPool) made from this pool takes the
+    /// hook over and tells it of its own callers' requests.
+    ///
+    /// The hook runs on the calling thread, inside the call: keep it short
+    /// (a pool without one tests one pointer per call).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use decaying_pool::{DecayingPool, FixedTime, Request, SystemAllocator};
+    /// let mut pool = DecayingPool::new(SystemAllocator::new(), FixedTime::default());
+    /// let (tx, rx) = std::sync::mpsc::channel();
+    /// pool.log_requests(move |r: Request<'_, _>| tx.send(r.size()).unwrap());
+    /// let b = pool.allocate(4096)?;
+    /// // SAFETY: `b` came from this pool with this size and is not used again.
+    /// unsafe { pool.release(b, 4096) };
+    /// assert_eq!(rx.try_iter().collect::<Vec<_>>(), [4096, 4096]);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn log_requests(&mut self, hook: impl FnMut(Request<'_, A::Block>) + Send + 'static) {
+        self.requests = Some(RequestHook::new(hook));
+    }
+
+    /// The request hook, taken out (for a layer that logs its own callers'
+    /// requests instead).
+    pub(crate) fn take_request_hook(&mut self) -> Option<RequestHook<A::Block>> {
+        self.requests.take()
     }
 
     /// `allocate` without the debug bookkeeping.
@@ -589,6 +629,14 @@ impl<A: RawAllocator, P: Policy, C: Clock> DecayingPool<A, P, C> {
     /// ```
     #[inline(always)]
     pub unsafe fn release(&mut self, block: A::Block, size: usize) {
+        // A hook that panics loses no block: it goes back first.
+        let hook_panic = self.requests.as_mut().and_then(|hook| {
+            let told = Request::Released {
+                block: &block,
+                size,
+            };
+            std::panic::catch_unwind(core::panic::AssertUnwindSafe(|| hook.call(told))).err()
+        });
         #[cfg(debug_assertions)]
         let (size, mismatch) = match self
             .alloc
@@ -603,6 +651,9 @@ impl<A: RawAllocator, P: Policy, C: Clock> DecayingPool<A, P, C> {
         let Self { alloc, cache, .. } = self;
         // SAFETY: only the cache calls it, as its free callback (`backing_free`'s contract).
         cache.release_now(block, size, unsafe { backing_free(alloc) });
+        if let Some(panic) = hook_panic {
+            std::panic::resume_unwind(panic);
+        }
         #[cfg(debug_assertions)]
         if let Some(wrong) = mismatch {
             panic!(
@@ -1008,6 +1059,7 @@ impl<A: RawAllocator, P: Policy, C: Clock> DecayingPool<A, P, C> {
         unsafe {
             #[cfg(debug_assertions)]
             drop(core::ptr::read(&this.handed));
+            drop(core::ptr::read(&this.requests));
             (core::ptr::read(&this.alloc), core::ptr::read(&this.cache))
         }
     }
@@ -1019,6 +1071,7 @@ impl<A: RawAllocator, P: Policy, C: Clock> DecayingPool<A, P, C> {
             cache,
             #[cfg(debug_assertions)]
             handed: std::collections::HashMap::new(),
+            requests: None,
         }
     }
 }

@@ -35,7 +35,7 @@ use crate::class::SizeClass;
 use crate::clock::{Clock, MonotonicClock};
 use crate::error::PoolError;
 use crate::local::HostMemory;
-use crate::observe::Reason;
+use crate::observe::{Reason, Request, RequestHook};
 use crate::packing::{Packable, PackedPool, PackingStats};
 use crate::policy::{FixedTime, Policy, Reuse};
 use crate::pool::DecayingPool;
@@ -206,6 +206,9 @@ struct Inner<A: RawAllocator, P: Policy, C: Clock> {
     /// The thread caches' settings, for a pool from
     /// [`SharedPool::with_thread_caches`] that uses them.
     tc: Option<ThreadCaches<C>>,
+    /// The request hook taken over from the pool (see
+    /// [`DecayingPool::log_requests`]), told of the callers' requests.
+    requests: Option<Mutex<RequestHook<A::Block>>>,
 }
 
 /// The settings the thread caches of a pool work with, read without the
@@ -530,6 +533,7 @@ impl<A: RawAllocator, P: Policy, C: Clock> Inner<A, P, C> {
         alloc: Option<A>,
         packed: Option<Layer<A, P, C>>,
         tc: Option<ThreadCaches<C>>,
+        requests: Option<RequestHook<A::Block>>,
     ) -> Self {
         Inner {
             cache: CacheLock::biased(Slot {
@@ -545,6 +549,7 @@ impl<A: RawAllocator, P: Policy, C: Clock> Inner<A, P, C> {
             packed,
             handles: AtomicUsize::new(1),
             tc,
+            requests: requests.map(Mutex::new),
         }
     }
 
@@ -1290,10 +1295,11 @@ impl<A: RawAllocator, P: Policy, C: Clock> SharedPool<A, P, C> {
     /// # Ok(())
     /// # }
     /// ```
-    pub fn new(pool: DecayingPool<A, P, C>) -> Self {
+    pub fn new(mut pool: DecayingPool<A, P, C>) -> Self {
+        let requests = pool.take_request_hook();
         let (alloc, cache) = pool.into_parts();
         SharedPool {
-            inner: Arc::new(Inner::new(Some(cache), Some(alloc), None, None)),
+            inner: Arc::new(Inner::new(Some(cache), Some(alloc), None, None, requests)),
         }
     }
 
@@ -1341,9 +1347,17 @@ impl<A: RawAllocator, P: Policy, C: Clock> SharedPool<A, P, C> {
         P: 'static,
         C: 'static,
     {
+        let mut pool = pool;
+        let requests = pool.take_request_hook();
         let layer: Box<dyn PackedLayer<A, P, C>> = Box::new(pool);
         SharedPool {
-            inner: Arc::new(Inner::new(None, None, Some(Mutex::new(layer)), None)),
+            inner: Arc::new(Inner::new(
+                None,
+                None,
+                Some(Mutex::new(layer)),
+                None,
+                requests,
+            )),
         }
     }
 
@@ -1472,12 +1486,20 @@ impl<A: RawAllocator, P: Policy, C: Clock> SharedPool<A, P, C> {
     #[inline(always)]
     pub fn allocate(&self, size: usize) -> Result<Pooled<A, P, C>, PoolError<A::Error>> {
         let block = self.inner.allocate(&self.inner, size)?;
-        Ok(Pooled {
+        let pooled = Pooled {
             block: ManuallyDrop::new(block),
             size,
             // The block was counted lent (plain pool) by `allocate`.
             pool: self.view(),
-        })
+        };
+        if let Some(hook) = &self.inner.requests {
+            // A hook that panics drops `pooled`, which gives the block back.
+            recover(hook.lock()).call(Request::Allocated {
+                block: &pooled.block,
+                size,
+            });
+        }
+        Ok(pooled)
     }
 
     /// A snapshot of the pool's counters ([`DecayingPool::stats`]).
@@ -1717,7 +1739,12 @@ impl<A: RawAllocator, P: Policy, C: Clock> SharedPool<A, P, C> {
             }
         }
         let mut pool = DecayingPool::from_parts(alloc, cache);
-        let result = catch_unwind(AssertUnwindSafe(|| f(&mut LockedPool { pool: &mut pool })));
+        let result = catch_unwind(AssertUnwindSafe(|| {
+            f(&mut LockedPool {
+                pool: &mut pool,
+                requests: self.inner.requests.as_ref(),
+            })
+        }));
         let (alloc, cache) = pool.into_parts();
         cache_slot.cache = Some(cache);
         *alloc_slot = Some(alloc);
@@ -2041,7 +2068,8 @@ impl<A: RawAllocator, C: Clock + Clone + Sync> SharedPool<A, FixedTime, C> {
     /// [`with_thread_caches`](Self::with_thread_caches) with magazines of
     /// up to `blocks` blocks at first (1 to 64; they grow to eight times
     /// as many), for the fuzz harness.
-    pub(crate) fn with_magazines(pool: DecayingPool<A, FixedTime, C>, blocks: usize) -> Self {
+    pub(crate) fn with_magazines(mut pool: DecayingPool<A, FixedTime, C>, blocks: usize) -> Self {
+        let requests = pool.take_request_hook();
         let (alloc, cache) = pool.into_parts();
         let tc = (!cache.has_extras() && cache.reuse() == Reuse::Lifo).then(|| ThreadCaches {
             clock: cache.clock().clone(),
@@ -2049,7 +2077,7 @@ impl<A: RawAllocator, C: Clock + Clone + Sync> SharedPool<A, FixedTime, C> {
             size_class: cache.size_class(),
             magazine: blocks,
         });
-        let inner = Arc::new(Inner::new(Some(cache), Some(alloc), None, tc));
+        let inner = Arc::new(Inner::new(Some(cache), Some(alloc), None, tc, requests));
         // Held from the start: a magazine lends without the cache lock.
         // Let go, as always, once no handle and no lent block is left.
         inner.lending(|l| l.held = Some(Arc::clone(&inner)));
@@ -2176,6 +2204,8 @@ where
 /// ```
 pub struct LockedPool<'a, A: RawAllocator, P: Policy = FixedTime, C: Clock = MonotonicClock> {
     pool: &'a mut DecayingPool<A, P, C>,
+    /// The shared pool's request hook, told of raw blocks too.
+    requests: Option<&'a Mutex<RequestHook<A::Block>>>,
 }
 
 impl<A: RawAllocator, P: Policy, C: Clock> LockedPool<'_, A, P, C> {
@@ -2202,7 +2232,20 @@ impl<A: RawAllocator, P: Policy, C: Clock> LockedPool<'_, A, P, C> {
     /// # }
     /// ```
     pub fn allocate(&mut self, size: usize) -> Result<A::Block, PoolError<A::Error>> {
-        self.pool.allocate(size)
+        let block = self.pool.allocate(size)?;
+        if let Some(hook) = self.requests {
+            let told = Request::Allocated {
+                block: &block,
+                size,
+            };
+            if let Err(panic) = catch_unwind(AssertUnwindSafe(|| recover(hook.lock()).call(told))) {
+                // SAFETY: `block` came from `self.pool.allocate(size)` just
+                // now and was never handed out: it goes back once.
+                unsafe { self.pool.release(block, size) };
+                resume_unwind(panic);
+            }
+        }
+        Ok(block)
     }
 
     /// Puts a raw block back into the cache ([`DecayingPool::release`]).
@@ -2233,8 +2276,19 @@ impl<A: RawAllocator, P: Policy, C: Clock> LockedPool<'_, A, P, C> {
     /// # }
     /// ```
     pub unsafe fn release(&mut self, block: A::Block, size: usize) {
+        // A hook that panics loses no block: it goes back first.
+        let panic = self.requests.and_then(|hook| {
+            let told = Request::Released {
+                block: &block,
+                size,
+            };
+            catch_unwind(AssertUnwindSafe(|| recover(hook.lock()).call(told))).err()
+        });
         // SAFETY: the caller upholds `DecayingPool::release`'s contract.
-        unsafe { self.pool.release(block, size) }
+        unsafe { self.pool.release(block, size) };
+        if let Some(panic) = panic {
+            resume_unwind(panic);
+        }
     }
 
     /// Runs the policy now ([`DecayingPool::collect`]).
@@ -2740,30 +2794,56 @@ impl<A: RawAllocator, P: Policy, C: Clock> Drop for Pooled<A, P, C> {
         // SAFETY: `drop` runs once and `self.pool` is not used afterwards:
         // the view is read out once.
         let view = unsafe { core::ptr::read(&self.pool) };
-        // `block` came from this pool's `allocate(size)` (through
-        // `SharedPool::allocate`, or `from_raw`, whose contract says so), and
-        // this handle owned it alone, so it is released once.
-        let (block, magazine) = match &view.inner.tc {
-            Some(tc) => {
-                let pool = Arc::as_ptr(&view.inner);
-                // SAFETY: the block is counted lent in this live pool.
-                match unsafe {
-                    Inner::release_cached_fast(pool, &view.inner.handles, tc, size, block)
-                } {
-                    // The pool may be gone: nothing reaches it any more.
-                    Ok(()) => return,
-                    Err((block, true)) => (block, true),
-                    // To the shared cache (a thread-cached pool is plain),
-                    // inlined: the hot path of a thread whose magazine is
-                    // passed by (it kept missing).
-                    Err((block, false)) => return release_plain(view, block, size),
+        match &view.inner.requests {
+            None => release_pooled(view, block, size),
+            Some(hook) => {
+                // A hook that panics loses no block: it goes back first.
+                let told = Request::Released {
+                    block: &block,
+                    size,
+                };
+                let panic =
+                    catch_unwind(AssertUnwindSafe(|| recover(hook.lock()).call(told))).err();
+                release_pooled(view, block, size);
+                if let Some(panic) = panic {
+                    if !thread::panicking() {
+                        resume_unwind(panic);
+                    }
                 }
             }
-            None if view.inner.packed.is_none() => return release_plain(view, block, size),
-            None => (block, false),
-        };
-        release_slow(view, block, size, magazine);
+        }
     }
+}
+
+/// Gives a [`Pooled`]'s block back (its whole `drop` but the hook).
+#[inline(always)]
+fn release_pooled<A: RawAllocator, P: Policy, C: Clock>(
+    view: ManuallyDrop<SharedPool<A, P, C>>,
+    block: A::Block,
+    size: usize,
+) {
+    // `block` came from this pool's `allocate(size)` (through
+    // `SharedPool::allocate`, or `from_raw`, whose contract says so), and
+    // this handle owned it alone, so it is released once.
+    let (block, magazine) = match &view.inner.tc {
+        Some(tc) => {
+            let pool = Arc::as_ptr(&view.inner);
+            // SAFETY: the block is counted lent in this live pool.
+            match unsafe { Inner::release_cached_fast(pool, &view.inner.handles, tc, size, block) }
+            {
+                // The pool may be gone: nothing reaches it any more.
+                Ok(()) => return,
+                Err((block, true)) => (block, true),
+                // To the shared cache (a thread-cached pool is plain),
+                // inlined: the hot path of a thread whose magazine is
+                // passed by (it kept missing).
+                Err((block, false)) => return release_plain(view, block, size),
+            }
+        }
+        None if view.inner.packed.is_none() => return release_plain(view, block, size),
+        None => (block, false),
+    };
+    release_slow(view, block, size, magazine);
 }
 
 /// The whole release of a [`Pooled`]'s block, when the hot path (a thread

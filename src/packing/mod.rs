@@ -30,6 +30,7 @@ pub use stats::PackingStats;
 
 use crate::clock::{Clock, MonotonicClock};
 use crate::error::PoolError;
+use crate::observe::{Request, RequestHook};
 use crate::policy::{FixedTime, Policy};
 use crate::pool::{Builder, DecayingPool};
 use crate::raw::RawAllocator;
@@ -179,6 +180,8 @@ pub struct PackedPool<A: Packable, P: Policy = FixedTime, C: Clock = MonotonicCl
     st: PackingStats,
     /// The caller's requests, as [`PackedPool::stats`] reports them.
     req: Requests,
+    /// The hook told of every request ([`PackedPool::log_requests`]).
+    requests: Option<RequestHook<A::Block>>,
 }
 
 /// The caller-level counters of a packed pool (the exact pool underneath
@@ -295,7 +298,9 @@ impl<A: Packable, P: Policy, C: Clock> PackedPool<A, P, C> {
     /// # Ok(())
     /// # }
     /// ```
-    pub fn from_pool(pool: DecayingPool<A, P, C>, packing: Packing) -> Self {
+    pub fn from_pool(mut pool: DecayingPool<A, P, C>, packing: Packing) -> Self {
+        // The caller's requests are this layer's: the pool's hook moves here.
+        let requests = pool.take_request_hook();
         let normal = packing.normalised();
         let shift = normal.granularity.trailing_zeros();
         // A segment's size in units fits the sub-allocator's u32 offsets.
@@ -322,6 +327,7 @@ impl<A: Packable, P: Policy, C: Clock> PackedPool<A, P, C> {
             swapped: HashMap::new(),
             st: PackingStats::default(),
             req: Requests::default(),
+            requests,
         }
     }
 
@@ -352,6 +358,44 @@ impl<A: Packable, P: Policy, C: Clock> PackedPool<A, P, C> {
     /// # }
     /// ```
     pub fn allocate(&mut self, size: usize) -> Result<A::Block, PoolError<A::Error>> {
+        let result = self.serve(size);
+        if let (Some(hook), Ok(block)) = (&mut self.requests, &result) {
+            hook.call(Request::Allocated { block, size });
+        }
+        result
+    }
+
+    /// Tells `hook` of every caller's request from now on (carved and exact
+    /// blocks, not the segments), as
+    /// [`DecayingPool::log_requests`] does; replaces the hook set before
+    /// (a pool's hook set before [`Builder::packing`] is taken over by the
+    /// packed pool).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use decaying_pool::{DecayingPool, Packing, Request, SystemAllocator};
+    /// let mut pool = DecayingPool::builder(SystemAllocator::new()).packing(Packing::default()).build();
+    /// let (tx, rx) = std::sync::mpsc::channel();
+    /// pool.log_requests(move |r: Request<'_, _>| tx.send((r.is_allocation(), r.size())).unwrap());
+    /// let (a, b) = (pool.allocate(100)?, pool.allocate(200)?); // one segment, two requests
+    /// // SAFETY: each block came from this pool with this size and is not used again.
+    /// unsafe { pool.release(a, 100); pool.release(b, 200) };
+    /// assert_eq!(rx.try_iter().collect::<Vec<_>>(), [(true, 100), (true, 200), (false, 100), (false, 200)]);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn log_requests(&mut self, hook: impl FnMut(Request<'_, A::Block>) + Send + 'static) {
+        self.requests = Some(RequestHook::new(hook));
+    }
+
+    /// The request hook, taken out (a [`SharedPool`](crate::SharedPool)
+    /// logs its callers' requests itself).
+    pub(crate) fn take_request_hook(&mut self) -> Option<RequestHook<A::Block>> {
+        self.requests.take()
+    }
+
+    /// [`allocate`](Self::allocate) less the request hook.
+    fn serve(&mut self, size: usize) -> Result<A::Block, PoolError<A::Error>> {
         if size == 0 {
             return Err(PoolError::ZeroSize);
         }
@@ -455,6 +499,27 @@ impl<A: Packable, P: Policy, C: Clock> PackedPool<A, P, C> {
     /// # }
     /// ```
     pub unsafe fn release(&mut self, block: A::Block, size: usize) {
+        // A hook that panics loses no block: it goes back first.
+        let hook_panic = self.requests.as_mut().and_then(|hook| {
+            let told = Request::Released {
+                block: &block,
+                size,
+            };
+            std::panic::catch_unwind(core::panic::AssertUnwindSafe(|| hook.call(told))).err()
+        });
+        // SAFETY: the caller's contract.
+        unsafe { self.give_back(block, size) };
+        if let Some(panic) = hook_panic {
+            std::panic::resume_unwind(panic);
+        }
+    }
+
+    /// [`release`](Self::release) less the request hook.
+    ///
+    /// # Safety
+    ///
+    /// As [`release`](Self::release).
+    unsafe fn give_back(&mut self, block: A::Block, size: usize) {
         let addr = A::address(&block);
         let Some(live) = self.live.remove(&addr) else {
             // An exact block: the pool checks the size.

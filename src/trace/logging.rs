@@ -2,10 +2,13 @@
 
 use core::fmt;
 use core::ptr::NonNull;
-use std::io::{self, Write};
+use std::fs::File;
+use std::io::{self, BufWriter, Write};
+use std::path::Path;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use super::{Event, TraceWriter};
-use crate::{Clock, PreciseClock, RawAllocator};
+use crate::{Clock, PreciseClock, RawAllocator, Request};
 
 /// A block handle that names an address, so a [`LoggingAllocator`] can write it
 /// to a trace: integers (device pointers, offsets) and host pointers.
@@ -261,5 +264,228 @@ where
         // SAFETY: the caller upholds `deallocate`'s contract for this
         // adaptor, which hands out exactly the inner allocator's blocks.
         unsafe { self.inner.deallocate(block, size) }
+    }
+}
+
+/// A trace of a program's requests, written from any number of pools and
+/// threads at once: give [`sink`](Self::sink) to a pool's `log_requests`
+/// ([`DecayingPool::log_requests`](crate::DecayingPool::log_requests),
+/// [`PackedPool::log_requests`](crate::PackedPool::log_requests); a
+/// [`SharedPool`](crate::SharedPool) made from such a pool, plain, packed or
+/// with thread caches, logs its callers' requests through it), run the
+/// program, [`finish`](Self::finish), and replay the file with
+/// `decaying-pool replay FILE` to see what every configuration would have
+/// cost on it.
+///
+/// Events are written in the [native format](super::Format::Native) under
+/// a lock, each timed by the log's clock ([`PreciseClock`] by default)
+/// inside it, so the file is in time order whatever the threads. A
+/// recorded pool pays for the lock and the write on every request; a pool
+/// without a hook tests one pointer. A write error stops the logging (the
+/// pools keep working); [`finish`](Self::finish) reports it.
+///
+/// # Examples
+///
+/// A packed pool shared by four threads, recorded and replayed:
+///
+/// ```
+/// use core::time::Duration;
+/// use decaying_pool::trace::{Config, PolicyKind, ReplayOptions, Replayer, RequestLog, TraceReader};
+/// use decaying_pool::{DecayingPool, FixedTime, MmapAllocator, Packing, SharedPool};
+///
+/// let path = std::env::temp_dir().join(format!("decaying-pool-doc-{}.trace", std::process::id()));
+/// let log = RequestLog::create(&path)?;
+/// let mut pool = DecayingPool::builder(MmapAllocator::new())
+///     .policy(FixedTime::new(Duration::from_secs(1)))
+///     .packing(Packing::default())
+///     .build();
+/// pool.log_requests(log.sink());
+/// let pool = SharedPool::packed(pool);
+/// std::thread::scope(|s| {
+///     for t in 1..=4 {
+///         let pool = pool.clone();
+///         s.spawn(move || {
+///             for i in 0..50 {
+///                 drop(pool.allocate(t * 1000 + i).unwrap());
+///             }
+///         });
+///     }
+/// });
+/// log.finish()?;
+/// assert_eq!(log.events(), 400); // 200 allocations, 200 releases
+///
+/// // `decaying-pool replay FILE` does this for every configuration:
+/// let mut r = Replayer::new(&[Config::new(PolicyKind::FixedTime(Duration::from_secs(1)))],
+///                           ReplayOptions::default());
+/// for e in TraceReader::new(std::io::BufReader::new(std::fs::File::open(&path)?))? {
+///     r.event(&e?);
+/// }
+/// assert_eq!(r.finish("threads")[0].allocs, 200);
+/// # std::fs::remove_file(&path)?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Clone)]
+pub struct RequestLog {
+    state: Arc<Mutex<LogState>>,
+}
+
+struct LogState {
+    out: TraceWriter<Box<dyn Write + Send>>,
+    clock: Box<dyn Clock + Send>,
+    error: Option<io::Error>,
+    events: u64,
+}
+
+impl fmt::Debug for RequestLog {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let st = self.lock();
+        f.debug_struct("RequestLog")
+            .field("events", &st.events)
+            .field("failed", &st.error.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+impl RequestLog {
+    /// A log writing to `out`, timed by [`PreciseClock`]; writes the header.
+    ///
+    /// # Errors
+    ///
+    /// When writing the header fails.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let log = decaying_pool::trace::RequestLog::new(std::io::sink())?;
+    /// assert_eq!(log.events(), 0);
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn new(out: impl Write + Send + 'static) -> io::Result<Self> {
+        Self::with_clock(out, PreciseClock)
+    }
+
+    /// A log writing to a new file at `path` (buffered), timed by
+    /// [`PreciseClock`].
+    ///
+    /// # Errors
+    ///
+    /// When the file cannot be created or the header written.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use decaying_pool::trace::RequestLog;
+    /// assert!(RequestLog::create("/nonexistent-dir/x.trace").is_err());
+    /// ```
+    pub fn create(path: impl AsRef<Path>) -> io::Result<Self> {
+        let file = File::create(path)?;
+        Self::new(BufWriter::new(file))
+    }
+
+    /// A log writing to `out`, timed by `clock` (a
+    /// [`ManualClock`](crate::ManualClock) makes it deterministic).
+    ///
+    /// # Errors
+    ///
+    /// When writing the header fails.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use decaying_pool::{trace::RequestLog, ManualClock};
+    /// let log = RequestLog::with_clock(std::io::sink(), ManualClock::new())?;
+    /// log.finish()?;
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn with_clock(
+        out: impl Write + Send + 'static,
+        clock: impl Clock + Send + 'static,
+    ) -> io::Result<Self> {
+        let out: Box<dyn Write + Send> = Box::new(out);
+        Ok(RequestLog {
+            state: Arc::new(Mutex::new(LogState {
+                out: TraceWriter::new(out)?,
+                clock: Box::new(clock),
+                error: None,
+                events: 0,
+            })),
+        })
+    }
+
+    /// A hook for a pool's `log_requests` that writes each request to this
+    /// log (blocks name their address through [`TraceAddress`]). Any number
+    /// of sinks of one log may be handed out, to pools on any threads.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use decaying_pool::{trace::RequestLog, DecayingPool, FixedTime, SystemAllocator};
+    /// let log = RequestLog::new(std::io::sink())?;
+    /// let mut pool = DecayingPool::new(SystemAllocator::new(), FixedTime::default());
+    /// pool.log_requests(log.sink());
+    /// drop(pool.allocate(64)?); // handed out, never released: one event
+    /// assert_eq!(log.events(), 1);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn sink<B: TraceAddress>(&self) -> impl FnMut(Request<'_, B>) + Send + 'static {
+        let state = Arc::clone(&self.state);
+        move |r: Request<'_, B>| {
+            let mut st = state.lock().unwrap_or_else(PoisonError::into_inner);
+            if st.error.is_some() {
+                return;
+            }
+            let now = st.clock.now();
+            let (addr, size) = (r.block().trace_address(), r.size() as u64);
+            let event = if r.is_allocation() {
+                Event::alloc(now, addr, size)
+            } else {
+                Event::free(now, addr, size)
+            };
+            match st.out.write(&event) {
+                Ok(()) => st.events += 1,
+                Err(e) => st.error = Some(e),
+            }
+        }
+    }
+
+    /// Events written so far.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// assert_eq!(decaying_pool::trace::RequestLog::new(Vec::new())?.events(), 0);
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn events(&self) -> u64 {
+        self.lock().events
+    }
+
+    /// Flushes what was written; requests logged after it are written too
+    /// (call it again at the end).
+    ///
+    /// # Errors
+    ///
+    /// The first write error (logging stopped there), or the flush's.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use decaying_pool::trace::RequestLog;
+    /// let log = RequestLog::new(std::io::sink())?;
+    /// log.finish()?;
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn finish(&self) -> io::Result<()> {
+        let mut st = self.lock();
+        if let Some(e) = st.error.take() {
+            // Stopped for good: later requests are not written.
+            st.error = Some(io::Error::new(e.kind(), e.to_string()));
+            return Err(e);
+        }
+        st.out.flush()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, LogState> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }

@@ -92,7 +92,7 @@ mod timeline;
 pub mod workloads;
 
 pub use chrome::write_chrome_trace;
-pub use logging::{LoggingAllocator, TraceAddress};
+pub use logging::{LoggingAllocator, RequestLog, TraceAddress};
 #[cfg(feature = "pickle")]
 #[cfg_attr(docsrs, doc(cfg(feature = "pickle")))]
 pub use pickle::{is_pickle, snapshot_to_csv};
@@ -963,6 +963,22 @@ impl<W: Write> TraceWriter<W> {
     pub fn finish(mut self) -> io::Result<W> {
         self.out.flush()?;
         Ok(self.out)
+    }
+
+    /// Flushes the output, to keep writing after.
+    ///
+    /// # Errors
+    ///
+    /// When flushing fails.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let mut w = decaying_pool::trace::TraceWriter::new(Vec::new()).unwrap();
+    /// w.flush().unwrap();
+    /// ```
+    pub fn flush(&mut self) -> io::Result<()> {
+        self.out.flush()
     }
 }
 

@@ -51,6 +51,9 @@ mod packing_corpus;
 mod packing_model;
 mod packing_robust;
 mod packing_shared;
+// Writes trace files to the temporary directory: blocked by Miri's isolation.
+#[cfg(not(miri))]
+mod request_log;
 mod robustness;
 mod semantics;
 mod shared;
