@@ -16,7 +16,9 @@ use decaying_pool::trace::RequestLog;
 use decaying_pool::{DecayingPool, FixedTime, MmapAllocator, Packing, SharedPool};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let path = std::env::args().nth(1).unwrap_or_else(|| "threads.csv".into());
+    let path = std::env::args()
+        .nth(1)
+        .unwrap_or_else(|| "threads.csv".into());
     let log = RequestLog::create(&path)?;
     let mut pool = DecayingPool::builder(MmapAllocator::new())
         .policy(FixedTime::new(Duration::from_millis(200)))
