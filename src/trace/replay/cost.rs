@@ -306,9 +306,10 @@ impl CostCurve {
     /// `cargo run --release --example host_costs`, medians: 6.0 µs at 4
     /// KiB, 50.8 µs at 64 KiB, 816 µs at 1 MiB, 11.0 ms at 16 MiB, 47.0 ms
     /// at 64 MiB, 223 ms at 256 MiB, 439 ms at 512 MiB, 2.04 s at 1 GiB
-    /// (0.77–2.45 s over three runs there). Nearly all of it is the first
-    /// touch, about 0.8 µs a page; the `mmap` call itself took 2.7–26 µs.
-    /// From one run on one machine: another machine's figures differ.
+    /// (0.77–2.45 s over its three regions). Nearly all of it is the first
+    /// touch, 2.7–3.4 µs a page up to 512 MiB (7.8 µs at 1 GiB); the
+    /// `mmap` call itself took 2.7–26 µs. From one run on one machine (an
+    /// earlier run gave 0.86–1.43 times these): another machine's differ.
     ///
     /// # Examples
     ///
