@@ -2,10 +2,9 @@
 //! exact pool, caps, fallback, accounting, bad input.
 //!
 //! `the_packed_row_meets_its_targets_on_the_shared_traces` replays the
-//! training and inference traces of `../shared/workloads` (the project's
-//! shared workloads folder, beside the repository, not in the packaged
-//! crate); a trace that is absent is skipped with a note, so without the
-//! folder the test checks nothing.
+//! training and inference traces the repository ships in `cli/traces`
+//! (not in the packaged library crate, where the test is skipped with a
+//! note).
 
 use core::time::Duration;
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -771,12 +770,10 @@ fn the_packed_row_meets_its_targets_on_the_shared_traces() {
         Config, CostModel, ReadOptions, ReplayOptions, Replayer, Report, TraceReader,
     };
     use std::collections::HashMap;
-    let dir = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared/workloads");
+    // The shared traces, shipped in `cli/traces` (see its NOTICE).
+    let dir = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("cli/traces");
     // (trace, PyTorch's cudaMalloc calls, PyTorch's peak reserved MiB)
-    let targets = [
-        ("pytorch_cs336_medium_ctx128_training.csv", 280, 5060),
-        ("pytorch_cs336_medium_ctx128_inference.csv", 5, 64),
-    ];
+    let targets = [("training.csv", 280, 5060), ("inference.csv", 5, 64)];
     let packed = Config::defaults().pop().unwrap();
     assert_eq!(packed.name, "packed");
     let run = |path: &std::path::Path, cost: CostModel| -> Report {
@@ -836,7 +833,7 @@ fn the_packed_row_meets_its_targets_on_the_shared_traces() {
 fn a_repeated_training_step_takes_back_the_segments_it_emptied() {
     use decaying_pool::trace::{Config, ReadOptions, ReplayOptions, Replayer, TraceReader};
     let path = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../shared/workloads/pytorch_cs336_medium_ctx128_training.csv");
+        .join("cli/traces/training.csv");
     if !path.exists() {
         println!("note: {} absent; skipped", path.display());
         return;
