@@ -394,3 +394,31 @@ fn an_impossible_request_keeps_a_shared_mmap_cache() {
     pool.trim();
     pool.validate();
 }
+
+/// On a CUDA device (skipped without one): the allocators report the
+/// device's memory, and a request above it is refused with the cache kept.
+#[test]
+#[cfg(feature = "cuda")]
+fn cuda_requests_above_the_device_are_refused() {
+    use decaying_pool::cuda::{self, DeviceAllocator};
+    if !cuda::available() {
+        eprintln!("no CUDA device: skipping cuda_requests_above_the_device_are_refused");
+        return;
+    }
+    let alloc = DeviceAllocator::new(0).unwrap();
+    let total = alloc.context().total_mem().unwrap();
+    assert_eq!(alloc.capacity(), Some(total));
+    assert!(alloc.available().is_some_and(|free| free <= total));
+    let mut pool = DecayingPool::new(alloc, FixedTime::new(TTL));
+    let b = pool.allocate(MIB).unwrap();
+    // SAFETY: `b` came from this pool with 1 MiB, released once.
+    unsafe { pool.release(b, MIB) };
+    let before = pool.stats();
+    assert_eq!(
+        pool.allocate(total + 1),
+        Err(PoolError::TooLarge {
+            requested: total + 1
+        })
+    );
+    assert_eq!(pool.stats(), before);
+}
