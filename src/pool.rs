@@ -446,6 +446,15 @@ impl<A: RawAllocator, P: Policy, C: Clock> DecayingPool<A, P, C> {
     // share of it; the miss path is a separate function.
     #[inline(always)]
     pub fn allocate(&mut self, size: usize) -> Result<A::Block, PoolError<A::Error>> {
+        if self.requests.is_some() {
+            return self.allocate_logged(size);
+        }
+        self.allocate_tracked(size)
+    }
+
+    /// [`allocate`](Self::allocate) less the request hook.
+    #[inline(always)]
+    fn allocate_tracked(&mut self, size: usize) -> Result<A::Block, PoolError<A::Error>> {
         let result = self.allocate_unchecked(size);
         #[cfg(debug_assertions)]
         if let Ok(block) = &result {
@@ -453,10 +462,40 @@ impl<A: RawAllocator, P: Policy, C: Clock> DecayingPool<A, P, C> {
                 self.handed.insert(key, size);
             }
         }
-        if let (Some(hook), Ok(block)) = (&mut self.requests, &result) {
-            hook.call(Request::Allocated { block, size });
-        }
         result
+    }
+
+    /// [`allocate`](Self::allocate) with a request hook: out of line, so a
+    /// pool without one pays a test of one pointer.
+    #[cold]
+    #[inline(never)]
+    fn allocate_logged(&mut self, size: usize) -> Result<A::Block, PoolError<A::Error>> {
+        let block = self.allocate_tracked(size)?;
+        Ok(self.allocated_logged(block, size))
+    }
+
+    /// Tells the request hook of `block`, just handed out: out of line, so
+    /// a pool without a hook pays a test of one pointer. A hook that panics
+    /// loses no block: it goes back (unlogged) before the panic goes on.
+    #[cold]
+    #[inline(never)]
+    fn allocated_logged(&mut self, block: A::Block, size: usize) -> A::Block {
+        let Some(hook) = self.requests.as_mut() else {
+            return block;
+        };
+        let told = Request::Allocated {
+            block: &block,
+            size,
+        };
+        if let Err(panic) =
+            std::panic::catch_unwind(core::panic::AssertUnwindSafe(|| hook.call(told)))
+        {
+            // SAFETY: `block` came from this pool's allocate(size) just now
+            // and never reached the caller.
+            unsafe { self.release_unlogged(block, size) };
+            std::panic::resume_unwind(panic);
+        }
+        block
     }
 
     /// Tells `hook` of every request from now on: each successful
@@ -629,6 +668,23 @@ impl<A: RawAllocator, P: Policy, C: Clock> DecayingPool<A, P, C> {
     /// ```
     #[inline(always)]
     pub unsafe fn release(&mut self, block: A::Block, size: usize) {
+        if self.requests.is_some() {
+            // SAFETY: the caller's contract.
+            return unsafe { self.release_logged(block, size) };
+        }
+        // SAFETY: the caller's contract.
+        unsafe { self.release_unlogged(block, size) }
+    }
+
+    /// [`release`](Self::release) with a request hook: out of line, so a
+    /// pool without one pays a test of one pointer.
+    ///
+    /// # Safety
+    ///
+    /// As [`release`](Self::release).
+    #[cold]
+    #[inline(never)]
+    unsafe fn release_logged(&mut self, block: A::Block, size: usize) {
         // A hook that panics loses no block: it goes back first.
         let hook_panic = self.requests.as_mut().and_then(|hook| {
             let told = Request::Released {
@@ -637,6 +693,20 @@ impl<A: RawAllocator, P: Policy, C: Clock> DecayingPool<A, P, C> {
             };
             std::panic::catch_unwind(core::panic::AssertUnwindSafe(|| hook.call(told))).err()
         });
+        // SAFETY: the caller's contract.
+        unsafe { self.release_unlogged(block, size) };
+        if let Some(panic) = hook_panic {
+            std::panic::resume_unwind(panic);
+        }
+    }
+
+    /// [`release`](Self::release) less the request hook.
+    ///
+    /// # Safety
+    ///
+    /// As [`release`](Self::release).
+    #[inline(always)]
+    unsafe fn release_unlogged(&mut self, block: A::Block, size: usize) {
         #[cfg(debug_assertions)]
         let (size, mismatch) = match self
             .alloc
@@ -651,9 +721,6 @@ impl<A: RawAllocator, P: Policy, C: Clock> DecayingPool<A, P, C> {
         let Self { alloc, cache, .. } = self;
         // SAFETY: only the cache calls it, as its free callback (`backing_free`'s contract).
         cache.release_now(block, size, unsafe { backing_free(alloc) });
-        if let Some(panic) = hook_panic {
-            std::panic::resume_unwind(panic);
-        }
         #[cfg(debug_assertions)]
         if let Some(wrong) = mismatch {
             panic!(

@@ -208,7 +208,7 @@ struct Inner<A: RawAllocator, P: Policy, C: Clock> {
     tc: Option<ThreadCaches<C>>,
     /// The request hook taken over from the pool (see
     /// [`DecayingPool::log_requests`]), told of the callers' requests.
-    requests: Option<Mutex<RequestHook<A::Block>>>,
+    requests: Option<Box<Mutex<RequestHook<A::Block>>>>,
 }
 
 /// The settings the thread caches of a pool work with, read without the
@@ -549,7 +549,7 @@ impl<A: RawAllocator, P: Policy, C: Clock> Inner<A, P, C> {
             packed,
             handles: AtomicUsize::new(1),
             tc,
-            requests: requests.map(Mutex::new),
+            requests: requests.map(|hook| Box::new(Mutex::new(hook))),
         }
     }
 
@@ -1486,6 +1486,26 @@ impl<A: RawAllocator, P: Policy, C: Clock> SharedPool<A, P, C> {
     #[inline(always)]
     pub fn allocate(&self, size: usize) -> Result<Pooled<A, P, C>, PoolError<A::Error>> {
         let block = self.inner.allocate(&self.inner, size)?;
+        if self.inner.requests.is_some() {
+            return self.allocated_logged(block, size);
+        }
+        Ok(Pooled {
+            block: ManuallyDrop::new(block),
+            size,
+            // The block was counted lent (plain pool) by `allocate`.
+            pool: self.view(),
+        })
+    }
+
+    /// Tells the request hook of `block`, just handed out: out of line, so
+    /// a pool without a hook pays a test of one pointer.
+    #[cold]
+    #[inline(never)]
+    fn allocated_logged(
+        &self,
+        block: A::Block,
+        size: usize,
+    ) -> Result<Pooled<A, P, C>, PoolError<A::Error>> {
         let pooled = Pooled {
             block: ManuallyDrop::new(block),
             size,
@@ -1742,7 +1762,7 @@ impl<A: RawAllocator, P: Policy, C: Clock> SharedPool<A, P, C> {
         let result = catch_unwind(AssertUnwindSafe(|| {
             f(&mut LockedPool {
                 pool: &mut pool,
-                requests: self.inner.requests.as_ref(),
+                requests: self.inner.requests.as_deref(),
             })
         }));
         let (alloc, cache) = pool.into_parts();
@@ -2794,23 +2814,33 @@ impl<A: RawAllocator, P: Policy, C: Clock> Drop for Pooled<A, P, C> {
         // SAFETY: `drop` runs once and `self.pool` is not used afterwards:
         // the view is read out once.
         let view = unsafe { core::ptr::read(&self.pool) };
-        match &view.inner.requests {
-            None => release_pooled(view, block, size),
-            Some(hook) => {
-                // A hook that panics loses no block: it goes back first.
-                let told = Request::Released {
-                    block: &block,
-                    size,
-                };
-                let panic =
-                    catch_unwind(AssertUnwindSafe(|| recover(hook.lock()).call(told))).err();
-                release_pooled(view, block, size);
-                if let Some(panic) = panic {
-                    if !thread::panicking() {
-                        resume_unwind(panic);
-                    }
-                }
-            }
+        if view.inner.requests.is_some() {
+            return release_logged(view, block, size);
+        }
+        release_pooled(view, block, size);
+    }
+}
+
+/// A [`Pooled`]'s release with a request hook, out of line. A hook that
+/// panics loses no block: it goes back first.
+#[cold]
+#[inline(never)]
+fn release_logged<A: RawAllocator, P: Policy, C: Clock>(
+    view: ManuallyDrop<SharedPool<A, P, C>>,
+    block: A::Block,
+    size: usize,
+) {
+    let panic = view.inner.requests.as_ref().and_then(|hook| {
+        let told = Request::Released {
+            block: &block,
+            size,
+        };
+        catch_unwind(AssertUnwindSafe(|| recover(hook.lock()).call(told))).err()
+    });
+    release_pooled(view, block, size);
+    if let Some(panic) = panic {
+        if !thread::panicking() {
+            resume_unwind(panic);
         }
     }
 }

@@ -121,7 +121,8 @@ const LARGER: usize = 64;
 /// })
 /// .join()
 /// .unwrap();
-/// assert_eq!(pool.lock().unwrap().stats().hits + pool.lock().unwrap().stats().misses, 1);
+/// let s = pool.lock().unwrap().stats();
+/// assert_eq!(s.hits + s.misses, 1);
 /// ```
 ///
 /// A policy (or clock, or allocator) that cannot cross threads is refused
@@ -358,11 +359,63 @@ impl<A: Packable, P: Policy, C: Clock> PackedPool<A, P, C> {
     /// # }
     /// ```
     pub fn allocate(&mut self, size: usize) -> Result<A::Block, PoolError<A::Error>> {
-        let result = self.serve(size);
-        if let (Some(hook), Ok(block)) = (&mut self.requests, &result) {
-            hook.call(Request::Allocated { block, size });
+        if self.requests.is_some() {
+            return self.allocate_logged(size);
         }
-        result
+        self.serve(size)
+    }
+
+    /// [`allocate`](Self::allocate) with a request hook, out of line. A
+    /// hook that panics loses no block: it goes back (unlogged) before the
+    /// panic goes on.
+    #[cold]
+    #[inline(never)]
+    fn allocate_logged(&mut self, size: usize) -> Result<A::Block, PoolError<A::Error>> {
+        let block = self.serve(size)?;
+        if let Some(panic) = self.tell_allocated(&block, size) {
+            // SAFETY: `block` came from `serve(size)` just now and never
+            // reached the caller.
+            unsafe { self.give_back(block, size) };
+            std::panic::resume_unwind(panic);
+        }
+        Ok(block)
+    }
+
+    /// Tells the request hook of a block handed out (out of line, so a pool
+    /// without one pays a test of one pointer); the hook's panic, if any.
+    #[cold]
+    #[inline(never)]
+    fn tell_allocated(
+        &mut self,
+        block: &A::Block,
+        size: usize,
+    ) -> Option<Box<dyn core::any::Any + Send>> {
+        let hook = self.requests.as_mut()?;
+        let told = Request::Allocated { block, size };
+        std::panic::catch_unwind(core::panic::AssertUnwindSafe(|| hook.call(told))).err()
+    }
+
+    /// [`release`](Self::release) with a request hook, out of line.
+    ///
+    /// # Safety
+    ///
+    /// As [`release`](Self::release).
+    #[cold]
+    #[inline(never)]
+    unsafe fn release_logged(&mut self, block: A::Block, size: usize) {
+        // A hook that panics loses no block: it goes back first.
+        let hook_panic = self.requests.as_mut().and_then(|hook| {
+            let told = Request::Released {
+                block: &block,
+                size,
+            };
+            std::panic::catch_unwind(core::panic::AssertUnwindSafe(|| hook.call(told))).err()
+        });
+        // SAFETY: the caller's contract.
+        unsafe { self.give_back(block, size) };
+        if let Some(panic) = hook_panic {
+            std::panic::resume_unwind(panic);
+        }
     }
 
     /// Tells `hook` of every caller's request from now on (carved and exact
@@ -395,6 +448,7 @@ impl<A: Packable, P: Policy, C: Clock> PackedPool<A, P, C> {
     }
 
     /// [`allocate`](Self::allocate) less the request hook.
+    #[inline(always)]
     fn serve(&mut self, size: usize) -> Result<A::Block, PoolError<A::Error>> {
         if size == 0 {
             return Err(PoolError::ZeroSize);
@@ -499,19 +553,12 @@ impl<A: Packable, P: Policy, C: Clock> PackedPool<A, P, C> {
     /// # }
     /// ```
     pub unsafe fn release(&mut self, block: A::Block, size: usize) {
-        // A hook that panics loses no block: it goes back first.
-        let hook_panic = self.requests.as_mut().and_then(|hook| {
-            let told = Request::Released {
-                block: &block,
-                size,
-            };
-            std::panic::catch_unwind(core::panic::AssertUnwindSafe(|| hook.call(told))).err()
-        });
-        // SAFETY: the caller's contract.
-        unsafe { self.give_back(block, size) };
-        if let Some(panic) = hook_panic {
-            std::panic::resume_unwind(panic);
+        if self.requests.is_some() {
+            // SAFETY: the caller's contract.
+            return unsafe { self.release_logged(block, size) };
         }
+        // SAFETY: the caller's contract.
+        unsafe { self.give_back(block, size) }
     }
 
     /// [`release`](Self::release) less the request hook.
@@ -519,6 +566,7 @@ impl<A: Packable, P: Policy, C: Clock> PackedPool<A, P, C> {
     /// # Safety
     ///
     /// As [`release`](Self::release).
+    #[inline(always)]
     unsafe fn give_back(&mut self, block: A::Block, size: usize) {
         let addr = A::address(&block);
         let Some(live) = self.live.remove(&addr) else {

@@ -832,8 +832,7 @@ fn the_packed_row_meets_its_targets_on_the_shared_traces() {
 #[test]
 fn a_repeated_training_step_takes_back_the_segments_it_emptied() {
     use decaying_pool::trace::{Config, ReadOptions, ReplayOptions, Replayer, TraceReader};
-    let path = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("cli/traces/training.csv");
+    let path = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("cli/traces/training.csv");
     if !path.exists() {
         println!("note: {} absent; skipped", path.display());
         return;
