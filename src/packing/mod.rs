@@ -1347,6 +1347,18 @@ impl<A: Packable, P: Policy, C: Clock> RawAllocator for PackedPool<A, P, C> {
         PackedPool::allocate(self, size)
     }
 
+    /// The exact pool's (see `RawAllocator for DecayingPool`): what the
+    /// backing allocator and the limit bound.
+    fn capacity(&self) -> Option<usize> {
+        RawAllocator::capacity(&self.pool)
+    }
+
+    /// The exact pool's: what is free behind it plus what it caches; free
+    /// space inside segments is not counted (it serves packed sizes only).
+    fn available(&self) -> Option<usize> {
+        RawAllocator::available(&self.pool)
+    }
+
     #[inline]
     unsafe fn deallocate(&mut self, block: Self::Block, size: usize) {
         // SAFETY: `deallocate`'s contract is `release`'s.

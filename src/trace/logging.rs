@@ -251,6 +251,18 @@ where
     type Block = A::Block;
     type Error = A::Error;
 
+    fn block_key(&self, block: &Self::Block) -> Option<usize> {
+        self.inner.block_key(block)
+    }
+
+    fn capacity(&self) -> Option<usize> {
+        self.inner.capacity()
+    }
+
+    fn available(&self) -> Option<usize> {
+        self.inner.available()
+    }
+
     fn allocate(&mut self, size: usize) -> Result<Self::Block, Self::Error> {
         let block = self.inner.allocate(size)?;
         let now = self.clock.now();

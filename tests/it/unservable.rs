@@ -422,3 +422,23 @@ fn cuda_requests_above_the_device_are_refused() {
     );
     assert_eq!(pool.stats(), before);
 }
+
+/// Stacked on a packed pool or a logging adaptor, a pool sees the bound of
+/// what is underneath: a request above it is refused at once.
+#[test]
+fn adaptors_forward_the_capacity() {
+    use decaying_pool::trace::LoggingAllocator;
+    use decaying_pool::{MmapAllocator, Packing, RawAllocator};
+    let packed = DecayingPool::builder(MmapAllocator::new())
+        .limit(1 << 30)
+        .packing(Packing::default())
+        .build();
+    assert_eq!(RawAllocator::capacity(&packed), Some(1 << 30));
+    let mut top = DecayingPool::new(packed, FixedTime::default());
+    assert!(matches!(
+        top.allocate(2 << 30),
+        Err(PoolError::TooLarge { .. })
+    ));
+    let logged = LoggingAllocator::new(MmapAllocator::new(), std::io::sink()).unwrap();
+    assert_eq!(logged.capacity(), MmapAllocator::new().capacity());
+}
