@@ -221,6 +221,15 @@ impl<B> RequestHook<B> {
     pub(crate) fn call(&mut self, request: Request<'_, B>) {
         (self.0)(request)
     }
+
+    /// Tells the hook of `request`, catching its panic: the caller puts
+    /// the block where it belongs first, then resumes the panic.
+    pub(crate) fn call_caught(
+        &mut self,
+        request: Request<'_, B>,
+    ) -> Option<Box<dyn core::any::Any + Send>> {
+        std::panic::catch_unwind(core::panic::AssertUnwindSafe(|| self.call(request))).err()
+    }
 }
 
 /// The boxed observer callback.

@@ -487,9 +487,7 @@ impl<A: RawAllocator, P: Policy, C: Clock> DecayingPool<A, P, C> {
             block: &block,
             size,
         };
-        if let Err(panic) =
-            std::panic::catch_unwind(core::panic::AssertUnwindSafe(|| hook.call(told)))
-        {
+        if let Some(panic) = hook.call_caught(told) {
             // SAFETY: `block` came from this pool's allocate(size) just now
             // and never reached the caller.
             unsafe { self.release_unlogged(block, size) };
@@ -691,7 +689,7 @@ impl<A: RawAllocator, P: Policy, C: Clock> DecayingPool<A, P, C> {
                 block: &block,
                 size,
             };
-            std::panic::catch_unwind(core::panic::AssertUnwindSafe(|| hook.call(told))).err()
+            hook.call_caught(told)
         });
         // SAFETY: the caller's contract.
         unsafe { self.release_unlogged(block, size) };

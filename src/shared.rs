@@ -2258,7 +2258,8 @@ impl<A: RawAllocator, P: Policy, C: Clock> LockedPool<'_, A, P, C> {
                 block: &block,
                 size,
             };
-            if let Err(panic) = catch_unwind(AssertUnwindSafe(|| recover(hook.lock()).call(told))) {
+            let panic = recover(hook.lock()).call_caught(told);
+            if let Some(panic) = panic {
                 // SAFETY: `block` came from `self.pool.allocate(size)` just
                 // now and was never handed out: it goes back once.
                 unsafe { self.pool.release(block, size) };
@@ -2302,7 +2303,7 @@ impl<A: RawAllocator, P: Policy, C: Clock> LockedPool<'_, A, P, C> {
                 block: &block,
                 size,
             };
-            catch_unwind(AssertUnwindSafe(|| recover(hook.lock()).call(told))).err()
+            recover(hook.lock()).call_caught(told)
         });
         // SAFETY: the caller upholds `DecayingPool::release`'s contract.
         unsafe { self.pool.release(block, size) };
@@ -2835,7 +2836,7 @@ fn release_logged<A: RawAllocator, P: Policy, C: Clock>(
             block: &block,
             size,
         };
-        catch_unwind(AssertUnwindSafe(|| recover(hook.lock()).call(told))).err()
+        recover(hook.lock()).call_caught(told)
     });
     release_pooled(view, block, size);
     if let Some(panic) = panic {

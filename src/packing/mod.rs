@@ -392,7 +392,7 @@ impl<A: Packable, P: Policy, C: Clock> PackedPool<A, P, C> {
     ) -> Option<Box<dyn core::any::Any + Send>> {
         let hook = self.requests.as_mut()?;
         let told = Request::Allocated { block, size };
-        std::panic::catch_unwind(core::panic::AssertUnwindSafe(|| hook.call(told))).err()
+        hook.call_caught(told)
     }
 
     /// [`release`](Self::release) with a request hook, out of line.
@@ -409,7 +409,7 @@ impl<A: Packable, P: Policy, C: Clock> PackedPool<A, P, C> {
                 block: &block,
                 size,
             };
-            std::panic::catch_unwind(core::panic::AssertUnwindSafe(|| hook.call(told))).err()
+            hook.call_caught(told)
         });
         // SAFETY: the caller's contract.
         unsafe { self.give_back(block, size) };
