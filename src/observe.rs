@@ -122,7 +122,7 @@ impl Event {
 /// made from): every successful `allocate` and every release of a block
 /// handed out, at the level the caller sees (a packed pool's carved
 /// blocks, not its segments; a thread cache's hits too). What
-/// [`trace::RequestLog`](crate::trace::RequestLog) (feature **`trace`**)
+/// `trace::RequestLog` (feature **`trace`**)
 /// writes to a trace file, for `decaying-pool replay`.
 ///
 /// # Examples

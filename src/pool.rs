@@ -499,7 +499,7 @@ impl<A: RawAllocator, P: Policy, C: Clock> DecayingPool<A, P, C> {
     /// Tells `hook` of every request from now on: each successful
     /// [`allocate`](Self::allocate) and each [`release`](Self::release)
     /// (before the block goes back), as a [`Request`]. Replaces the hook
-    /// set before. [`trace::RequestLog::sink`](crate::trace::RequestLog::sink)
+    /// set before. `trace::RequestLog::sink` (feature **`trace`**)
     /// writes them to a trace the replay reads; a [`SharedPool`](crate::SharedPool)
     /// or [`PackedPool`](crate::PackedPool) made from this pool takes the
     /// hook over and tells it of its own callers' requests.
