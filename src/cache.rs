@@ -102,6 +102,10 @@ pub(crate) struct Cache<B, P: Policy, C> {
     /// checks a request against when its caller cannot read the allocator
     /// (a [`SharedPool`](crate::SharedPool) holds the cache lock there).
     capacity: Option<usize>,
+    /// PyTorch's `garbage_collection_threshold`: a fraction in `(0, 1]` of
+    /// the limit (or, without one, of `capacity`) that a miss frees cached
+    /// blocks oldest first to stay under ([`make_room`](Self::make_room)).
+    gc_threshold: Option<f64>,
 }
 
 impl<B, P: Policy, C: Clock> Cache<B, P, C> {
@@ -129,6 +133,7 @@ impl<B, P: Policy, C: Clock> Cache<B, P, C> {
             over_limit: false,
             extras,
             capacity: None,
+            gc_threshold: None,
         }
     }
 
@@ -363,8 +368,11 @@ impl<B, P: Policy, C: Clock> Cache<B, P, C> {
     /// no backing call can ever serve (above the backing allocator's
     /// capacity as last read: [`Cache::capacity`]) and one that cannot fit
     /// the limit even with an empty cache, frees
-    /// cached blocks oldest first until it fits, and books `class` bytes as
-    /// pending. A refusal frees nothing.
+    /// cached blocks oldest first until it fits, then, with a
+    /// garbage-collection threshold, until the bytes reserved and booked
+    /// with `class` are under it (or the cache is empty:
+    /// [`collect_garbage`](Self::collect_garbage)), and books `class` bytes
+    /// as pending. A refusal frees nothing.
     pub(crate) fn make_room<E>(
         &mut self,
         size: usize,
@@ -400,8 +408,55 @@ impl<B, P: Policy, C: Clock> Cache<B, P, C> {
             }
             self.over_limit = false;
         }
+        if self.gc_threshold.is_some() {
+            self.collect_garbage(committed + class, now, free);
+        }
         self.pending += class;
         Ok(())
+    }
+
+    /// The garbage-collection threshold of a miss that leaves `wanted`
+    /// bytes reserved or booked besides the cache: while those and the
+    /// bytes cached would pass the threshold's fraction of the limit (or,
+    /// without one, of the capacity the last miss read), frees cached
+    /// blocks oldest first ([`Reason::GcThreshold`]). Out of line: a pool
+    /// without a threshold pays one test on its misses.
+    #[inline(never)]
+    fn collect_garbage(
+        &mut self,
+        wanted: usize,
+        now: u64,
+        free: &mut (impl FnMut(B, usize) + ?Sized),
+    ) {
+        let Some(bytes) = self.gc_bytes() else { return };
+        while wanted + self.store.bytes() > bytes {
+            if !self.trim_oldest(now, Reason::GcThreshold, free) {
+                break;
+            }
+        }
+    }
+
+    /// The threshold in bytes: the fraction of the limit, or of the
+    /// capacity without one; `None` without a threshold or either figure.
+    fn gc_bytes(&self) -> Option<usize> {
+        let fraction = self.gc_threshold?;
+        let of = self.limit.or(self.capacity)?;
+        // Exact below 2^53 bytes; `as` saturates, and a fraction of at
+        // most 1 never rounds past `of`.
+        Some(((of as f64) * fraction).min(of as f64) as usize)
+    }
+
+    /// The garbage-collection threshold, a fraction in `(0, 1]`, if any.
+    #[inline]
+    pub(crate) fn gc_threshold(&self) -> Option<f64> {
+        self.gc_threshold
+    }
+
+    /// Sets the garbage-collection threshold (checked by the caller: a
+    /// fraction in `(0, 1]`); it acts from the next miss on.
+    pub(crate) fn set_gc_threshold(&mut self, fraction: Option<f64>) {
+        debug_assert!(fraction.is_none_or(|f| f > 0.0 && f <= 1.0));
+        self.gc_threshold = fraction;
     }
 
     /// Notes the backing allocator's

@@ -36,20 +36,33 @@ pub enum Reason {
     OutOfMemory,
     /// The pool was dropped.
     Dropped,
+    /// The garbage-collection threshold
+    /// ([`Builder::gc_threshold`](crate::Builder::gc_threshold), PyTorch's
+    /// `garbage_collection_threshold`): a miss would have brought the
+    /// bytes reserved past it, and idle blocks went back oldest first.
+    /// An eviction ([`is_eviction`](Self::is_eviction)): the pool chose
+    /// to free the block before any hard bound forced it.
+    GcThreshold,
 }
 
 impl Reason {
-    /// Whether the policy chose the block (counted in
+    /// Whether the pool chose the block of its own accord, by its policy
+    /// or its garbage-collection threshold (counted in
     /// [`Stats::evictions`](crate::Stats::evictions)); the other reasons
-    /// are counted in [`Stats::trimmed`](crate::Stats::trimmed).
+    /// (a caller's trim, the hard limit, a failure, the drop) are counted
+    /// in [`Stats::trimmed`](crate::Stats::trimmed).
     ///
     /// # Examples
     ///
     /// ```
     /// assert!(decaying_pool::Reason::Displaced.is_eviction());
+    /// assert!(decaying_pool::Reason::GcThreshold.is_eviction());
     /// ```
     pub fn is_eviction(self) -> bool {
-        matches!(self, Reason::Expired | Reason::Displaced)
+        matches!(
+            self,
+            Reason::Expired | Reason::Displaced | Reason::GcThreshold
+        )
     }
 }
 
@@ -62,6 +75,7 @@ impl fmt::Display for Reason {
             Reason::Limit => "limit",
             Reason::OutOfMemory => "out of memory",
             Reason::Dropped => "dropped",
+            Reason::GcThreshold => "gc threshold",
         })
     }
 }

@@ -119,6 +119,7 @@ pub struct Builder<A, P = FixedTime, C = MonotonicClock> {
     size_class: SizeClass,
     reuse: Reuse,
     limit: Option<usize>,
+    gc_threshold: Option<f64>,
     observer: Option<Observer>,
     by_class: bool,
 }
@@ -146,6 +147,7 @@ impl<A, P, C> Builder<A, P, C> {
             size_class: self.size_class,
             reuse: self.reuse,
             limit: self.limit,
+            gc_threshold: self.gc_threshold,
             observer: self.observer,
             by_class: self.by_class,
         }
@@ -174,6 +176,7 @@ impl<A, P, C> Builder<A, P, C> {
             size_class: self.size_class,
             reuse: self.reuse,
             limit: self.limit,
+            gc_threshold: self.gc_threshold,
             observer: self.observer,
             by_class: self.by_class,
         }
@@ -234,6 +237,71 @@ impl<A, P, C> Builder<A, P, C> {
     /// ```
     pub fn limit(mut self, bytes: usize) -> Self {
         self.limit = Some(bytes);
+        self
+    }
+
+    /// PyTorch's `garbage_collection_threshold`: once a miss would bring
+    /// the bytes reserved (in use and cached, with the miss's class) past
+    /// `fraction` of the [`limit`](Self::limit) (or, without a limit, of
+    /// the backing allocator's [`capacity`](RawAllocator::capacity), as the
+    /// last miss read it), the miss first gives cached blocks back oldest
+    /// first until the bytes reserved with its class are at most that
+    /// fraction, or the cache is empty. Then it goes on as before: it
+    /// still succeeds under the limit, even above the threshold, and the
+    /// limit still refuses what cannot fit. Default: none.
+    ///
+    /// Only misses pay for it (a hit or a release never looks at it), and
+    /// each block it frees was allocated by an earlier miss, so it is O(1)
+    /// amortised. A pool with neither a limit nor a backing capacity has
+    /// nothing to take a fraction of: the threshold then does nothing. The
+    /// blocks freed are told to an [`observer`](Self::observer) with
+    /// [`Reason::GcThreshold`] and counted in
+    /// [`Stats::evictions`](crate::Stats::evictions). A
+    /// [`SharedPool`](crate::SharedPool) made from the pool and a
+    /// [`PackedPool`](crate::PackedPool) built over it keep the threshold
+    /// (a shared pool's thread caches are not reached: their blocks count
+    /// in use until they come back to the shared cache). The threshold of
+    /// a built pool: [`DecayingPool::gc_threshold`],
+    /// [`DecayingPool::set_gc_threshold`]. `decaying-pool replay
+    /// --gc-threshold` replays its effect on a trace first.
+    ///
+    /// # Panics
+    ///
+    /// When `fraction` is not in `(0, 1]` (zero, negative, above one or
+    /// NaN): a programming error, as PyTorch refuses such a setting.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+    /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// // Needs the `testing` feature (its test doubles): `features = ["testing"]`.
+    /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, FixedTime};
+    /// use core::time::Duration;
+    ///
+    /// let mut pool = DecayingPool::builder(CheckingAllocator::new())
+    ///     .policy(FixedTime::new(Duration::MAX)) // keeps every idle block
+    ///     .limit(1000)
+    ///     .gc_threshold(0.5) // stay under 500 bytes when a miss can
+    ///     .build();
+    /// let a = pool.allocate(200)?;
+    /// let b = pool.allocate(200)?;
+    /// unsafe { pool.release(a, 200) }; // a, then b, cached: 400 reserved
+    /// unsafe { pool.release(b, 200) };
+    /// let c = pool.allocate(300)?; // 400 + 300 > 500: the oldest, a, goes back
+    /// let s = pool.stats();
+    /// assert_eq!((s.evictions, s.bytes_cached, s.bytes_reserved), (1, 200, 500));
+    /// let d = pool.allocate(400)?; // b goes back; 700 > 500, under the limit: served
+    /// let s = pool.stats();
+    /// assert_eq!((s.evictions, s.bytes_cached, s.bytes_reserved), (2, 0, 700));
+    /// assert_eq!(pool.gc_threshold(), Some(0.5));
+    /// # unsafe { pool.release(c, 300); pool.release(d, 400) };
+    /// # Ok(())
+    /// # }
+    /// ```
+    #[track_caller]
+    pub fn gc_threshold(mut self, fraction: f64) -> Self {
+        self.gc_threshold = Some(check_gc_threshold(fraction));
         self
     }
 
@@ -318,21 +386,37 @@ impl<A: RawAllocator, P: Policy, C: Clock> Builder<A, P, C> {
     /// # }
     /// ```
     pub fn build(self) -> DecayingPool<A, P, C> {
+        let mut cache = Cache::new(
+            self.policy,
+            self.clock,
+            self.size_class,
+            self.reuse,
+            self.limit,
+            Extras::new(self.observer, self.by_class),
+        );
+        cache.set_gc_threshold(self.gc_threshold);
         DecayingPool {
             #[cfg(debug_assertions)]
             handed: std::collections::HashMap::new(),
             requests: None,
             alloc: self.alloc,
-            cache: Cache::new(
-                self.policy,
-                self.clock,
-                self.size_class,
-                self.reuse,
-                self.limit,
-                Extras::new(self.observer, self.by_class),
-            ),
+            cache,
         }
     }
+}
+
+/// `fraction`, when it is a garbage-collection threshold: in `(0, 1]`.
+///
+/// # Panics
+///
+/// When it is not (NaN included).
+#[track_caller]
+fn check_gc_threshold(fraction: f64) -> f64 {
+    assert!(
+        fraction > 0.0 && fraction <= 1.0,
+        "gc_threshold: {fraction} is not a fraction in (0, 1]"
+    );
+    fraction
 }
 
 impl<A: RawAllocator> DecayingPool<A, FixedTime, MonotonicClock> {
@@ -356,6 +440,7 @@ impl<A: RawAllocator> DecayingPool<A, FixedTime, MonotonicClock> {
             size_class: SizeClass::Exact,
             reuse: Reuse::Lifo,
             limit: None,
+            gc_threshold: None,
             observer: None,
             by_class: false,
         }
@@ -991,6 +1076,61 @@ impl<A: RawAllocator, P: Policy, C: Clock> DecayingPool<A, P, C> {
     /// ```
     pub fn limit(&self) -> Option<usize> {
         self.cache.limit()
+    }
+
+    /// The garbage-collection threshold, a fraction of the limit (or of
+    /// the backing capacity), if any ([`Builder::gc_threshold`]).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+    /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// // Needs the `testing` feature (its test doubles): `features = ["testing"]`.
+    /// use decaying_pool::{testing::CheckingAllocator, DecayingPool};
+    /// let pool = DecayingPool::builder(CheckingAllocator::new()).gc_threshold(0.8).build();
+    /// assert_eq!(pool.gc_threshold(), Some(0.8));
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn gc_threshold(&self) -> Option<f64> {
+        self.cache.gc_threshold()
+    }
+
+    /// Changes the garbage-collection threshold (`None`: none); it acts
+    /// from the next miss on, and frees nothing now (as PyTorch's, it is
+    /// checked when memory is asked for). See [`Builder::gc_threshold`].
+    ///
+    /// # Panics
+    ///
+    /// When the fraction is not in `(0, 1]` (NaN included).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[cfg(not(feature = "testing"))] fn main() {} // needs the `testing` feature
+    /// # #[cfg(feature = "testing")] fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// // Needs the `testing` feature (its test doubles): `features = ["testing"]`.
+    /// use decaying_pool::{testing::CheckingAllocator, DecayingPool, FixedTime};
+    /// let mut pool = DecayingPool::builder(CheckingAllocator::new()).limit(1000).build();
+    /// let a = pool.allocate(600)?;
+    /// unsafe { pool.release(a, 600) };
+    /// pool.set_gc_threshold(Some(0.5));
+    /// assert_eq!(pool.stats().bytes_cached, 600); // nothing freed yet
+    /// let b = pool.allocate(100)?; // 700 > 500: the cached 600 go back
+    /// assert_eq!((pool.stats().evictions, pool.stats().bytes_reserved), (1, 100));
+    /// pool.set_gc_threshold(None);
+    /// assert_eq!(pool.gc_threshold(), None);
+    /// # unsafe { pool.release(b, 100) };
+    /// # Ok(())
+    /// # }
+    /// ```
+    #[track_caller]
+    pub fn set_gc_threshold(&mut self, fraction: Option<f64>) {
+        if let Some(f) = fraction {
+            check_gc_threshold(f);
+        }
+        self.cache.set_gc_threshold(fraction);
     }
 
     /// The clock.

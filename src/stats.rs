@@ -44,7 +44,8 @@ pub struct Stats {
     /// Successful `allocate` calls served by the backing allocator.
     pub misses: u64,
     /// Cached blocks freed by the eviction policy (decay, or a full
-    /// fixed-capacity window).
+    /// fixed-capacity window) or by the garbage-collection threshold
+    /// ([`Builder::gc_threshold`](crate::Builder::gc_threshold)).
     pub evictions: u64,
     /// Cached blocks freed by `trim`, the byte limit or the out-of-memory retry.
     pub trimmed: u64,

@@ -13,7 +13,8 @@
 //!   (requests above the backing allocator's capacity or reach),
 //!   `size_class`, `robustness` (panics in the allocator, clock or
 //!   policy; `Pooled`'s byte views), `knobs` (run-time limit, figures,
-//!   observer, serde);
+//!   observer, serde), `gc_threshold` (the garbage-collection threshold,
+//!   in every pool kind and in the replay);
 //! - against a reference model: `model` (random sequences), `fuzz_corpus`
 //!   and `packing_corpus` (the fuzz seed corpus on stable); and
 //!   `snapshot_corpus`, the snapshot-pickle fuzz corpus;
@@ -41,6 +42,7 @@ mod cuda;
 mod exponential;
 mod fixed_capacity;
 mod fuzz_corpus;
+mod gc_threshold;
 mod knobs;
 mod limit_retry;
 #[cfg(not(miri))]

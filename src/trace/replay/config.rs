@@ -64,7 +64,7 @@ impl PolicyKind {
 ///     .size_class(SizeClass::PowerOfTwoDivisions(4));
 /// assert_eq!(c.name, "fixed-time 100ms, pow2/4");
 /// ```
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct Config {
     /// The name in reports.
     pub name: String,
@@ -82,6 +82,14 @@ pub struct Config {
     /// The pool's byte limit ([`Builder::limit`](crate::Builder::limit)):
     /// requests beyond it fail and count as failures (default: none).
     pub limit: Option<usize>,
+    /// The pool's garbage-collection threshold
+    /// ([`Builder::gc_threshold`](crate::Builder::gc_threshold), PyTorch's
+    /// `garbage_collection_threshold`): a fraction in `(0, 1]` of the
+    /// limit or, without one, of the device capacity
+    /// ([`CostModel::capacity`]); with neither it does nothing (default:
+    /// none). [`Replayer::new`](super::Replayer::new) panics on a fraction
+    /// outside `(0, 1]`.
+    pub gc_threshold: Option<f64>,
 }
 
 impl Config {
@@ -101,6 +109,7 @@ impl Config {
             reuse: Reuse::Lifo,
             packing: None,
             limit: None,
+            gc_threshold: None,
         }
     }
 
@@ -137,6 +146,41 @@ impl Config {
     pub fn limit(mut self, bytes: usize) -> Self {
         self.limit = Some(bytes);
         self.name = format!("{}, limit {}", self.name, human_bytes(bytes as f64));
+        self
+    }
+
+    /// The same with a garbage-collection threshold, a fraction in
+    /// `(0, 1]` of the limit or of the device capacity (the name says it:
+    /// `gc 0.8`). Once a miss would bring the bytes reserved past it, idle
+    /// blocks go back oldest first until they are under it
+    /// ([`Builder::gc_threshold`](crate::Builder::gc_threshold)).
+    ///
+    /// # Panics
+    ///
+    /// When `fraction` is not in `(0, 1]` (NaN included).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use decaying_pool::trace::{Config, Event, PolicyKind, Replayer, ReplayOptions};
+    /// let c = Config::new(PolicyKind::KeepAll).limit(1000).gc_threshold(0.5);
+    /// assert_eq!(c.name, "keep-all, limit 1000 B, gc 0.5");
+    /// let mut r = Replayer::new(&[Config::new(PolicyKind::KeepAll).limit(1000), c], ReplayOptions::default());
+    /// r.event(&Event::alloc(Default::default(), 1, 400));
+    /// r.event(&Event::free(Default::default(), 1, 400));
+    /// r.event(&Event::alloc(Default::default(), 2, 300)); // 700 > 500: the 400 go back
+    /// let reports = r.finish("w");
+    /// assert_eq!((reports[0].peak_reserved_bytes, reports[0].evictions), (700, 0));
+    /// assert_eq!((reports[1].peak_reserved_bytes, reports[1].evictions), (400, 1));
+    /// ```
+    #[track_caller]
+    pub fn gc_threshold(mut self, fraction: f64) -> Self {
+        assert!(
+            fraction > 0.0 && fraction <= 1.0,
+            "gc_threshold: {fraction} is not a fraction in (0, 1]"
+        );
+        self.gc_threshold = Some(fraction);
+        self.name = format!("{}, gc {fraction}", self.name);
         self
     }
 

@@ -591,6 +591,11 @@ pub struct ModelledAllocator {
     allocs: u64,
     frees: u64,
     failures: u64,
+    /// Whether [`RawAllocator::capacity`] reports the model's capacity
+    /// (`reporting_capacity`): only for the replay's configurations with a
+    /// garbage-collection threshold, which take a fraction of it; the
+    /// others replay as they always have.
+    reports_capacity: bool,
 }
 
 /// A [`ModelledAllocator`] ran out of its capacity.
@@ -644,7 +649,15 @@ impl ModelledAllocator {
             allocs: 0,
             frees: 0,
             failures: 0,
+            reports_capacity: false,
         }
+    }
+
+    /// The same, reporting the model's capacity through
+    /// [`RawAllocator::capacity`] (see `reports_capacity`).
+    pub(crate) fn reporting_capacity(mut self) -> Self {
+        self.reports_capacity = true;
+        self
     }
 
     /// Total modelled time of every call so far, in seconds (failed calls
@@ -721,6 +734,18 @@ impl ModelledAllocator {
 impl RawAllocator for ModelledAllocator {
     type Block = u64;
     type Error = OutOfMemory;
+
+    /// The model's capacity, for the replay's configurations with a
+    /// garbage-collection threshold (a fraction of it when they have no
+    /// limit); `None` otherwise: a pool over it then learns the capacity
+    /// only by failing, as every replay did before the threshold.
+    fn capacity(&self) -> Option<usize> {
+        if self.reports_capacity {
+            self.model.capacity
+        } else {
+            None
+        }
+    }
 
     fn allocate(&mut self, size: usize) -> Result<u64, OutOfMemory> {
         if let Some(capacity) = self.model.capacity {

@@ -183,13 +183,21 @@ fn sim<P: Policy + 'static>(
     clock: &ManualClock,
     options: &ReplayOptions,
 ) -> Box<dyn Sim> {
-    let mut builder = DecayingPool::builder(ModelledAllocator::new(options.cost.clone()))
+    let mut alloc = ModelledAllocator::new(options.cost.clone());
+    if config.gc_threshold.is_some() {
+        // The threshold takes a fraction of the device without a limit.
+        alloc = alloc.reporting_capacity();
+    }
+    let mut builder = DecayingPool::builder(alloc)
         .policy(policy)
         .clock(clock.clone())
         .size_class(config.size_class)
         .reuse(config.reuse);
     if let Some(limit) = config.limit {
         builder = builder.limit(limit);
+    }
+    if let Some(fraction) = config.gc_threshold {
+        builder = builder.gc_threshold(fraction);
     }
     let st = SimState {
         name: config.name.clone(),
