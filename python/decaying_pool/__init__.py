@@ -58,7 +58,7 @@ __version__ = "0.1.0"
 #: first call (``key=value,...``, as :func:`configure` takes).
 CONFIG_ENV = "DECAYING_POOL"
 
-ConfigValue = Union[str, int, float, bool, "os.PathLike[str]"]
+ConfigValue = Union[str, int, float, bool, "os.PathLike[str]", Dict[str, Any]]
 
 
 class ConfigError(ValueError):
@@ -66,6 +66,10 @@ class ConfigError(ValueError):
 
 
 def _value_text(key: str, value: ConfigValue) -> str:
+    if isinstance(value, dict):
+        # packing={"small_threshold": "64KiB", ...}: the `KEY:VALUE;...`
+        # form the library reads inside one value.
+        return ";".join(f"{k}:{_value_text(f'{key}.{k}', v)}" for k, v in value.items())
     if isinstance(value, bool):
         text = "true" if value else "false"
     elif isinstance(value, os.PathLike):
@@ -81,8 +85,9 @@ def config_string(**config: ConfigValue) -> str:
     """Return the ``key=value,...`` text that :func:`configure` passes on.
 
     Keyword arguments become pairs in their order; ``True``/``False`` become
-    ``true``/``false``, paths their text, numbers their ``str``; ``None``
-    values are left out. For example ``config_string(backend="host",
+    ``true``/``false``, paths their text, numbers their ``str``, a dict
+    ``KEY:VALUE;...`` (``packing={"small": "64KiB"}``); ``None`` values are
+    left out. Keys with a dot go through ``**{"packing.small": "64KiB"}``. For example ``config_string(backend="host",
     limit="8GiB")`` is ``"backend=host,limit=8GiB"``.
     """
     pairs = []
@@ -105,8 +110,12 @@ def configure(**config: ConfigValue) -> None:
     Without arguments nothing is sent and the library keeps the
     configuration of ``$DECAYING_POOL`` or its defaults.
 
-    Call it before the first allocation: the library may refuse a change
-    once its pools serve blocks.
+    A configuration is whole: the keys not given take the library's
+    defaults (``backend=cuda``, packed pools, a reaper), not the values of
+    ``$DECAYING_POOL`` or of an earlier call. The library refuses a new
+    configuration while any block is allocated or held back; otherwise its
+    pools are trimmed and replaced. So call it first, before the framework
+    allocates.
 
     Raises:
         ConfigError: the library refused the configuration (its message).
@@ -121,10 +130,18 @@ def configure(**config: ConfigValue) -> None:
 def stats(device: int = 0) -> Dict[str, Any]:
     """Return the pool figures of one device as a dict.
 
-    The parsed JSON of ``dp_stats_json``: the crate's ``Stats`` fields (bytes
-    in use and reserved, hits, misses, backing calls, ...), and packing and
-    page figures when the configuration has them. The key names are the
-    library's; see ``ffi/README.md``.
+    The parsed JSON of ``dp_stats_json``: the device's configuration
+    (``backend``, ``policy``, ``limit``, ``capacity``, ...), ``reserved``
+    (bytes the device's pools hold from the backing allocator),
+    ``library_live_pointers``, ``pending_blocks`` (held back for other
+    streams), ``stats`` (the crate's ``Stats`` fields summed over the
+    device's stream pools: ``bytes_in_use``, ``bytes_reserved``,
+    ``bytes_cached``, ``hits``, ``misses``, ``backing_allocs``, ...),
+    ``packing`` (segment figures, ``None`` without packing) and
+    ``streams`` (one entry per stream pool, with its own ``stats``). See
+    ``ffi/README.md`` for every key.
+
+    Example: ``decaying_pool.stats()["stats"]["bytes_reserved"]``.
 
     Raises:
         RuntimeError: the library could not give the figures.
@@ -136,15 +153,17 @@ def stats(device: int = 0) -> Dict[str, Any]:
         needed = int(lib.dp_stats_json(int(device), buf, size))
         if needed == 0:
             raise RuntimeError(f"dp_stats_json({device}) failed: {last_error() or 'no message'}")
-        if needed < size:
-            return json.loads(bytes(buf[:needed]).split(b"\0", 1)[0].decode("utf-8"))
-        size = needed + 1
+        if needed <= size:  # `needed` counts the NUL
+            return json.loads(buf.value.decode("utf-8"))
+        size = needed
     raise RuntimeError("dp_stats_json kept asking for a larger buffer")
 
 
 def empty_cache() -> None:
     """Give every idle block of every pool back to its backing allocator.
 
+    Blocks held back for other streams (``record_stream``) are released
+    first, after their events complete; a ``record=`` trace is flushed.
     Under :func:`decaying_pool.torch.enable`, ``torch.cuda.empty_cache()``
     calls this too (the allocator's reset hook).
     """
@@ -154,12 +173,22 @@ def empty_cache() -> None:
 def set_memory_fraction(fraction: float, device: int = 0) -> None:
     """Cap the pool of ``device`` at ``fraction`` of the device's memory.
 
-    Under :func:`decaying_pool.torch.enable`,
+    The cap is the device's byte limit, shared by its stream pools; idle
+    blocks above it are trimmed at once. Under
+    :func:`decaying_pool.torch.enable`,
     ``torch.cuda.set_per_process_memory_fraction`` calls this too.
+
+    Raises:
+        ValueError: ``fraction`` is not in (0, 1].
+        RuntimeError: the library refused (its message, e.g. a device whose
+            capacity it does not know).
     """
-    if not 0.0 <= float(fraction) <= 1.0:
-        raise ValueError(f"fraction {fraction} is outside 0..1")
+    if not 0.0 < float(fraction) <= 1.0:
+        raise ValueError(f"fraction {fraction} is outside (0, 1]")
     _lib().dp_set_memory_fraction(float(fraction), int(device))
+    message = last_error()
+    if message:
+        raise RuntimeError(message)
 
 
 def replay_command(path: Union[str, "os.PathLike[str]"]) -> str:
@@ -173,20 +202,25 @@ def replay_command(path: Union[str, "os.PathLike[str]"]) -> str:
     return f"cargo run --release -p decaying-pool-cli -- replay {quoted}"
 
 
-def record(path: Union[str, "os.PathLike[str]"], *, quiet: bool = False) -> str:
+def record(
+    path: Union[str, "os.PathLike[str]"], *, quiet: bool = False, **config: ConfigValue
+) -> str:
     """Record every request the pool gets to ``path``, a native trace.
 
-    The same as ``configure(record=path)`` (call it before the first
-    allocation). Run your model, let the process end (or call
-    :func:`empty_cache`) so the trace is complete, then replay it through
-    other configurations with the command this returns (printed to stderr
-    unless ``quiet``) to pick the ``policy=``/``packing=``/``gc_threshold=``
-    that fits your model.
+    The same as ``configure(record=path, **config)`` (a whole
+    configuration: pass the other keys you want, ``backend="host"`` on a
+    machine without a GPU; call it before the first allocation). Run your
+    model; the trace is complete when the process ends (the library
+    flushes it at exit) or after :func:`empty_cache`. Then replay it
+    through other configurations with the command this returns (printed to
+    stderr unless ``quiet``) to pick the ``policy=``/``packing=``/
+    ``gc_threshold=`` that fits your model. The file has the format the
+    tool reads (``time_ns,action,addr,size``).
 
     Returns:
         The replay command (:func:`replay_command`).
     """
-    configure(record=os.fspath(path))
+    configure(**config, record=os.fspath(path))
     command = replay_command(path)
     if not quiet:
         print(

@@ -110,6 +110,10 @@ def address(name: str) -> int:
 
 
 def last_error() -> str:
-    """Return the calling thread's last error message from the library, or ''."""
+    """Return the message of this thread's last failed library call, or "".
+
+    The library keeps one message per thread and clears it at the start of
+    each call, so read it right after the call that failed, on its thread.
+    """
     raw = lib().dp_last_error()
     return raw.decode("utf-8", "replace") if raw else ""

@@ -86,13 +86,20 @@ def test_threads_and_streams_no_block_twice(torch_abi) -> None:
     assert not live
 
     # Every byte back: nothing in use, and nothing reserved once trimmed.
-    s = figures(decaying_pool.stats(0))
+    device = decaying_pool.stats(0)
+    s = figures(device)
     assert s["bytes_in_use"] == 0, s
     assert s["blocks_in_use"] == 0, s
+    assert device["library_live_pointers"] == 0, device
+    assert device["pending_blocks"] == 0, device
+    assert {p["stream"] for p in device["streams"]} >= set(STREAMS), device["streams"]
+    assert s["hits"] > 0, "nothing was reused"
     decaying_pool.empty_cache()
-    s = figures(decaying_pool.stats(0))
+    device = decaying_pool.stats(0)
+    s = figures(device)
     assert s["bytes_reserved"] == 0, s
     assert s["bytes_cached"] == 0, s
+    assert device["reserved"] == 0, device
 
 
 def test_block_freed_on_one_thread_from_another(torch_abi) -> None:
@@ -120,7 +127,14 @@ def test_impossible_size_is_null_with_a_message(torch_abi) -> None:
     for size in (2**63, 2**64 - 1):
         assert alloc(size, 0, 0) is None
         message = decaying_pool.last_error()
-        assert message, f"no message after dp_malloc({size})"
+        assert message.startswith("dp_malloc"), f"dp_malloc({size}): message {message!r}"
+    # A device that is no device.
+    assert alloc(64, -1, 0) is None
+    assert "device" in decaying_pool.last_error()
+    # Size 0: NULL, as PyTorch's own allocator gives for an empty tensor,
+    # and no error.
+    assert alloc(0, 0, 0) is None
+    assert decaying_pool.last_error() == ""
     # The pool still serves afterwards.
     _, free = torch_abi
     ptr = alloc(256, 0, 0)
@@ -132,7 +146,9 @@ def test_free_null_does_nothing(torch_abi) -> None:
     _, free = torch_abi
     before = figures(decaying_pool.stats(0))
     free(None, 0, 0, None)
+    assert decaying_pool.last_error() == ""
     free(None, 128, 0, 0x1000)
+    assert decaying_pool.last_error() == ""
     after = figures(decaying_pool.stats(0))
     assert after["bytes_in_use"] == before["bytes_in_use"]
 
@@ -143,16 +159,17 @@ def test_unknown_pointer_free_is_reported_not_a_crash(torch_abi) -> None:
     assert ptr
     stranger = ctypes.create_string_buffer(1024)  # memory the library never handed out
     free(ctypes.addressof(stranger), 1024, 0, 0)
-    assert decaying_pool.last_error(), "no message after freeing an unknown pointer"
+    assert "not handed out" in decaying_pool.last_error()
     # A pointer inside a live block is not the block.
     free(ptr + 16, 1008, 0, 0)
-    assert decaying_pool.last_error()
+    assert "not handed out" in decaying_pool.last_error()
     s = figures(decaying_pool.stats(0))
     assert s["blocks_in_use"] == 1, s
     free(ptr, 1024, 0, 0)
+    assert decaying_pool.last_error() == ""
     # A second free of the same block is unknown too, and changes nothing.
     free(ptr, 1024, 0, 0)
-    assert decaying_pool.last_error()
+    assert "freed already" in decaying_pool.last_error()
     s = figures(decaying_pool.stats(0))
     assert s["bytes_in_use"] == 0 and s["blocks_in_use"] == 0, s
     ptr = alloc(1024, 0, 0)
@@ -160,12 +177,30 @@ def test_unknown_pointer_free_is_reported_not_a_crash(torch_abi) -> None:
     free(ptr, 1024, 0, 0)
 
 
-def test_record_stream_and_init_do_not_disturb_the_host_backend(lib, torch_abi) -> None:
+def test_free_with_another_size_releases_the_allocated_size(torch_abi) -> None:
     alloc, free = torch_abi
-    lib.dp_init(1)
+    ptr = alloc(5000, 0, 0)
+    assert ptr
+    free(ptr, 4000, 0, 0)
+    assert "5000" in decaying_pool.last_error()
+    assert figures(decaying_pool.stats(0))["bytes_in_use"] == 0
+
+
+def test_record_stream_and_init_on_the_host_backend(lib, torch_abi) -> None:
+    alloc, free = torch_abi
+    lib.dp_init(1)  # PyTorch's init hook: one device
+    assert decaying_pool.last_error() == ""
     ptr = alloc(2048, 0, 0x1000)
     assert ptr
-    lib.dp_record_stream(ptr, 0x2000)
-    lib.dp_record_stream(None, 0x2000)
+    lib.dp_record_stream(ptr, 0x2000)  # used on a second stream too
+    assert decaying_pool.last_error() == ""
+    lib.dp_record_stream(0x10, 0x2000)
+    assert "not handed out" in decaying_pool.last_error()
     free(ptr, 2048, 0, 0x1000)
-    assert figures(decaying_pool.stats(0))["bytes_in_use"] == 0
+    # The host backend has no events: the block is not held back.
+    device = decaying_pool.stats(0)
+    assert figures(device)["bytes_in_use"] == 0
+    assert device["pending_blocks"] == 0
+    # A device past dp_init's count.
+    assert alloc(64, 1, 0) is None
+    assert "device 1" in decaying_pool.last_error()
