@@ -319,15 +319,14 @@ impl Library {
     fn build_pool(&self, device: Arc<Device>, stream: usize) -> StreamPool {
         let c = &self.config;
         let builder = DecayingPool::builder(Backend::new(Arc::clone(&device))).policy(c.policy.build());
-        // GC_THRESHOLD: `Builder::gc_threshold` (src/pool.rs) is not there
-        // yet; once `grep -n "fn gc_threshold" src/pool.rs` finds it, pass
-        // `c.gc_threshold` here:
-        //     let builder = match c.gc_threshold {
-        //         Some(f) => builder.gc_threshold(f),
-        //         None => builder,
-        //     };
-        // Until then `gc_threshold=` is parsed, checked and shown in the
-        // statistics, and has no effect.
+        // PyTorch's `garbage_collection_threshold`: checked on each pool's
+        // misses, against that pool's reserved bytes, as a fraction of the
+        // device's limit (its backing capacity, `Backend::capacity`, is the
+        // lower of the device's memory and the limit).
+        let builder = match c.gc_threshold {
+            Some(f) => builder.gc_threshold(f),
+            None => builder,
+        };
         let pool = match c.packing {
             Some(packing) => {
                 let mut p = builder.packing(packing).build();
