@@ -116,6 +116,16 @@ struct ReplayArgs {
     /// failures are never recommended.
     #[arg(long, value_name = "SIZE,...", value_delimiter = ',', value_parser = parse_limit)]
     limit: Vec<Limit>,
+    /// Sweep: garbage-collection thresholds (PyTorch's
+    /// garbage_collection_threshold), fractions in (0, 1] of the --limit
+    /// or, without one, of the --capacity (or `none`): once a miss would
+    /// bring the reserved bytes past it, idle blocks go back oldest first
+    /// until they are under it. Each value applies to every swept
+    /// configuration (rows named `..., gc 0.8`), and keep-all, PyTorch's
+    /// own pool that frees only there, is swept with it; with neither a
+    /// limit nor a capacity a threshold does nothing.
+    #[arg(long, value_name = "F,...", value_delimiter = ',', value_parser = parse_gc_threshold)]
+    gc_threshold: Vec<GcThreshold>,
     /// Sweep: size-class rules: exact, pow2, pow2/K (K divisions per power
     /// of two, as PyTorch's roundup_power2_divisions), xSIZE (multiples of
     /// a size with a unit: x512B, x2MiB).
@@ -281,6 +291,23 @@ fn parse_limit(s: &str) -> Result<Limit, String> {
         return Ok(Limit(None));
     }
     parse_size("--limit", s).map(|b| Limit(Some(b)))
+}
+
+/// A `--gc-threshold` value (`None`: no threshold).
+#[derive(Clone, Copy, Debug)]
+struct GcThreshold(Option<f64>);
+
+fn parse_gc_threshold(s: &str) -> Result<GcThreshold, String> {
+    let t = s.trim();
+    if t == "none" {
+        return Ok(GcThreshold(None));
+    }
+    match t.parse::<f64>() {
+        Ok(f) if f > 0.0 && f <= 1.0 => Ok(GcThreshold(Some(f))),
+        _ => Err(format!(
+            "`{s}` is not a fraction in (0, 1] (such as 0.8) or `none`"
+        )),
+    }
 }
 
 fn parse_budget(s: &str) -> Result<Budget, String> {
@@ -592,7 +619,8 @@ fn configs(a: &ReplayArgs) -> Vec<Config> {
         && a.half_life.is_empty()
         && a.slots.is_empty()
         && a.size_class.is_empty()
-        && a.limit.is_empty());
+        && a.limit.is_empty()
+        && a.gc_threshold.is_empty());
     if !sweep {
         let mut v = Config::defaults();
         for p in &a.packing {
@@ -631,6 +659,17 @@ fn configs(a: &ReplayArgs) -> Vec<Config> {
     } else {
         a.limit.clone()
     };
+    let thresholds = if a.gc_threshold.is_empty() {
+        vec![GcThreshold(None)]
+    } else {
+        a.gc_threshold.clone()
+    };
+    // Keep-all frees nothing but at a threshold: swept with the
+    // thresholds, and only where there is one (the row without is the
+    // baseline's).
+    if thresholds.iter().any(|t| t.0.is_some()) {
+        policies.insert(0, PolicyKind::KeepAll);
+    }
     let mut v = vec![
         Config::new(PolicyKind::NoPool),
         Config::new(PolicyKind::KeepAll),
@@ -639,15 +678,23 @@ fn configs(a: &ReplayArgs) -> Vec<Config> {
         for &c in &classes {
             for pk in &packings {
                 for &Limit(l) in &limits {
-                    let mut cfg = Config::new(p).size_class(c);
-                    if let Some(packing) = pk.packing {
-                        let name = format!("{}, packed {}", cfg.name, pk.text);
-                        cfg = cfg.packing(packing).named(name);
+                    for &GcThreshold(gc) in &thresholds {
+                        if p == PolicyKind::KeepAll && gc.is_none() {
+                            continue;
+                        }
+                        let mut cfg = Config::new(p).size_class(c);
+                        if let Some(packing) = pk.packing {
+                            let name = format!("{}, packed {}", cfg.name, pk.text);
+                            cfg = cfg.packing(packing).named(name);
+                        }
+                        if let Some(l) = l {
+                            cfg = cfg.limit(l);
+                        }
+                        if let Some(gc) = gc {
+                            cfg = cfg.gc_threshold(gc);
+                        }
+                        v.push(cfg);
                     }
-                    if let Some(l) = l {
-                        cfg = cfg.limit(l);
-                    }
-                    v.push(cfg);
                 }
             }
         }

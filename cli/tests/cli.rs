@@ -84,6 +84,7 @@ fn help_exits_zero_and_documents_every_option_and_the_exit_codes() {
         "--half-life",
         "--slots",
         "--size-class",
+        "--gc-threshold",
         "--packing",
         "--budget",
         "--costs",
@@ -157,6 +158,83 @@ fn a_limit_sweep_adds_limited_rows() {
     assert!(
         out.lines().any(|l| l.starts_with("fixed-time 1s ")),
         "{out}"
+    );
+}
+
+/// A number field of the JSON object of `policy` in the replay's
+/// `--json` output (one flat object per row).
+fn json_field(out: &str, policy: &str, field: &str) -> f64 {
+    let key = format!("\"policy\":\"{policy}\",");
+    let row = out
+        .split("},{")
+        .find(|o| o.contains(&key))
+        .unwrap_or_else(|| panic!("no row {policy}:\n{out}"));
+    let at = row
+        .find(&format!("\"{field}\":"))
+        .unwrap_or_else(|| panic!("no {field} in {row}"))
+        + field.len()
+        + 3;
+    let end = row[at..]
+        .find(|c: char| c == ',' || c == '}' || c == ']')
+        .map_or(row.len(), |e| at + e);
+    row[at..end].trim().parse().unwrap()
+}
+
+/// `--gc-threshold` on the shipped training trace: below the device's or
+/// the limit's fraction, idle blocks go back before the pool grows, so the
+/// peak reserved falls and the evictions rise, and nothing fails.
+#[test]
+fn a_gc_threshold_lowers_the_peak_and_evicts_on_the_training_trace() {
+    let training = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("traces/training.csv")
+        .display()
+        .to_string();
+    for (bound, value, fraction) in [("--capacity", "6GiB", "0.8"), ("--limit", "8GiB", "0.7")] {
+        let o = run(&[
+            "replay",
+            &training,
+            "--json",
+            "--ttl",
+            "1s",
+            bound,
+            value,
+            "--gc-threshold",
+            &format!("none,{fraction}"),
+        ]);
+        assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+        let out = stdout(&o);
+        let limit = if bound == "--limit" {
+            ", limit 8.00 GiB"
+        } else {
+            ""
+        };
+        for policy in ["keep-all", "fixed-time 1s"] {
+            let base = if policy == "keep-all" {
+                // The baseline's keep-all: no limit.
+                policy.to_string()
+            } else {
+                format!("{policy}{limit}")
+            };
+            let gc = format!("{policy}{limit}, gc {fraction}");
+            let f = |name: &str, field| json_field(&out, name, field);
+            assert!(
+                f(&gc, "peak_reserved_bytes") < f(&base, "peak_reserved_bytes"),
+                "{bound} {value}: {gc} against {base}:\n{out}"
+            );
+            assert!(
+                f(&gc, "evictions") > f(&base, "evictions"),
+                "{bound} {value}: {gc} against {base}:\n{out}"
+            );
+            assert_eq!(f(&gc, "failures"), 0.0, "{gc}");
+        }
+    }
+    // Without a limit or a capacity there is nothing to take a fraction
+    // of: the rows are the baseline's.
+    let o = run(&["replay", &training, "--json", "--gc-threshold", "0.5"]);
+    let out = stdout(&o);
+    assert_eq!(
+        json_field(&out, "keep-all, gc 0.5", "peak_reserved_bytes"),
+        json_field(&out, "keep-all", "peak_reserved_bytes")
     );
 }
 
@@ -251,6 +329,12 @@ fn bad_numbers_are_rejected_with_exit_code_2() {
             "expected exact, pow2, pow2/K or xSIZE",
         ),
         (vec!["--packing", "bogus=1"], "unknown packing key `bogus`"),
+        (
+            vec!["--gc-threshold", "0"],
+            "`0` is not a fraction in (0, 1] (such as 0.8) or `none`",
+        ),
+        (vec!["--gc-threshold", "1.5"], "is not a fraction in (0, 1]"),
+        (vec!["--gc-threshold", "NaN"], "is not a fraction in (0, 1]"),
         (vec!["--budget", "-2x"], "is negative"),
         (vec!["--costs", "a100"], "invalid value 'a100' for '--costs"),
         (
