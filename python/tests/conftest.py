@@ -77,3 +77,8 @@ def run_python(code: str, config: Optional[str], timeout: float = 120) -> subpro
         text=True,
         timeout=timeout,
     )
+
+
+def pytest_report_header(config: Any) -> str:
+    """Which package and which library the tests run against."""
+    return f"decaying_pool: {decaying_pool.__file__}\nlibrary: {decaying_pool.library_path()}"
