@@ -53,7 +53,11 @@ impl Device {
     /// # Errors
     ///
     /// A message when CUDA is not there or the device cannot be opened.
-    pub(crate) fn open(index: i32, kind: BackendKind, limit: Option<usize>) -> Result<Self, String> {
+    pub(crate) fn open(
+        index: i32,
+        kind: BackendKind,
+        limit: Option<usize>,
+    ) -> Result<Self, String> {
         let ordinal =
             usize::try_from(index).map_err(|_| format!("device {index} is not a device number"))?;
         let (cuda, capacity) = match kind {

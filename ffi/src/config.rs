@@ -283,7 +283,11 @@ pub(crate) fn parse_duration(key: &str, s: &str) -> Result<Duration, String> {
         "ms" => x / 1e3,
         "s" => x,
         "m" | "min" => x * 60.0,
-        other => return Err(format!("{key}: unknown time unit `{other}` (ns, us, ms, s, m)")),
+        other => {
+            return Err(format!(
+                "{key}: unknown time unit `{other}` (ns, us, ms, s, m)"
+            ));
+        }
     };
     Duration::try_from_secs_f64(secs).map_err(|_| bad())
 }

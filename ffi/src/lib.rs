@@ -98,7 +98,11 @@ fn guard<R>(name: &str, fail: R, body: impl FnOnce() -> Result<R, String>) -> R 
 /// The current state, made from `$DECAYING_POOL` (or the defaults) at the
 /// first call.
 fn library() -> Result<Arc<Library>, String> {
-    if let Some(lib) = LIBRARY.read().unwrap_or_else(PoisonError::into_inner).as_ref() {
+    if let Some(lib) = LIBRARY
+        .read()
+        .unwrap_or_else(PoisonError::into_inner)
+        .as_ref()
+    {
         return Ok(Arc::clone(lib));
     }
     let mut slot = LIBRARY.write().unwrap_or_else(PoisonError::into_inner);
@@ -173,7 +177,8 @@ pub extern "C" fn dp_malloc(size: usize, device: c_int, stream: *mut c_void) -> 
             return Ok(core::ptr::null_mut());
         }
         let lib = library()?;
-        lib.allocate(size, device, stream_key(stream)).map(block_ptr)
+        lib.allocate(size, device, stream_key(stream))
+            .map(block_ptr)
     })
 }
 

@@ -277,11 +277,7 @@ impl Library {
         if let Some(d) = devices.get(&index) {
             return Ok(Arc::clone(d));
         }
-        let d = Arc::new(Device::open(
-            index,
-            self.config.backend,
-            self.config.limit,
-        )?);
+        let d = Arc::new(Device::open(index, self.config.backend, self.config.limit)?);
         devices.insert(index, Arc::clone(&d));
         Ok(d)
     }
@@ -318,7 +314,8 @@ impl Library {
     /// A new pool for `device` and `stream`, under the configuration.
     fn build_pool(&self, device: Arc<Device>, stream: usize) -> StreamPool {
         let c = &self.config;
-        let builder = DecayingPool::builder(Backend::new(Arc::clone(&device))).policy(c.policy.build());
+        let builder =
+            DecayingPool::builder(Backend::new(Arc::clone(&device))).policy(c.policy.build());
         // PyTorch's `garbage_collection_threshold`: checked on each pool's
         // misses, against that pool's reserved bytes, as a fraction of the
         // device's limit (its backing capacity, `Backend::capacity`, is the
@@ -381,7 +378,12 @@ impl Library {
     /// # Errors
     ///
     /// The pool's error, as a message.
-    pub(crate) fn allocate(&self, size: usize, device: i32, stream: usize) -> Result<usize, String> {
+    pub(crate) fn allocate(
+        &self,
+        size: usize,
+        device: i32,
+        stream: usize,
+    ) -> Result<usize, String> {
         let sp = self.pool(device, stream)?;
         sp.poll_pending(false);
         let first = match sp.pool.allocate(size) {

@@ -45,7 +45,11 @@ fn packing_value(p: &PackingStats) -> Map<String, Value> {
 fn add_into(into: &mut Map<String, Value>, add: &Map<String, Value>) {
     for (k, v) in add {
         let n = v.as_u64().unwrap_or(0);
-        let sum = into.get(k).and_then(Value::as_u64).unwrap_or(0).saturating_add(n);
+        let sum = into
+            .get(k)
+            .and_then(Value::as_u64)
+            .unwrap_or(0)
+            .saturating_add(n);
         into.insert(k.clone(), json!(sum));
     }
 }

@@ -91,7 +91,7 @@ fn threads_and_streams_round_trip() {
                 let st = stream(0x1000 * (t + 1));
                 let mut mine: Vec<(*mut c_void, usize, u8)> = Vec::new();
                 for i in 0..400 {
-                    if mine.len() < 12 && (rng.next() % 3 != 0 || mine.is_empty()) {
+                    if mine.len() < 12 && (!rng.next().is_multiple_of(3) || mine.is_empty()) {
                         let size = match rng.next() % 4 {
                             0 => 1 + (rng.next() % 4096) as usize,
                             1 => 1 + (rng.next() % (256 << 10)) as usize,
@@ -215,7 +215,10 @@ fn bad_input_is_refused_with_a_message() {
 fn stats_json_adds_up() {
     let _g = fresh("backend=host,reaper=off,policy=ttl:10s");
     let mut blocks = Vec::new();
-    for (i, size) in [100usize, 5000, 70_000, 2 << 20, 20 << 20].into_iter().enumerate() {
+    for (i, size) in [100usize, 5000, 70_000, 2 << 20, 20 << 20]
+        .into_iter()
+        .enumerate()
+    {
         for st in [stream(0), stream(0xabc)] {
             let p = dp_malloc(size + i, 0, st);
             assert!(!p.is_null());
@@ -230,18 +233,32 @@ fn stats_json_adds_up() {
     assert_eq!(streams.len(), 2);
     assert_eq!(num(&streams[0], &["stream"]), 0);
     assert_eq!(num(&streams[1], &["stream"]), 0xabc);
-    for key in ["hits", "misses", "bytes_in_use", "bytes_reserved", "backing_allocs"] {
+    for key in [
+        "hits",
+        "misses",
+        "bytes_in_use",
+        "bytes_reserved",
+        "backing_allocs",
+    ] {
         let sum: u64 = streams.iter().map(|p| num(p, &["stats", key])).sum();
         assert_eq!(sum, num(&s, &["stats", key]), "{key}");
     }
-    for key in ["requests", "packed_blocks", "segment_bytes", "bytes_requested"] {
+    for key in [
+        "requests",
+        "packed_blocks",
+        "segment_bytes",
+        "bytes_requested",
+    ] {
         let sum: u64 = streams.iter().map(|p| num(p, &["packing", key])).sum();
         assert_eq!(sum, num(&s, &["packing", key]), "{key}");
     }
     let requested: u64 = blocks.iter().map(|b| b.1 as u64).sum();
     assert_eq!(num(&s, &["packing", "requests"]), 10);
     assert!(num(&s, &["stats", "bytes_in_use"]) >= requested - (40 << 20));
-    assert_eq!(num(&s, &["reserved"]), num(&s, &["stats", "bytes_reserved"]));
+    assert_eq!(
+        num(&s, &["reserved"]),
+        num(&s, &["stats", "bytes_reserved"])
+    );
     assert_eq!(num(&s, &["library_live_pointers"]), 10);
     // A buffer too small holds "", and the size is still returned.
     let mut small = [b'x'; 8];
@@ -299,7 +316,11 @@ fn memory_fraction_holds_across_streams() {
     assert!(!c.is_null(), "{:?}", last_error());
     assert!(dp_malloc(3 << 20, 0, stream(2)).is_null());
     dp_free(a, 3 << 20, 0, stream(1));
-    assert_eq!(configure_str("backend=host,reaper=off"), -1, "a block of device 1 is live");
+    assert_eq!(
+        configure_str("backend=host,reaper=off"),
+        -1,
+        "a block of device 1 is live"
+    );
     assert_eq!(num(&stats(1), &["stats", "blocks_in_use"]), 1);
     dp_free(c, 3 << 20, 1, stream(1));
     assert_eq!(configure_str("backend=host,reaper=off"), 0);
@@ -330,9 +351,11 @@ fn record_stream_on_the_host_releases_at_once() {
 
 #[test]
 fn record_writes_a_balanced_trace() {
-    let path =
-        std::env::temp_dir().join(format!("decaying-pool-ffi-{}.trace", std::process::id()));
-    let _g = fresh(&format!("backend=host,reaper=off,record={}", path.display()));
+    let path = std::env::temp_dir().join(format!("decaying-pool-ffi-{}.trace", std::process::id()));
+    let _g = fresh(&format!(
+        "backend=host,reaper=off,record={}",
+        path.display()
+    ));
     std::thread::scope(|s| {
         for t in 0..4usize {
             s.spawn(move || {
@@ -365,7 +388,10 @@ fn record_writes_a_balanced_trace() {
     }
     assert_eq!((allocs, frees), (200, 200));
     assert!(live.is_empty());
-    assert_eq!(configure_str("backend=host,record=/nonexistent-dir/x.trace"), -1);
+    assert_eq!(
+        configure_str("backend=host,record=/nonexistent-dir/x.trace"),
+        -1
+    );
     assert!(last_error().unwrap().contains("record"));
     let _ = std::fs::remove_file(&path);
 }
@@ -402,7 +428,11 @@ fn the_header_declares_exactly_the_exports() {
     let source = std::fs::read_to_string(format!("{dir}/src/lib.rs")).unwrap();
     let exported = dp_names(&source, "extern \"C\" fn dp_");
     let no_mangle = source.matches("#[unsafe(no_mangle)]").count();
-    assert_eq!(no_mangle, exported.len(), "every no_mangle item is a dp_ function");
+    assert_eq!(
+        no_mangle,
+        exported.len(),
+        "every no_mangle item is a dp_ function"
+    );
     let contract = [
         "dp_configure",
         "dp_cupy_free",
