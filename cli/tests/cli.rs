@@ -175,7 +175,7 @@ fn json_field(out: &str, policy: &str, field: &str) -> f64 {
         + field.len()
         + 3;
     let end = row[at..]
-        .find(|c: char| c == ',' || c == '}' || c == ']')
+        .find([',', '}', ']'])
         .map_or(row.len(), |e| at + e);
     row[at..end].trim().parse().unwrap()
 }

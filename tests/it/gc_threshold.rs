@@ -15,15 +15,16 @@ use decaying_pool::{
 
 use crate::support::{freed_ids, put};
 
+/// The pool these tests check, over a checking allocator.
+type Pool = DecayingPool<CheckingAllocator, FixedTime, ManualClock>;
+
+/// What the pool's observer saw.
+type Seen = Arc<Mutex<Vec<Event>>>;
+
 /// A pool that never decays (so only the threshold and the limit free),
 /// over `alloc`, with a limit of 100 bytes and a threshold of 0.5; and the
 /// events its observer saw.
-fn keep_all(
-    alloc: &CheckingAllocator,
-) -> (
-    DecayingPool<CheckingAllocator, FixedTime, ManualClock>,
-    Arc<Mutex<Vec<Event>>>,
-) {
+fn keep_all(alloc: &CheckingAllocator) -> (Pool, Seen) {
     let seen = Arc::new(Mutex::new(Vec::new()));
     let log = seen.clone();
     let pool = DecayingPool::builder(alloc.clone())
