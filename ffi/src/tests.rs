@@ -470,3 +470,54 @@ fn the_header_declares_exactly_the_exports() {
         assert_eq!(symbols, contract, "{so}");
     }
 }
+
+#[test]
+fn the_cuda_backend_without_a_driver_fails_with_a_message() {
+    let _g = fresh("backend=cuda,reaper=off");
+    if dp::cuda::available() {
+        return; // covered by `cuda_record_stream_holds_blocks_back`
+    }
+    assert!(dp_malloc(1 << 20, 0, stream(0)).is_null());
+    let e = last_error().unwrap();
+    assert!(e.contains("CUDA is not available"), "{e}");
+    dp_set_memory_fraction(0.5, 0);
+    assert!(last_error().unwrap().contains("CUDA"));
+    // Statistics still answer (no device opened).
+    assert_eq!(num(&stats(0), &["pools"]), 0);
+}
+
+#[test]
+fn cuda_record_stream_holds_blocks_back() {
+    if !dp::cuda::available() {
+        eprintln!("no CUDA device: skipping");
+        return;
+    }
+    let _g = fresh("backend=cuda,reaper=off");
+    let ctx = cudarc::driver::CudaContext::new(0).unwrap();
+    let (s1, s2) = (ctx.new_stream().unwrap(), ctx.new_stream().unwrap());
+    let (h1, h2) = (
+        s1.cu_stream().cast::<c_void>(),
+        s2.cu_stream().cast::<c_void>(),
+    );
+    let p = dp_malloc(4 << 20, 0, h1);
+    assert!(!p.is_null(), "{:?}", last_error());
+    dp_record_stream(p, h2);
+    assert_eq!(last_error(), None);
+    dp_free(p, 4 << 20, 0, h1);
+    assert_eq!(last_error(), None);
+    // Held back until the event on s2 completes (at once on idle streams,
+    // seen by the pool's next call or by dp_empty_cache, which waits).
+    dp_empty_cache();
+    let s = stats(0);
+    assert_eq!(num(&s, &["pending_blocks"]), 0, "{s}");
+    assert_eq!(num(&s, &["stats", "bytes_in_use"]), 0, "{s}");
+    assert_eq!(num(&s, &["stats", "bytes_reserved"]), 0, "{s}");
+    // A memory fraction of the device.
+    dp_set_memory_fraction(0.01, 0);
+    let limit = num(&stats(0), &["limit"]) as usize;
+    assert!(dp_malloc(limit + 1, 0, h1).is_null());
+    let q = dp_malloc(limit / 2, 0, h1);
+    assert!(!q.is_null(), "{:?}", last_error());
+    dp_free(q, limit / 2, 0, h1);
+    dp_empty_cache();
+}
