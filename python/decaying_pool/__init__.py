@@ -87,8 +87,9 @@ def config_string(**config: ConfigValue) -> str:
     Keyword arguments become pairs in their order; ``True``/``False`` become
     ``true``/``false``, paths their text, numbers their ``str``, a dict
     ``KEY:VALUE;...`` (``packing={"small": "64KiB"}``); ``None`` values are
-    left out. Keys with a dot go through ``**{"packing.small": "64KiB"}``. For example ``config_string(backend="host",
-    limit="8GiB")`` is ``"backend=host,limit=8GiB"``.
+    left out. Keys with a dot go through ``**{"packing.small": "64KiB"}``.
+    For example ``config_string(backend="host", limit="8GiB")`` is
+    ``"backend=host,limit=8GiB"``.
     """
     pairs = []
     for key, value in config.items():
@@ -154,7 +155,8 @@ def stats(device: int = 0) -> Dict[str, Any]:
         if needed == 0:
             raise RuntimeError(f"dp_stats_json({device}) failed: {last_error() or 'no message'}")
         if needed <= size:  # `needed` counts the NUL
-            return json.loads(buf.value.decode("utf-8"))
+            figures: Dict[str, Any] = json.loads(buf.value.decode("utf-8"))
+            return figures
         size = needed
     raise RuntimeError("dp_stats_json kept asking for a larger buffer")
 

@@ -44,10 +44,10 @@ WORKLOAD = """
 
 
 def _rows(path: Path) -> List[List[str]]:
-    lines = [l for l in path.read_text().splitlines() if l and not l.startswith("#")]
+    lines = [line for line in path.read_text().splitlines() if line and not line.startswith("#")]
     assert lines, f"{path} has no header"
     assert lines[0] == NATIVE_HEADER, lines[0]
-    return [l.split(",") for l in lines[1:]]
+    return [line.split(",") for line in lines[1:]]
 
 
 def _check_balanced(path: Path) -> None:
