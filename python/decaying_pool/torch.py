@@ -19,6 +19,12 @@ raise; use :func:`decaying_pool.stats` instead. ``torch.cuda.empty_cache``
 reaches the pool through the reset hook (:func:`decaying_pool.empty_cache`)
 and ``torch.cuda.set_per_process_memory_fraction`` through the
 memory-fraction hook.
+
+Streams: PyTorch passes the current stream with each request, and the
+library keeps one pool per device and stream, so a block is reused on the
+stream it was allocated for. A tensor used on another stream needs
+``tensor.record_stream(other)`` (as with PyTorch's own allocator): the
+record-stream hook makes its block wait for that stream's work at its free.
 """
 
 from __future__ import annotations
