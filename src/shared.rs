@@ -28,6 +28,8 @@ use std::thread::{self, JoinHandle};
 
 mod barrier;
 mod lock;
+#[cfg(panic = "unwind")]
+mod split;
 mod thread_cache;
 
 use crate::cache::{Cache, Retry};
@@ -425,20 +427,58 @@ impl<A: RawAllocator, P: Policy, C: Clock> Lending<A, P, C> {
 /// The packing layer of a packed pool, behind its lock.
 type Layer<A, P, C> = Mutex<Box<dyn PackedLayer<A, P, C>>>;
 
+/// Outcomes of backing calls a packed pool made outside its packing lock,
+/// for the attempt that needed them: the class, the outcome, and (after a
+/// failure) what the allocator said was available.
+type Ready<B, E> = Vec<(usize, Result<B, E>, Option<usize>)>;
+
 /// A [`PackedPool`] seen from a [`SharedPool`], whose allocator type need
 /// not be [`Packable`]: the calls a packed `SharedPool` forwards to it.
+///
+/// Two layers implement it: `split::SplitLayer`, whose pool makes no
+/// backing call (the shared pool makes them outside the lock, and gives
+/// back what the pool let go after it), and, where a build cannot unwind
+/// (`panic = "abort"`), the [`PackedPool`] over the caller's allocator.
 trait PackedLayer<A: RawAllocator, P: Policy, C: Clock> {
-    fn allocate(&mut self, size: usize) -> Result<A::Block, PoolError<A::Error>>;
+    /// An attempt at an allocation of `size`, with the outcomes of backing
+    /// calls made for it in `ready` (those not taken are left there): the
+    /// block, or `Err(class)` when it needs a backing block of `class`
+    /// first.
+    fn allocate(
+        &mut self,
+        size: usize,
+        ready: &mut Ready<A::Block, A::Error>,
+    ) -> Result<Result<A::Block, usize>, PoolError<A::Error>>;
     /// # Safety
     ///
     /// As [`PackedPool::release`].
     unsafe fn release(&mut self, block: A::Block, size: usize);
     fn collect(&mut self) -> usize;
     fn trim(&mut self) -> usize;
+    fn set_limit(&mut self, limit: Option<usize>) -> usize;
+    fn limit(&self) -> Option<usize>;
+    fn reset_peaks(&mut self);
+    fn class_stats(&self) -> Option<Vec<ClassStats>>;
     fn stats(&self) -> Stats;
     fn packing_stats(&self) -> PackingStats;
-    /// The `PackedPool<A, P, C>` itself, for [`SharedPool::with_packed`].
-    fn as_any(&mut self) -> &mut dyn Any;
+    /// Whether the pool let go of blocks to give back after the lock.
+    fn frees_pending(&self) -> bool;
+    /// The blocks to give back (through the shared pool's allocator).
+    fn take_frees(&mut self) -> Frees<A::Block>;
+    /// Runs `f` on the `PackedPool<A, P, C>` itself, over the caller's
+    /// allocator `alloc` (the shared pool's), for
+    /// [`SharedPool::with_packed`].
+    fn with_pool(&mut self, alloc: &mut Option<A>, f: &mut dyn FnMut(&mut dyn Any));
+    /// An allocation over the caller's allocator `alloc`, with the lock
+    /// held across its backing calls: the fallback of an allocation whose
+    /// attempts keep needing other blocks.
+    fn allocate_locked(
+        &mut self,
+        size: usize,
+        alloc: &mut Option<A>,
+    ) -> Result<A::Block, PoolError<A::Error>>;
+    /// Drops the pool, giving every block it holds back through `alloc`.
+    fn finish(self: Box<Self>, alloc: Option<A>);
     #[cfg(feature = "testing")]
     fn validate(&self);
 }
@@ -449,8 +489,12 @@ where
     P: Policy + 'static,
     C: Clock + 'static,
 {
-    fn allocate(&mut self, size: usize) -> Result<A::Block, PoolError<A::Error>> {
-        PackedPool::allocate(self, size)
+    fn allocate(
+        &mut self,
+        size: usize,
+        _ready: &mut Ready<A::Block, A::Error>,
+    ) -> Result<Result<A::Block, usize>, PoolError<A::Error>> {
+        PackedPool::allocate(self, size).map(Ok)
     }
     unsafe fn release(&mut self, block: A::Block, size: usize) {
         // SAFETY: the caller upholds `PackedPool::release`'s contract.
@@ -462,15 +506,41 @@ where
     fn trim(&mut self) -> usize {
         PackedPool::trim(self)
     }
+    fn set_limit(&mut self, limit: Option<usize>) -> usize {
+        PackedPool::set_limit(self, limit)
+    }
+    fn limit(&self) -> Option<usize> {
+        self.pool().limit()
+    }
+    fn reset_peaks(&mut self) {
+        PackedPool::reset_peaks(self);
+    }
+    fn class_stats(&self) -> Option<Vec<ClassStats>> {
+        self.pool().class_stats()
+    }
     fn stats(&self) -> Stats {
         PackedPool::stats(self)
     }
     fn packing_stats(&self) -> PackingStats {
         PackedPool::packing_stats(self)
     }
-    fn as_any(&mut self) -> &mut dyn Any {
-        self
+    fn frees_pending(&self) -> bool {
+        false
     }
+    fn take_frees(&mut self) -> Frees<A::Block> {
+        Vec::new()
+    }
+    fn with_pool(&mut self, _alloc: &mut Option<A>, f: &mut dyn FnMut(&mut dyn Any)) {
+        f(self);
+    }
+    fn allocate_locked(
+        &mut self,
+        size: usize,
+        _alloc: &mut Option<A>,
+    ) -> Result<A::Block, PoolError<A::Error>> {
+        PackedPool::allocate(self, size)
+    }
+    fn finish(self: Box<Self>, _alloc: Option<A>) {}
     #[cfg(feature = "testing")]
     fn validate(&self) {
         PackedPool::validate(self);
@@ -524,6 +594,19 @@ fn recover<T>(r: Result<T, PoisonError<T>>) -> T {
     r.unwrap_or_else(PoisonError::into_inner)
 }
 
+/// The blocks a packing layer let go, to give back once its lock is
+/// released (none, without an allocation, on the hit path).
+#[inline(always)]
+fn take_frees<A: RawAllocator, P: Policy, C: Clock>(
+    layer: &mut dyn PackedLayer<A, P, C>,
+) -> Frees<A::Block> {
+    if layer.frees_pending() {
+        layer.take_frees()
+    } else {
+        Vec::new()
+    }
+}
+
 impl<A: RawAllocator, P: Policy, C: Clock> Inner<A, P, C> {
     /// The state of a new pool with one handle and no block lent: a plain
     /// pool has `cache` and `alloc` (and `tc` for thread caches), a packed
@@ -554,10 +637,106 @@ impl<A: RawAllocator, P: Policy, C: Clock> Inner<A, P, C> {
     }
 
     /// Runs `f` on the packing layer under its lock, if the pool is packed.
+    ///
+    /// The blocks the pool let go are given back after the lock. If `f`
+    /// panics they stay with the layer, for the next call (or the drop) to
+    /// give back.
     #[inline]
     fn packed<R>(&self, f: impl FnOnce(&mut dyn PackedLayer<A, P, C>) -> R) -> Option<R> {
         let layer = self.packed.as_ref()?;
-        Some(f(&mut **recover(layer.lock())))
+        let (r, frees) = {
+            let mut guard = recover(layer.lock());
+            let r = f(&mut **guard);
+            (r, take_frees(&mut **guard))
+        };
+        self.deallocate(frees);
+        Some(r)
+    }
+
+    /// An allocation from a packed pool's `layer`, whose backing calls run
+    /// outside the packing lock: each attempt either serves the request
+    /// (a hit, or with a block fetched for it) or names the class of the
+    /// backing block it needs, which is then fetched with only the
+    /// allocator's lock held, and the request tried again.
+    ///
+    /// An attempt may, after another thread changed the pool, need another
+    /// class than the block fetched for it: blocks fetched and not taken
+    /// are offered to the next attempt, then given back. A request whose
+    /// attempts needed a block `MAX_NEEDS` times (the pool changing under
+    /// it each time) is served with the lock held across its backing
+    /// calls, so every request ends.
+    #[inline(always)]
+    fn allocate_packed(
+        &self,
+        layer: &Layer<A, P, C>,
+        size: usize,
+    ) -> Result<A::Block, PoolError<A::Error>> {
+        /// Gives blocks fetched and not taken back, also when the request
+        /// unwinds.
+        struct Fetched<'a, A: RawAllocator, P: Policy, C: Clock> {
+            inner: &'a Inner<A, P, C>,
+            ready: Ready<A::Block, A::Error>,
+        }
+        impl<A: RawAllocator, P: Policy, C: Clock> Drop for Fetched<'_, A, P, C> {
+            fn drop(&mut self) {
+                if !self.ready.is_empty() {
+                    let left = self.ready.drain(..);
+                    let frees = left.filter_map(|(class, r, _)| r.ok().map(|b| (b, class)));
+                    self.inner.deallocate(frees.collect());
+                }
+            }
+        }
+        const MAX_NEEDS: u32 = 8;
+        let mut fetched = Fetched {
+            inner: self,
+            ready: Vec::new(),
+        };
+        let mut needs = 0;
+        loop {
+            let (step, frees) = {
+                let mut guard = recover(layer.lock());
+                let step = if needs < MAX_NEEDS {
+                    guard.allocate(size, &mut fetched.ready)
+                } else {
+                    let mut alloc = recover(self.alloc.lock());
+                    guard.allocate_locked(size, &mut alloc).map(Ok)
+                };
+                (step, take_frees(&mut **guard))
+            };
+            match step {
+                Ok(Ok(block)) => {
+                    let freed = catch_unwind(AssertUnwindSafe(|| self.deallocate(frees)));
+                    if let Err(panic) = freed {
+                        // A `deallocate` of a block the pool let go panicked:
+                        // the block served goes back rather than be lost.
+                        let back = catch_unwind(AssertUnwindSafe(|| {
+                            self.release_packed(layer, block, size)
+                        }));
+                        drop(back);
+                        resume_unwind(panic);
+                    }
+                    return Ok(block);
+                }
+                Ok(Err(class)) => {
+                    self.deallocate(frees);
+                    needs += 1;
+                    let (outcome, available) = self.alloc(|alloc| {
+                        let outcome = alloc.allocate(class);
+                        let available = if outcome.is_err() {
+                            alloc.available()
+                        } else {
+                            None
+                        };
+                        (outcome, available)
+                    });
+                    fetched.ready.push((class, outcome, available));
+                }
+                Err(e) => {
+                    self.deallocate(frees);
+                    return Err(e);
+                }
+            }
+        }
     }
 
     /// Runs `f` on the cache under its lock.
@@ -1010,8 +1189,8 @@ impl<A: RawAllocator, P: Policy, C: Clock> Inner<A, P, C> {
         this: &Arc<Self>,
         size: usize,
     ) -> Result<A::Block, PoolError<A::Error>> {
-        if let Some(r) = self.packed(|p| p.allocate(size)) {
-            return r;
+        if let Some(layer) = &self.packed {
+            return self.allocate_packed(layer, size);
         }
         let mut guard = self.cache.lock();
         let Slot { cache, lending } = &mut *guard;
@@ -1191,10 +1370,16 @@ impl<A: RawAllocator, P: Policy, C: Clock> Inner<A, P, C> {
     }
 
     /// Releases `block` to the packing layer of a packed pool.
+    /// The blocks the pool lets go are given back after the lock.
     fn release_packed(&self, layer: &Layer<A, P, C>, block: A::Block, size: usize) {
-        // SAFETY: `block` came from this pool's `allocate(size)` and is
-        // released once (`Pooled`'s invariant, or `from_raw`'s contract).
-        unsafe { recover(layer.lock()).release(block, size) };
+        let frees = {
+            let mut guard = recover(layer.lock());
+            // SAFETY: `block` came from this pool's `allocate(size)` and is
+            // released once (`Pooled`'s invariant, or `from_raw`'s contract).
+            unsafe { guard.release(block, size) };
+            take_frees(&mut **guard)
+        };
+        self.deallocate(frees);
     }
 
     /// Runs `f` on the lent blocks' count under the cache lock (whether or
@@ -1220,6 +1405,9 @@ impl<A: RawAllocator, P: Policy, C: Clock> Inner<A, P, C> {
     }
 
     fn set_limit(&self, limit: Option<usize>) -> usize {
+        if let Some(n) = self.packed(|p| p.set_limit(limit)) {
+            return n;
+        }
         self.slot_then_free(|cache, lending, free| {
             let now = cache.now();
             if limit.is_some() {
@@ -1245,6 +1433,13 @@ impl<A: RawAllocator, P: Policy, C: Clock> Inner<A, P, C> {
 
 impl<A: RawAllocator, P: Policy, C: Clock> Drop for Inner<A, P, C> {
     fn drop(&mut self) {
+        if let Some(layer) = self.packed.take() {
+            // The packed pool, dropped over the caller's allocator: every
+            // block it holds goes back.
+            let alloc = recover(self.alloc.get_mut()).take();
+            recover(layer.into_inner()).finish(alloc);
+            return;
+        }
         let slot = self.cache.get_mut();
         let cache = slot.cache.take();
         let alloc = recover(self.alloc.get_mut()).take();
@@ -1349,11 +1544,19 @@ impl<A: RawAllocator, P: Policy, C: Clock> SharedPool<A, P, C> {
     {
         let mut pool = pool;
         let requests = pool.take_request_hook();
-        let layer: Box<dyn PackedLayer<A, P, C>> = Box::new(pool);
+        // Backing calls outside the packing lock (`split`), where the build
+        // can unwind; else the layer is the pool itself, over the allocator.
+        #[cfg(panic = "unwind")]
+        let (layer, alloc): (Box<dyn PackedLayer<A, P, C>>, _) = {
+            let (layer, alloc) = split::SplitLayer::new(pool);
+            (Box::new(layer), Some(alloc))
+        };
+        #[cfg(not(panic = "unwind"))]
+        let (layer, alloc): (Box<dyn PackedLayer<A, P, C>>, _) = (Box::new(pool), None);
         SharedPool {
             inner: Arc::new(Inner::new(
                 None,
-                None,
+                alloc,
                 Some(Mutex::new(layer)),
                 None,
                 requests,
@@ -1416,13 +1619,19 @@ impl<A: RawAllocator, P: Policy, C: Clock> SharedPool<A, P, C> {
         P: 'static,
         C: 'static,
     {
-        self.inner.packed(|p| {
-            let pool = p
-                .as_any()
+        let layer = self.inner.packed.as_ref()?;
+        let mut guard = recover(layer.lock());
+        let mut alloc = recover(self.inner.alloc.lock());
+        let (mut f, mut out) = (Some(f), None);
+        guard.with_pool(&mut alloc, &mut |pool| {
+            let pool = pool
                 .downcast_mut::<PackedPool<A, P, C>>()
                 .expect("a packed SharedPool holds a PackedPool of its own types");
-            f(pool)
-        })
+            if let Some(f) = f.take() {
+                out = Some(f(pool));
+            }
+        });
+        out
     }
 
     /// Checks the pool's structures ([`DecayingPool::validate`], or
@@ -1636,6 +1845,9 @@ impl<A: RawAllocator, P: Policy, C: Clock> SharedPool<A, P, C> {
     /// # }
     /// ```
     pub fn limit(&self) -> Option<usize> {
+        if let Some(limit) = self.inner.packed(|p| p.limit()) {
+            return limit;
+        }
         self.inner.cache(|cache| cache.limit())
     }
 
@@ -1656,6 +1868,9 @@ impl<A: RawAllocator, P: Policy, C: Clock> SharedPool<A, P, C> {
     /// # }
     /// ```
     pub fn reset_peaks(&self) {
+        if self.inner.packed(|p| p.reset_peaks()).is_some() {
+            return;
+        }
         self.inner.cache(|cache| cache.reset_peaks());
     }
 
@@ -1675,6 +1890,9 @@ impl<A: RawAllocator, P: Policy, C: Clock> SharedPool<A, P, C> {
     /// # }
     /// ```
     pub fn class_stats(&self) -> Option<Vec<ClassStats>> {
+        if let Some(stats) = self.inner.packed(|p| p.class_stats()) {
+            return stats;
+        }
         self.inner.cache(|cache| cache.class_stats())
     }
 

@@ -804,6 +804,91 @@ impl<A: Packable, P: Policy, C: Clock> PackedPool<A, P, C> {
         self.cap
     }
 
+    /// Changes the byte limit of the pool underneath
+    /// ([`DecayingPool::set_limit`]: cached blocks, emptied segments
+    /// included, are freed oldest first until the reserved bytes fit).
+    /// Returns the bytes freed. The largest segment stays what the limit at
+    /// construction made it ([`segment_cap`](Self::segment_cap)).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use decaying_pool::{DecayingPool, Packing, SystemAllocator};
+    /// let mut pool = DecayingPool::builder(SystemAllocator::new()).packing(Packing::default()).build();
+    /// let a = pool.allocate(100)?;
+    /// // SAFETY: `a` came from this pool with this size and is not used again.
+    /// unsafe { pool.release(a, 100) };
+    /// assert_eq!(pool.set_limit(Some(1 << 20)), 2 << 20); // the emptied 2 MiB segment
+    /// assert_eq!(pool.pool().limit(), Some(1 << 20));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn set_limit(&mut self, limit: Option<usize>) -> usize {
+        self.pool.set_limit(limit)
+    }
+
+    /// Sets every peak to its current value: the caller-level peak in use
+    /// of [`stats`](Self::stats), the pool's peaks
+    /// ([`DecayingPool::reset_peaks`]) and
+    /// [`PackingStats::peak_segment_bytes`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use decaying_pool::{DecayingPool, Packing, SystemAllocator};
+    /// let mut pool = DecayingPool::builder(SystemAllocator::new()).packing(Packing::default()).build();
+    /// let a = pool.allocate(100)?;
+    /// // SAFETY: `a` came from this pool with this size and is not used again.
+    /// unsafe { pool.release(a, 100) };
+    /// pool.reset_peaks();
+    /// assert_eq!(pool.stats().peak_bytes_in_use, 0);
+    /// assert_eq!(pool.packing_stats().peak_segment_bytes, 0);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn reset_peaks(&mut self) {
+        self.pool.reset_peaks();
+        self.req.peak_in_use = self.st.packed_bytes.saturating_add(self.req.exact_bytes);
+        self.st.peak_segment_bytes = self.st.segment_bytes;
+    }
+
+    /// The same pool over another allocator of the same blocks: every
+    /// field moves over as it is, and `f` turns the exact pool's allocator
+    /// into the new one (a [`SharedPool`](crate::SharedPool) swaps its own
+    /// in, so that backing calls run outside the packing lock). The exact
+    /// pool's debug record of blocks handed out starts afresh.
+    pub(crate) fn map_allocator<B>(self, f: impl FnOnce(A) -> B) -> PackedPool<B, P, C>
+    where
+        B: Packable<Block = A::Block>,
+    {
+        let this = core::mem::ManuallyDrop::new(self);
+        // SAFETY: `this` is never used or dropped again (`ManuallyDrop`),
+        // so each field is moved out exactly once, here.
+        let pool = unsafe { core::ptr::read(&this.pool) };
+        let (alloc, cache) = pool.into_parts();
+        let pool = DecayingPool::from_parts(f(alloc), cache);
+        // SAFETY: as above, each field read once.
+        unsafe {
+            PackedPool {
+                pool,
+                packing: core::ptr::read(&this.packing),
+                shift: this.shift,
+                cap: this.cap,
+                slots: core::ptr::read(&this.slots),
+                free_slots: core::ptr::read(&this.free_slots),
+                index: core::ptr::read(&this.index),
+                kind_bytes: this.kind_bytes,
+                spares: core::ptr::read(&this.spares),
+                recent: core::ptr::read(&this.recent),
+                freed_mark: this.freed_mark,
+                live: core::ptr::read(&this.live),
+                larger: core::ptr::read(&this.larger),
+                swapped: core::ptr::read(&this.swapped),
+                st: core::ptr::read(&this.st),
+                req: this.req,
+                requests: core::ptr::read(&this.requests),
+            }
+        }
+    }
+
     /// Checks that no two live carved blocks overlap, that every unit of
     /// every segment is either handed out or free in its sub-allocator, and
     /// that the counters agree with the structures (and the pool's own
