@@ -103,12 +103,14 @@ impl StreamPool {
                 }
             }
         }
-        lock(&self.pending).push(Pending {
+        let mut pending = lock(&self.pending);
+        pending.push(Pending {
             block,
             size,
             events,
         });
-        self.pending_count.fetch_add(1, Ordering::Release);
+        // Under the lock, so that the count follows the list.
+        self.pending_count.store(pending.len(), Ordering::Release);
     }
 
     /// Blocks held back now.
@@ -116,22 +118,29 @@ impl StreamPool {
         self.pending_count.load(Ordering::Acquire)
     }
 
-    /// Releases the held-back blocks whose events have completed (all of
-    /// them, waiting, when `wait`); returns how many.
+    /// Releases the held-back blocks whose events have completed; returns
+    /// how many. With `wait`, takes them all out and waits for their
+    /// events outside the lock; without, never waits for the lock either
+    /// (another thread polling now does the work).
     pub(crate) fn poll_pending(&self, wait: bool) -> usize {
         if self.pending() == 0 {
             return 0;
         }
-        let done: Vec<Pending> = {
+        let done: Vec<Pending> = if wait {
             let mut pending = lock(&self.pending);
+            self.pending_count.store(0, Ordering::Release);
+            core::mem::take(&mut *pending)
+        } else {
+            let mut pending = match self.pending.try_lock() {
+                Ok(p) => p,
+                Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+                Err(std::sync::TryLockError::WouldBlock) => return 0,
+            };
             let mut done = Vec::new();
             let mut i = 0;
             while i < pending.len() {
-                let p = &pending[i];
-                if wait {
-                    p.events.iter().for_each(StreamEvent::wait);
-                }
-                if wait || p.events.iter().all(StreamEvent::is_complete) {
+                // `cuEventQuery` does not block.
+                if pending[i].events.iter().all(StreamEvent::is_complete) {
                     done.push(pending.swap_remove(i));
                 } else {
                     i += 1;
@@ -142,6 +151,9 @@ impl StreamPool {
         };
         let n = done.len();
         for p in done {
+            if wait {
+                p.events.iter().for_each(StreamEvent::wait);
+            }
             drop(p.events);
             // SAFETY: `p.block` and `p.size` came from this pool's
             // `into_raw` (`release_after`'s contract), and leave the pending
