@@ -213,7 +213,7 @@ fn bad_input_is_refused_with_a_message() {
 
 #[test]
 fn stats_json_adds_up() {
-    let _g = fresh("backend=host,reaper=off,policy=ttl:10s");
+    let _g = fresh("backend=host,reaper=off,policy=ttl:10s,gc_threshold=0.9");
     let mut blocks = Vec::new();
     for (i, size) in [100usize, 5000, 70_000, 2 << 20, 20 << 20]
         .into_iter()
@@ -228,6 +228,7 @@ fn stats_json_adds_up() {
     let s = stats(0);
     assert_eq!(s["backend"], "host");
     assert_eq!(s["policy"], "fixed-time 10s");
+    assert_eq!(s["gc_threshold"], 0.9);
     assert_eq!(num(&s, &["pools"]), 2);
     let streams = s["streams"].as_array().unwrap();
     assert_eq!(streams.len(), 2);
