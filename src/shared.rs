@@ -61,8 +61,9 @@ use thread_cache::{Found, MAGAZINE, MagCounts, Magazine, Miss};
 /// The pool is split in two, each behind its own lock: the *cache* (the
 /// store of idle blocks, the policy, the clock and the counters) and the
 /// *backing allocator* (a [`Mutex`]). No thread ever holds both, except
-/// inside [`SharedPool::with`]. (A pool from [`SharedPool::packed`] is
-/// instead one [`PackedPool`] behind one lock: see there.)
+/// inside [`SharedPool::with`]. (A pool from [`SharedPool::packed`] keeps
+/// its packing layer behind one lock instead of the cache lock, and makes
+/// its backing calls outside it too: see there.)
 ///
 /// The cache lock is held only briefly (no backing call runs under it), so
 /// it is a lighter lock than a `Mutex`: one atomic read-modify-write to
@@ -1502,17 +1503,26 @@ impl<A: RawAllocator, P: Policy, C: Clock> SharedPool<A, P, C> {
     /// requests are carved from segments, larger ones are exact blocks,
     /// and the blocks are the same self-releasing [`Pooled`] handles.
     ///
-    /// The whole packed pool is behind one lock: unlike a plain pool's
-    /// split cache and allocator locks, a call that needs a new segment or
-    /// an exact block from the backing allocator holds up the other
-    /// threads' calls while the backing allocator runs. [`stats`](Self::stats)
-    /// are the exact pool's (segments and exact blocks are its blocks),
-    /// [`packing_stats`](Self::packing_stats) the packing counters;
-    /// [`with_packed`](Self::with_packed) reaches the `PackedPool` itself
-    /// ([`with`](Self::with) panics on a packed pool). A panic inside the
-    /// packed pool (backing allocator, clock, policy) is passed on and the
-    /// lock recovered by the next call; the blocks it keeps are as
-    /// [`PackedPool`] keeps them.
+    /// The packing layer (segments, carved blocks, the exact pool's cache)
+    /// is behind one lock and the backing allocator behind another, as in a
+    /// plain pool: a call that needs a new segment or an exact block fetches
+    /// it with only the allocator's lock held, so other threads' hits and
+    /// releases go on meanwhile, and the blocks the pool lets go are freed
+    /// after the packing lock. Without backing failures the pool makes the
+    /// same calls and hands out the same blocks as the `PackedPool` alone;
+    /// after a failure the out-of-memory ladder starts again at its first
+    /// rung at each try (cached blocks freed oldest first until none is
+    /// left), so [`Stats::backing_failures`] may count more. In a build
+    /// with `panic = "abort"` (the layer finds its way out of a try by
+    /// unwinding) the packing lock is held across backing calls instead.
+    ///
+    /// [`stats`](Self::stats) count the caller's requests
+    /// ([`PackedPool::stats`]), [`packing_stats`](Self::packing_stats) the
+    /// packing counters; [`with_packed`](Self::with_packed) reaches the
+    /// `PackedPool` itself ([`with`](Self::with) panics on a packed pool). A
+    /// panic inside the packed pool (backing allocator, clock, policy) is
+    /// passed on and the lock recovered by the next call; the blocks it
+    /// keeps are as [`PackedPool`] keeps them.
     ///
     /// # Examples
     ///
@@ -1586,15 +1596,16 @@ impl<A: RawAllocator, P: Policy, C: Clock> SharedPool<A, P, C> {
     /// Runs `f` on the [`PackedPool`] of a pool from
     /// [`SharedPool::packed`], under its lock; `None` for a plain pool.
     ///
-    /// Every other thread using the pool waits until `f` returns. Using
-    /// this pool inside `f` through a handle (or dropping a [`Pooled`] of
-    /// it) deadlocks.
+    /// `f` sees the pool over the backing allocator, with the packing and
+    /// allocator locks both held: its own calls reach the allocator
+    /// directly, and every other thread using the pool waits until `f`
+    /// returns. Using this pool inside `f` through a handle (or dropping a
+    /// [`Pooled`] of it) deadlocks.
     ///
     /// # Panics
     ///
-    /// When `f` panics (the lock is recovered by the next call). The
-    /// packing layer a `SharedPool<A, P, C>` holds is always a
-    /// `PackedPool<A, P, C>`, so the downcast to it cannot fail.
+    /// When `f` panics (the pool is put back together first, and the lock
+    /// recovered by the next call).
     ///
     /// # Examples
     ///
