@@ -68,6 +68,7 @@ pub use fuzzing::packed as fuzzing_packed;
 mod local;
 mod observe;
 mod packing;
+pub mod pages;
 pub mod policy;
 mod pool;
 mod raw;
