@@ -53,6 +53,8 @@ mod packing_corpus;
 mod packing_model;
 mod packing_robust;
 mod packing_shared;
+// The page layer: the host backend's tests are ignored under Miri (FFI).
+mod pages;
 // Writes trace files to the temporary directory: blocked by Miri's isolation.
 #[cfg(not(miri))]
 mod request_log;
