@@ -53,7 +53,7 @@
 //! b.validate_released()?;
 //! let c = b.counts();
 //! assert_eq!((c.created, c.maps, c.unmaps, c.set_access), (2, 4, 4, 2));
-//! # Ok::<(), decaying_pool::pages::PageError>(())
+//! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
 use core::fmt;
