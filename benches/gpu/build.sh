@@ -4,7 +4,11 @@
 # (release), and the hit-path benchmarks (`hit_path`, `shared_pool`, and
 # `examples/instructions.rs` for `benches/instructions.sh --time`), copied
 # with the traces into `.gpu/` (ignored by git), so the folder can be
-# carried to a machine that has no Rust.
+# carried to a machine that has no Rust. Also the C library of `ffi/`
+# (`.gpu/lib/libdecaying_pool.so`) and the Python package `python/decaying_pool`
+# (pure Python, `.gpu/python/`), for `torch_plugin.py` and `cupy_aba.py`: on
+# the device they run with `PYTHONPATH=.gpu/python
+# DECAYING_POOL_LIBRARY=.gpu/lib/libdecaying_pool.so`, no pip install.
 #
 #   bash benches/gpu/build.sh [TRACE...]   # default: the shared traces, if present
 set -euo pipefail
@@ -34,4 +38,10 @@ if [ $# -eq 0 ]; then
     [ -f "$1" ] || set -- cli/traces/inference.csv
 fi
 for t in "$@"; do [ -f "$t" ] && cp "$t" .gpu/traces/; done
+# The plug-in library and the package that loads it (`run.sh`'s plug-in
+# section); the package finds the library through $DECAYING_POOL_LIBRARY.
+cargo build --release -p decaying-pool-ffi
+mkdir -p .gpu/lib .gpu/python/decaying_pool
+cp target/release/libdecaying_pool.so .gpu/lib/
+cp python/decaying_pool/*.py python/decaying_pool/py.typed .gpu/python/decaying_pool/
 du -sh .gpu

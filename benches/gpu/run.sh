@@ -17,6 +17,17 @@
 # (`cargo bench --bench hit_path` and `--bench shared_pool`, and
 # `benches/instructions.sh --time`, about three minutes): a quieter
 # machine than a shared development one, and more processors.
+#
+# The plug-in section (after the traces; about three minutes, bounded by
+# `timeout 300` each): `torch_plugin.py`, a `transformers` generate loop
+# (a small cached model, else GPT-2 small with random weights) under
+# PyTorch's allocator, its expandable segments and `decaying_pool.torch`,
+# then at 1.10x the native run's peak reserved; and `cupy_aba.py`, the
+# A/B/A case on an 8 GiB limit under CuPy's pool and `decaying_pool.cupy`.
+# They load the package and the library `build.sh` copied
+# (`.gpu/python`, `.gpu/lib`) and write $OUT/torch_plugin.json and
+# $OUT/cupy_aba.json beside the log. PLUGIN=1 runs only this section;
+# NO_PLUGIN=1 leaves it out.
 set -u
 export PYTHONUNBUFFERED=1
 cd "$(dirname "$0")/../.."
@@ -24,6 +35,23 @@ out=${OUT:-/tmp/gpu-out}
 mkdir -p "$out"
 passes=${1:-3}
 g=.gpu
+plugin() {
+    export PYTHONPATH=$PWD/$g/python${PYTHONPATH:+:$PYTHONPATH}
+    export DECAYING_POOL_LIBRARY=$PWD/$g/lib/libdecaying_pool.so
+    echo "== torch_plugin (generate loop: native, dp, expandable; then at 1.10x native peak reserved)"
+    timeout 300 python3 benches/gpu/torch_plugin.py "$out/torch_plugin.json" --deadline-s 210
+    echo "== cupy_aba (the A/B/A case on 8 GiB: CuPy's pool, and decaying_pool.cupy)"
+    timeout 300 python3 benches/gpu/cupy_aba.py "$out/cupy_aba.json"
+}
+if [ -n "${PLUGIN:-}" ]; then
+    {
+        date -u
+        nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+        plugin
+        echo "== done"
+    } 2>&1 | tee "$out/log"
+    exit
+fi
 if [ -n "${BENCH:-}" ]; then
     {
         date -u
@@ -74,5 +102,6 @@ fi
         echo "== torch_replay $t 1, no caching (every request a cudaMalloc)"
         PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout 120 python3 benches/gpu/torch_replay.py "$t" 1
     done
+    [ -z "${NO_PLUGIN:-}" ] && (plugin)
     echo "== done"
 } 2>&1 | tee "$out/log"
