@@ -99,8 +99,8 @@ pub use clock::{Clock, ManualClock, MonotonicClock, PreciseClock};
 pub use error::PoolError;
 pub use local::{HostMemory, LocalBlock, LocalPool};
 pub use observe::{Event, Reason, Request};
-pub use pages::PageBackend;
 pub use packing::{Packable, PackedBuilder, PackedPool, Packing, PackingStats, ParsePackingError};
+pub use pages::PageBackend;
 pub use policy::{
     AnyPolicy, BoxedPolicy, EvictionPolicy, Exponential, FixedCapacity, FixedTime, Policy, Reuse,
 };
