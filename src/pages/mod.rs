@@ -59,11 +59,16 @@
 use core::fmt;
 use core::time::Duration;
 
+#[cfg(feature = "cuda")]
+mod cuda;
 #[cfg(target_os = "linux")]
 mod host;
 mod model;
 mod slots;
 
+#[cfg(feature = "cuda")]
+#[cfg_attr(docsrs, doc(cfg(feature = "cuda")))]
+pub use cuda::{CudaPage, CudaPageError, CudaPages, CudaRange};
 #[cfg(target_os = "linux")]
 #[cfg_attr(docsrs, doc(cfg(target_os = "linux")))]
 pub use host::{HostPage, HostPageError, HostPages, HostRange};

@@ -323,3 +323,195 @@ fn memory_fraction_is_a_share_of_the_device_and_sets_the_limit() {
     // SAFETY: as above.
     unsafe { pool.release(b, 1 << 20) };
 }
+
+/// The CUDA page backend's errors format without a driver, and without a
+/// device it refuses at construction.
+#[test]
+fn cuda_pages_refuse_without_a_device_and_errors_format() {
+    use decaying_pool::pages::{CudaPageError, CudaPages, PageError};
+
+    fn send_sync<T: Send + Sync>() {}
+    send_sync::<CudaPages>();
+    send_sync::<decaying_pool::pages::CudaRange>();
+    send_sync::<decaying_pool::pages::CudaPage>();
+    if !cuda::available() {
+        assert_eq!(CudaPages::new(0).unwrap_err(), CudaPageError::Unavailable);
+    }
+    let oom = CudaPageError::Driver {
+        call: "cuMemCreate",
+        error: DriverError(CUresult::CUDA_ERROR_OUT_OF_MEMORY),
+    };
+    assert!(oom.is_out_of_memory());
+    assert_eq!(
+        oom.to_string(),
+        "cuMemCreate failed: CUDA_ERROR_OUT_OF_MEMORY"
+    );
+    assert!(format!("{oom:?}").contains("CUDA_ERROR_OUT_OF_MEMORY"));
+    let map = CudaPageError::Driver {
+        call: "cuMemMap",
+        error: DriverError(CUresult::CUDA_ERROR_INVALID_VALUE),
+    };
+    assert!(!map.is_out_of_memory());
+    let invalid = CudaPageError::from(PageError::SlotMapped { offset: 4096 });
+    assert_eq!(
+        invalid.to_string(),
+        "the slot at offset 4096 is mapped already"
+    );
+    assert!(std::error::Error::source(&invalid).is_some());
+    assert_eq!(
+        CudaPageError::Unavailable.to_string(),
+        "no CUDA driver or device"
+    );
+    assert!(
+        CudaPageError::Unsupported { ordinal: 3 }
+            .to_string()
+            .contains("device 3")
+    );
+}
+
+/// Device pages (CUDA virtual memory management): a run mapped into one
+/// range is written with a cudarc copy, unmapped, mapped in the other
+/// order into a second range, and reads back the same bytes, page by page;
+/// the refusals of the contract; the counts the replay's model keeps.
+#[test]
+fn cuda_pages_move_between_ranges_with_their_bytes() {
+    use decaying_pool::pages::{CudaPageError, CudaPages, PageBackend, PageError};
+
+    if skip("cuda_pages_move_between_ranges_with_their_bytes") {
+        return;
+    }
+    let mut b = CudaPages::new(0).unwrap();
+    let g = b.granularity();
+    let min = b.minimum_granularity();
+    assert!(g >= min && g % min == 0, "granularity {g}, minimum {min}");
+    let stream = b.context().default_stream();
+
+    // Sizes are checked before the driver sees them.
+    let invalid = |e: CudaPageError| match e {
+        CudaPageError::Invalid(e) => e,
+        e => panic!("{e}"),
+    };
+    assert_eq!(invalid(b.reserve(0).unwrap_err()), PageError::ZeroSize);
+    assert_eq!(
+        invalid(b.reserve(g + 1).unwrap_err()),
+        PageError::NotAligned {
+            value: g + 1,
+            granularity: g
+        }
+    );
+    let huge = usize::MAX / g * g;
+    assert_eq!(
+        invalid(b.reserve(huge).unwrap_err()),
+        PageError::TooLarge { bytes: huge }
+    );
+
+    let mut first = b.reserve(4 * g).unwrap();
+    let mut second = b.reserve(3 * g).unwrap();
+    assert_eq!(first.device_ptr() % g as u64, 0);
+    assert_eq!(b.range_len(&second), 3 * g);
+    let mut pages = Vec::new();
+    b.create_pages(2, &mut pages).unwrap();
+    b.map(&mut first, g, &pages).unwrap();
+    assert_eq!(first.mapped_runs(), vec![(g, 2)]);
+
+    // Refusals, with no effect.
+    let extra = b.create_page().unwrap();
+    assert_eq!(
+        invalid(
+            b.map(&mut first, 2 * g, std::slice::from_ref(&extra))
+                .unwrap_err()
+        ),
+        PageError::SlotMapped { offset: 2 * g }
+    );
+    assert_eq!(
+        invalid(b.map(&mut second, 0, &pages[..1]).unwrap_err()),
+        PageError::PageMapped
+    );
+    assert_eq!(
+        invalid(b.map(&mut second, 0, &[]).unwrap_err()),
+        PageError::ZeroSize
+    );
+    assert!(matches!(
+        invalid(b.map(&mut first, 3 * g, &pages).unwrap_err()),
+        PageError::OutOfRange { .. }
+    ));
+    // SAFETY: a refused call touches nothing.
+    let e = unsafe { b.unmap(&mut first, 0, 1) }.unwrap_err();
+    assert_eq!(invalid(e), PageError::SlotUnmapped { offset: 0 });
+    let mut other = CudaPages::new(0).unwrap();
+    let mut foreign = other.reserve(other.granularity()).unwrap();
+    assert_eq!(
+        invalid(
+            b.map(&mut foreign, 0, std::slice::from_ref(&extra))
+                .unwrap_err()
+        ),
+        PageError::ForeignHandle
+    );
+    // SAFETY: nothing uses `foreign`.
+    unsafe { other.release_range(foreign) }.unwrap();
+    assert_eq!(first.mapped_pages(), 2);
+
+    // Write the two pages through `first` with a cudarc copy. The view is
+    // leaked before it drops (its drop would `cuMemFree` the range).
+    let data: Vec<u8> = (0..2 * g).map(|i| (i % 251) as u8).collect();
+    // SAFETY: slots 1 and 2 of `first` are mapped, 2 * g bytes, read-write
+    // for the device; the view is leaked, never freed.
+    let mut view = unsafe { stream.upgrade_device_ptr::<u8>(first.device_ptr() + g as u64, 2 * g) };
+    stream.memcpy_htod(&data, &mut view).unwrap();
+    view.leak();
+    stream.synchronize().unwrap();
+    // SAFETY: the copy is done (the stream synchronised); nothing else
+    // uses `first`.
+    unsafe { b.unmap(&mut first, g, 2) }.unwrap();
+    assert_eq!(first.mapped_pages(), 0);
+
+    // The same pages, the other way round, at the start of `second`.
+    pages.reverse();
+    b.map(&mut second, 0, &pages).unwrap();
+    let mut back = vec![0u8; 2 * g];
+    // SAFETY: slots 0 and 1 of `second` are mapped (2 * g bytes); the
+    // context is current (the backend bound it on this thread).
+    unsafe { cudarc::driver::result::memcpy_dtoh_sync(&mut back, second.device_ptr()) }.unwrap();
+    assert!(
+        back[..g] == data[g..],
+        "the second page moved with its bytes"
+    );
+    assert!(
+        back[g..] == data[..g],
+        "the first page moved with its bytes"
+    );
+
+    // A page released while mapped is refused (and kept by the backend).
+    b.map(&mut second, 2 * g, std::slice::from_ref(&extra))
+        .unwrap();
+    assert_eq!(second.mapped_runs(), vec![(0, 3)]);
+    // SAFETY: refused: `extra` is mapped.
+    let e = unsafe { b.release_page(extra) }.unwrap_err();
+    assert_eq!(invalid(e), PageError::PageMapped);
+
+    // SAFETY: nothing uses either range (the copies were synchronous);
+    // their pages are unmapped with them.
+    unsafe {
+        b.release_range(first).unwrap();
+        b.release_range(second).unwrap();
+        for p in pages {
+            b.release_page(p).unwrap();
+        }
+    }
+    let c = b.counts();
+    assert_eq!(
+        (c.created, c.released, c.maps, c.unmaps),
+        (3, 2, 5, 5),
+        "{c}"
+    );
+    assert_eq!(
+        (c.set_access, c.unmap_calls, c.reserves, c.range_frees),
+        (3, 2, 2, 2),
+        "{c}"
+    );
+    assert_eq!((c.mapped_pages(), c.live_ranges()), (0, 0));
+    // The page refused above is still the backend's: its drop releases it.
+    assert_eq!(c.live_pages(), 1);
+    drop(b);
+    stream.synchronize().unwrap();
+}
