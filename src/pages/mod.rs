@@ -11,7 +11,7 @@
 //! |---|---|---|---|
 //! | [`HostPages`] (Linux) | a slot of a `memfd` file | `mmap(PROT_NONE)` | `mmap(MAP_FIXED \| MAP_SHARED)` / `PROT_NONE` over it |
 //! | [`ModelPages`] (everywhere) | a number | fake addresses | counted and charged at [`PageCosts::PUBLISHED`] |
-//! | CUDA (to come) | `cuMemCreate` | `cuMemAddressReserve` | `cuMemMap` + `cuMemSetAccess` / `cuMemUnmap` |
+//! | `CudaPages` (feature **`cuda`**) | `cuMemCreate` | `cuMemAddressReserve` | `cuMemMap` + `cuMemSetAccess` / `cuMemUnmap` |
 //!
 //! # The contract
 //!
