@@ -8,7 +8,9 @@
  * The entry points are PyTorch's pluggable-allocator functions
  * (torch.cuda.memory.CUDAPluggableAllocator: dp_malloc, dp_free and the
  * hooks dp_init, dp_empty_cache, dp_set_memory_fraction, dp_record_stream)
- * and CuPy's CFunctionAllocator functions (dp_cupy_malloc, dp_cupy_free).
+ * and CuPy's CFunctionAllocator functions (dp_cupy_malloc, dp_cupy_free),
+ * with pinned host memory for CuPy's pinned allocator (dp_pinned_malloc,
+ * dp_pinned_free).
  *
  * POOLS. One pool per (device, stream), made on the first request of that
  * pair: a block allocated for a stream is reused for that stream only, as
@@ -178,6 +180,25 @@ void *dp_cupy_malloc(void *param, size_t size, int device);
 void dp_cupy_free(void *param, void *ptr, int device);
 
 /*
+ * Allocates `size` bytes of pinned (page-locked) host memory, for host to
+ * device copies that overlap with kernels (what CuPy's pinned memory
+ * allocator hands out): cuMemHostAlloc behind a pool of its own on the
+ * CUDA backend, system memory on the host backend. The pool has no limit
+ * (limit= and memory fractions bound the devices); its figures are
+ * dp_stats_json(-1, ...). size 0 returns NULL and sets no message; a
+ * failure returns NULL and sets dp_last_error(). Free with dp_pinned_free,
+ * once, after the copies that use the memory are done.
+ */
+void *dp_pinned_malloc(size_t size);
+
+/*
+ * Gives pinned host memory from dp_pinned_malloc back (its size from the
+ * library's record). NULL does nothing; a pointer not handed out, or freed
+ * twice, is reported and ignored.
+ */
+void dp_pinned_free(void *ptr);
+
+/*
  * Configures the library from `config` (key=value,...; see the top of this
  * file). Returns 0, or -1 with a message naming the key. `config` is a
  * NUL-terminated UTF-8 string owned by the caller (not kept).
@@ -195,7 +216,8 @@ int dp_configure(const char *config);
  * the bytes it needs, including the terminating NUL. When `len` is at least
  * that, `buf` holds the NUL-terminated JSON; when it is less (but not 0), buf
  * holds the empty string "". `buf` NULL or `len` 0: nothing is written,
- * only the size returned. 0 on error (a bad device; message set).
+ * only the size returned. 0 on error (a bad device; message set). Device
+ * -1 is the pinned host pool of dp_pinned_malloc.
  *
  * The object (sizes in bytes; a device no pool has used reports zeros):
  *   device, backend ("cuda"|"host"), policy (the replay's label, e.g.
@@ -218,9 +240,10 @@ int dp_configure(const char *config);
  *     larger_reuses, oversize_bytes), or null with packing=off,
  *   streams: an array, one object per pool of the device, by stream:
  *     { stream (the handle as an integer), pending_blocks, stats, packing }.
- * With packing on, the Stats of a pool count segments and exact blocks as
- * its blocks (bytes_in_use includes a segment's free space); the carved
- * requests are in packing (packed_blocks, bytes_requested).
+ * With packing on, the Stats count the callers' requests, as for a plain
+ * pool (hits + misses is the number of successful requests; bytes_in_use
+ * the blocks handed out, bytes_cached what is idle: cached blocks and the
+ * free space inside segments); the segments are in packing.
  */
 size_t dp_stats_json(int device, char *buf, size_t len);
 

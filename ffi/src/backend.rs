@@ -7,7 +7,7 @@ use core::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use dp::backend::AllocError;
-use dp::cuda::{CudaError, DeviceAllocator};
+use dp::cuda::{CudaError, DeviceAllocator, PinnedHostAllocator};
 use dp::{Packable, RawAllocator, SystemAllocator};
 
 use crate::config::BackendKind;
@@ -19,6 +19,10 @@ const HOST_ALIGN: usize = 512;
 /// No limit.
 const NO_LIMIT: usize = usize::MAX;
 
+/// The device number of the pinned host pool (`dp_pinned_malloc`; its
+/// figures are `dp_stats_json(-1, ...)`).
+pub(crate) const PINNED: i32 = -1;
+
 /// One device: its allocator and the byte budget its stream pools share.
 pub(crate) struct Device {
     /// The device number the callers use.
@@ -27,6 +31,9 @@ pub(crate) struct Device {
     pub(crate) kind: BackendKind,
     /// The CUDA allocator (a context handle), on the CUDA backend.
     pub(crate) cuda: Option<DeviceAllocator>,
+    /// The pinned host allocator, for the pinned host pool on the CUDA
+    /// backend (page-locked memory of device 0's primary context).
+    pinned: Option<PinnedHostAllocator>,
     /// Bytes taken from the backing allocator by all the device's pools.
     reserved: AtomicUsize,
     /// The most bytes they may take together ([`NO_LIMIT`]: none).
@@ -79,8 +86,40 @@ impl Device {
             index,
             kind,
             cuda,
+            pinned: None,
             reserved: AtomicUsize::new(0),
             limit: AtomicUsize::new(limit.unwrap_or(NO_LIMIT)),
+            capacity,
+        })
+    }
+
+    /// Opens the pinned host "device" ([`PINNED`]): page-locked host memory
+    /// (`cuMemHostAlloc`) on the CUDA backend, system memory on the host
+    /// backend. No limit: `limit=` and memory fractions are the devices'.
+    ///
+    /// # Errors
+    ///
+    /// A message when CUDA is not there or pinned memory cannot be had.
+    pub(crate) fn open_pinned(kind: BackendKind) -> Result<Self, String> {
+        let capacity = SystemAllocator::new().capacity();
+        let pinned = match kind {
+            BackendKind::Host => None,
+            BackendKind::Cuda => {
+                if !dp::cuda::available() {
+                    return Err("pinned host memory: CUDA is not available here (no driver \
+                         or no device); configure backend=host to use system memory"
+                        .into());
+                }
+                Some(PinnedHostAllocator::new(0).map_err(|e| format!("pinned host memory: {e}"))?)
+            }
+        };
+        Ok(Device {
+            index: PINNED,
+            kind,
+            cuda: None,
+            pinned,
+            reserved: AtomicUsize::new(0),
+            limit: AtomicUsize::new(NO_LIMIT),
             capacity,
         })
     }
@@ -173,16 +212,19 @@ pub(crate) struct Backend {
     device: Arc<Device>,
     host: SystemAllocator,
     cuda: Option<DeviceAllocator>,
+    pinned: Option<PinnedHostAllocator>,
 }
 
 impl Backend {
     /// An allocator for one pool of `device`.
     pub(crate) fn new(device: Arc<Device>) -> Self {
         let cuda = device.cuda.clone();
+        let pinned = device.pinned.clone();
         Backend {
             device,
             host: SystemAllocator::with_align(HOST_ALIGN).unwrap_or_default(),
             cuda,
+            pinned,
         }
     }
 }
@@ -193,12 +235,16 @@ impl RawAllocator for Backend {
 
     fn allocate(&mut self, size: usize) -> Result<usize, BackendError> {
         self.device.reserve(size)?;
-        let block = match &mut self.cuda {
-            Some(cuda) => cuda
+        let block = match (&mut self.cuda, &mut self.pinned) {
+            (Some(cuda), _) => cuda
                 .allocate(size)
                 .map(|p| p as usize)
                 .map_err(BackendError::Cuda),
-            None => self
+            (None, Some(pinned)) => pinned
+                .allocate(size)
+                .map(|p| p.as_ptr().expose_provenance())
+                .map_err(BackendError::Cuda),
+            (None, None) => self
                 .host
                 .allocate(size)
                 .map(|p| p.as_ptr().expose_provenance())
@@ -211,11 +257,19 @@ impl RawAllocator for Backend {
     }
 
     unsafe fn deallocate(&mut self, block: usize, size: usize) {
-        match &mut self.cuda {
+        match (&mut self.cuda, &mut self.pinned) {
             // SAFETY: `block` came from `cuda.allocate(size)` (the caller's
             // contract on `self.allocate`), given back once.
-            Some(cuda) => unsafe { cuda.deallocate(block as u64, size) },
-            None => {
+            (Some(cuda), _) => unsafe { cuda.deallocate(block as u64, size) },
+            (None, Some(pinned)) => {
+                let ptr = NonNull::new(core::ptr::with_exposed_provenance_mut::<u8>(block))
+                    .expect("a pinned block is never null");
+                // SAFETY: `block` is the exposed address of a pointer from
+                // `pinned.allocate(size)` (the caller's contract), so `ptr`
+                // has its provenance; given back once.
+                unsafe { pinned.deallocate(ptr, size) }
+            }
+            (None, None) => {
                 let ptr = NonNull::new(core::ptr::with_exposed_provenance_mut::<u8>(block))
                     .expect("a host block is never null");
                 // SAFETY: `block` is the exposed address of a pointer from

@@ -326,6 +326,30 @@ pub extern "C" fn dp_cupy_free(param: *mut c_void, ptr: *mut c_void, device: c_i
     free("dp_cupy_free", ptr, None);
 }
 
+/// Allocates `size` bytes of pinned (page-locked) host memory, for
+/// transfers that overlap with kernels (CuPy's pinned memory allocator):
+/// `cuMemHostAlloc` behind a pool of its own on the CUDA backend, system
+/// memory on the host backend. Size 0 returns NULL and sets no message; a
+/// failure returns NULL and sets the message of [`dp_last_error`]. Its
+/// figures are `dp_stats_json(-1, ...)`.
+#[unsafe(no_mangle)]
+pub extern "C" fn dp_pinned_malloc(size: usize) -> *mut c_void {
+    guard("dp_pinned_malloc", core::ptr::null_mut(), || {
+        if size == 0 {
+            return Ok(core::ptr::null_mut());
+        }
+        library()?.allocate_pinned(size).map(block_ptr)
+    })
+}
+
+/// Frees pinned host memory from [`dp_pinned_malloc`] (its size from the
+/// registry). NULL does nothing; a pointer not handed out, or freed twice,
+/// is reported and ignored.
+#[unsafe(no_mangle)]
+pub extern "C" fn dp_pinned_free(ptr: *mut c_void) {
+    free("dp_pinned_free", ptr, None);
+}
+
 /// Configures the library from `key=value,...` (see the header): 0, or -1
 /// and a message naming the key. Refused (-1) while blocks are allocated or
 /// held back; otherwise the pools are trimmed and replaced.
@@ -383,7 +407,9 @@ fn configure(text: &str) -> Result<(), String> {
 pub unsafe extern "C" fn dp_stats_json(device: c_int, buf: *mut c_char, len: usize) -> usize {
     guard("dp_stats_json", 0, || {
         let lib = library()?;
-        Library::check_device(device)?;
+        if device != backend::PINNED {
+            Library::check_device(device)?;
+        }
         let json = stats::device_json(&lib, device);
         let needed = json.len() + 1;
         if buf.is_null() || len == 0 {

@@ -18,7 +18,7 @@ use dp::policy::AnyPolicy;
 use dp::trace::RequestLog;
 use dp::{DecayingPool, PoolError, Pooled, Reaper, SharedPool};
 
-use crate::backend::{Backend, BackendError, Device};
+use crate::backend::{Backend, BackendError, Device, PINNED};
 use crate::config::Config;
 use crate::events::StreamEvent;
 
@@ -285,11 +285,22 @@ impl Library {
     /// A bad device number, or the device cannot be opened.
     pub(crate) fn device(&self, index: i32) -> Result<Arc<Device>, String> {
         Self::check_device(index)?;
+        self.open_device(index)
+    }
+
+    /// Device `index` (or the pinned host pool's, [`PINNED`]), opened on
+    /// first use.
+    fn open_device(&self, index: i32) -> Result<Arc<Device>, String> {
         let mut devices = lock(&self.devices);
         if let Some(d) = devices.get(&index) {
             return Ok(Arc::clone(d));
         }
-        let d = Arc::new(Device::open(index, self.config.backend, self.config.limit)?);
+        let d = if index == PINNED {
+            Device::open_pinned(self.config.backend)?
+        } else {
+            Device::open(index, self.config.backend, self.config.limit)?
+        };
+        let d = Arc::new(d);
         devices.insert(index, Arc::clone(&d));
         Ok(d)
     }
@@ -305,6 +316,13 @@ impl Library {
     ///
     /// As [`device`](Self::device).
     pub(crate) fn pool(&self, device: i32, stream: usize) -> Result<Arc<StreamPool>, String> {
+        Self::check_device(device)?;
+        self.pool_of(device, stream)
+    }
+
+    /// The pool of (`device`, `stream`), [`PINNED`] included, made on
+    /// first use.
+    fn pool_of(&self, device: i32, stream: usize) -> Result<Arc<StreamPool>, String> {
         let key = (device, stream);
         if let Some(p) = self
             .pools
@@ -314,7 +332,7 @@ impl Library {
         {
             return Ok(Arc::clone(p));
         }
-        let dev = self.device(device)?;
+        let dev = self.open_device(device)?;
         let made = Arc::new(self.build_pool(dev, stream));
         let mut pools = self.pools.write().unwrap_or_else(PoisonError::into_inner);
         // Another thread may have made it meanwhile: keep the first (ours
@@ -397,6 +415,30 @@ impl Library {
         stream: usize,
     ) -> Result<usize, String> {
         let sp = self.pool(device, stream)?;
+        self.allocate_from(sp, size, device, stream)
+    }
+
+    /// Allocates `size` bytes of pinned host memory (the pool of
+    /// [`PINNED`]: page-locked on the CUDA backend, system memory on the
+    /// host backend).
+    ///
+    /// # Errors
+    ///
+    /// As [`allocate`](Self::allocate).
+    pub(crate) fn allocate_pinned(&self, size: usize) -> Result<usize, String> {
+        let sp = self.pool_of(PINNED, 0)?;
+        self.allocate_from(sp, size, PINNED, 0)
+    }
+
+    /// [`allocate`](Self::allocate) from the pool `sp` of (`device`,
+    /// `stream`).
+    fn allocate_from(
+        &self,
+        sp: Arc<StreamPool>,
+        size: usize,
+        device: i32,
+        stream: usize,
+    ) -> Result<usize, String> {
         sp.poll_pending(false);
         let first = match sp.pool.allocate(size) {
             Ok(p) => Ok(p),

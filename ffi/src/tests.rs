@@ -351,6 +351,45 @@ fn record_stream_on_the_host_releases_at_once() {
 }
 
 #[test]
+fn pinned_memory_has_a_pool_of_its_own() {
+    let _g = fresh("backend=host,reaper=off");
+    assert!(dp_pinned_malloc(0).is_null());
+    assert_eq!(last_error(), None);
+    let a = dp_pinned_malloc(5000);
+    assert!(!a.is_null(), "{:?}", last_error());
+    // SAFETY: `a` is 5000 writable bytes of host memory (backend=host).
+    unsafe { core::ptr::write_bytes(a.cast::<u8>(), 0xA5, 5000) };
+    let b = dp_pinned_malloc(5000);
+    assert!(!b.is_null() && b != a);
+    let s = stats(-1);
+    assert_eq!(num(&s, &["stats", "bytes_in_use"]), 10240, "{s}"); // two 512-byte-unit blocks
+    assert_eq!(num(&s, &["pools"]), 1);
+    // The devices' figures do not count it.
+    assert_eq!(num(&stats(0), &["stats", "bytes_in_use"]), 0);
+    dp_pinned_free(a);
+    dp_pinned_free(b);
+    assert_eq!(last_error(), None);
+    dp_pinned_free(b);
+    assert!(last_error().unwrap().starts_with("dp_pinned_free"));
+    dp_pinned_free(core::ptr::null_mut());
+    assert_eq!(last_error(), None);
+    // A hit: the same block again (carved from the segment still held).
+    let hits = num(&stats(-1), &["stats", "hits"]);
+    let c = dp_pinned_malloc(5000);
+    assert!(c == a || c == b);
+    assert_eq!(num(&stats(-1), &["stats", "hits"]), hits + 1);
+    assert_eq!(num(&stats(-1), &["stats", "backing_allocs"]), 1);
+    assert!(dp_pinned_malloc(usize::MAX).is_null());
+    assert!(last_error().unwrap().starts_with("dp_pinned_malloc"));
+    dp_pinned_free(c);
+    dp_empty_cache();
+    assert_eq!(num(&stats(-1), &["stats", "bytes_reserved"]), 0);
+    // Not a device of dp_malloc.
+    assert!(dp_malloc(100, -1, stream(0)).is_null());
+    assert!(last_error().is_some());
+}
+
+#[test]
 fn record_writes_a_balanced_trace() {
     let path = std::env::temp_dir().join(format!("decaying-pool-ffi-{}.trace", std::process::id()));
     let _g = fresh(&format!(
@@ -443,15 +482,23 @@ fn the_header_declares_exactly_the_exports() {
         "dp_init",
         "dp_last_error",
         "dp_malloc",
+        "dp_pinned_free",
+        "dp_pinned_malloc",
         "dp_record_stream",
         "dp_set_memory_fraction",
         "dp_stats_json",
     ];
     assert_eq!(exported, contract);
     assert_eq!(declared, contract);
-    // The built library, when there is one and `nm` is installed.
+    // The built library, when there is one built from this source (not
+    // older than `lib.rs`) and `nm` is installed.
+    let modified = |path: &str| std::fs::metadata(path).and_then(|m| m.modified()).ok();
+    let source_time = modified(&format!("{dir}/src/lib.rs"));
     for profile in ["debug", "release"] {
         let so = format!("{dir}/../target/{profile}/libdecaying_pool.so");
+        if modified(&so) < source_time {
+            continue;
+        }
         let Ok(out) = std::process::Command::new("nm")
             .args(["-D", "--defined-only", &so])
             .output()

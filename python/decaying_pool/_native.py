@@ -79,6 +79,8 @@ def _declare(lib: ctypes.CDLL) -> None:
         "dp_record_stream": (None, [c_void_p, c_void_p]),
         "dp_cupy_malloc": (c_void_p, [c_void_p, c_size_t, c_int]),
         "dp_cupy_free": (None, [c_void_p, c_void_p, c_int]),
+        "dp_pinned_malloc": (c_void_p, [c_size_t]),
+        "dp_pinned_free": (None, [c_void_p]),
         "dp_configure": (c_int, [ctypes.c_char_p]),
         "dp_stats_json": (c_size_t, [c_int, ctypes.c_char_p, c_size_t]),
         "dp_last_error": (ctypes.c_char_p, []),

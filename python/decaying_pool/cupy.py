@@ -16,6 +16,12 @@ CuPy's C-function door carries no stream: the library serves these blocks
 from its pool of the device's default stream. Work on other CuPy streams
 must be ordered (synchronise, or use the default stream) before an array's
 memory is freed and reused.
+
+With ``enable(pinned=True)`` CuPy's pinned host memory (the staging
+buffers of ``cupy.asarray``/``asnumpy`` and of user ``alloc_pinned_memory``)
+comes from the library's pinned pool too (``dp_pinned_malloc``, page-locked
+``cuMemHostAlloc`` memory; its figures are ``decaying_pool.stats(-1)``),
+through ``cupy.cuda.set_pinned_memory_allocator``.
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ from typing import Any, Callable, Optional
 
 from . import _native, configure, last_error
 
-__all__ = ["enable", "MALLOC", "FREE"]
+__all__ = ["enable", "enable_pinned", "PinnedBlock", "MALLOC", "FREE"]
 
 #: The entry points CuPy's ``CFunctionAllocator`` calls.
 MALLOC = "dp_cupy_malloc"
@@ -81,14 +87,12 @@ def enable(pinned: bool = False, **config: Any) -> Callable[[int], Any]:
     Configures the library with ``config`` (see
     :func:`decaying_pool.configure`), then
     ``cupy.cuda.set_allocator(...)`` with a ``CFunctionAllocator`` over
-    ``dp_cupy_malloc``/``dp_cupy_free``. With ``pinned=True`` the pinned
-    host allocator is replaced too (see :func:`enable_pinned`).
+    ``dp_cupy_malloc``/``dp_cupy_free``. With ``pinned=True`` CuPy's pinned
+    host allocator is replaced too (:func:`enable_pinned`).
 
     Raises:
         ImportError: CuPy is missing.
         decaying_pool.ConfigError: the library refused ``config``.
-        NotImplementedError: ``pinned=True`` but the library has no pinned
-            host entry point.
     """
     global _device_allocator
     cupy = _import_cupy()
@@ -101,9 +105,55 @@ def enable(pinned: bool = False, **config: Any) -> Callable[[int], Any]:
     return _device_allocator
 
 
-def enable_pinned(cupy: Any = None) -> None:
-    """Replace CuPy's pinned host allocator with the library's (when it has one)."""
-    raise NotImplementedError(
-        "the decaying-pool C library has no pinned host entry point yet; "
-        "CuPy's own pinned memory pool stays in place"
-    )
+class PinnedBlock:
+    """Pinned host memory from the library's pinned pool (``dp_pinned_malloc``).
+
+    What a ``cupy.cuda.PinnedMemoryPointer`` holds (it reads ``ptr`` and
+    ``size``); the memory goes back (``dp_pinned_free``) when the last
+    reference goes. ``ptr`` is 0 when the library refused (its message in
+    :func:`decaying_pool.last_error`).
+    """
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.ptr = (_native.lib().dp_pinned_malloc(size) or 0) if size else 0
+
+    def __int__(self) -> int:
+        return self.ptr
+
+    def __del__(self) -> None:
+        ptr, self.ptr = self.ptr, 0
+        if ptr:
+            try:
+                _native.lib().dp_pinned_free(ptr)
+            except Exception:  # interpreter shutdown: the library may be gone
+                pass
+
+
+def pinned_allocator(cupy: Any) -> Callable[[int], Any]:
+    """Return a CuPy pinned allocator (``size -> PinnedMemoryPointer``) over the library."""
+    pointer = getattr(cupy.cuda, "PinnedMemoryPointer", None)
+    if pointer is None:
+        pointer = cupy.cuda.pinned_memory.PinnedMemoryPointer
+
+    def malloc(size: int) -> Any:
+        mem = PinnedBlock(size)
+        if size and not mem.ptr:
+            raise _out_of_memory(cupy, size)
+        return pointer(mem, 0)
+
+    return malloc
+
+
+def enable_pinned(cupy: Any = None) -> Callable[[int], Any]:
+    """Make the library's pinned pool CuPy's pinned host allocator; return it.
+
+    ``cupy.cuda.set_pinned_memory_allocator`` with an allocator whose
+    blocks are :class:`PinnedBlock`s. Blocks CuPy's own pinned pool handed
+    out before stay with it.
+    """
+    if cupy is None:
+        cupy = _import_cupy()
+    malloc = pinned_allocator(cupy)
+    cupy.cuda.set_pinned_memory_allocator(malloc)
+    return malloc

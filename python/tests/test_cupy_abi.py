@@ -82,3 +82,48 @@ def test_cupy_and_torch_doors_share_the_device(cupy_abi, torch_abi) -> None:
     cupy_free(PARAM, a, 0)
     torch_free(b, 4096, 0, 0)
     assert figures(decaying_pool.stats(0))["bytes_in_use"] == 0
+
+
+def test_pinned_host_memory_from_threads() -> None:
+    # dp_pinned_malloc / dp_pinned_free, as CuPy's pinned allocator uses
+    # them: a pool of its own (device -1), blocks never handed out twice.
+    lib = ctypes.CDLL(decaying_pool.library_path())
+    lib.dp_pinned_malloc.restype = ctypes.c_void_p
+    lib.dp_pinned_malloc.argtypes = [ctypes.c_size_t]
+    lib.dp_pinned_free.restype = None
+    lib.dp_pinned_free.argtypes = [ctypes.c_void_p]
+    errors: List[str] = []
+
+    def worker(seed: int) -> None:
+        rng = random.Random(seed)
+        held: List[Tuple[int, int, int]] = []
+        for _ in range(300):
+            if held and rng.random() < 0.5:
+                ptr, size, byte = held.pop(rng.randrange(len(held)))
+                if ctypes.string_at(ptr, size) != bytes([byte]) * size:
+                    errors.append(f"block {ptr:#x} changed under its owner")
+                lib.dp_pinned_free(ptr)
+            else:
+                size = rng.randrange(1, 1 << 16)
+                ptr = lib.dp_pinned_malloc(size)
+                if not ptr:
+                    errors.append(f"dp_pinned_malloc({size}) failed: {decaying_pool.last_error()}")
+                    continue
+                byte = seed & 0xFF
+                ctypes.memset(ptr, byte, size)
+                held.append((ptr, size, byte))
+        for ptr, _, _ in held:
+            lib.dp_pinned_free(ptr)
+
+    threads = [threading.Thread(target=worker, args=(s,)) for s in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert figures(decaying_pool.stats(-1))["bytes_in_use"] == 0
+    assert lib.dp_pinned_malloc(2**63) is None
+    assert decaying_pool.last_error().startswith("dp_pinned_malloc")
+    lib.dp_pinned_free(None)
+    decaying_pool.empty_cache()
+    assert figures(decaying_pool.stats(-1))["bytes_reserved"] == 0

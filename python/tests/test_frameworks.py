@@ -223,10 +223,32 @@ def test_cupy_enable_installs_the_c_functions(monkeypatch) -> None:
     assert malloc(0).ptr == 0  # size 0 is no error (CuPy never calls malloc)
 
 
-def test_cupy_enable_pinned_is_refused_before_anything_is_installed(monkeypatch) -> None:
+def test_cupy_enable_pinned_installs_the_pinned_pool(monkeypatch) -> None:
     cupy, installed = fake_cupy()
+    pinned_installed: List[Any] = []
+
+    class PinnedMemoryPointer:
+        # As cupy/cuda/pinned_memory.pyx: keeps `mem`, reads its `ptr`.
+        def __init__(self, mem: Any, offset: int) -> None:
+            self.mem, self.ptr = mem, mem.ptr + offset
+
+        def size(self) -> int:
+            return int(self.mem.size - (self.ptr - self.mem.ptr))
+
+    cupy.cuda.PinnedMemoryPointer = PinnedMemoryPointer  # type: ignore[attr-defined]
+    cupy.cuda.set_pinned_memory_allocator = pinned_installed.append  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "cupy", cupy)
     monkeypatch.setattr(dp_cupy, "_device_allocator", None)
-    with pytest.raises(NotImplementedError, match="pinned"):
-        dp_cupy.enable(pinned=True)
-    assert installed == []
+
+    malloc = dp_cupy.enable(pinned=True)
+    assert installed == [malloc]
+    (pinned,) = pinned_installed
+    before = figures(decaying_pool.stats(-1))["bytes_in_use"]
+    p = pinned(300_000)
+    assert p.ptr and p.size() == 300_000
+    ctypes.memset(p.ptr, 3, 300_000)
+    assert figures(decaying_pool.stats(-1))["bytes_in_use"] >= before + 300_000
+    del p  # the last reference: back to the pinned pool
+    assert figures(decaying_pool.stats(-1))["bytes_in_use"] == before
+    with pytest.raises(cupy.cuda.memory.OutOfMemoryError, match="dp_pinned_malloc"):
+        pinned(2**63)
