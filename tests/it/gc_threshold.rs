@@ -337,6 +337,7 @@ fn a_packed_pool_keeps_the_threshold() {
 /// threshold frees idle blocks before the pool grows, so the peak reserved
 /// falls and the evictions rise, and nothing fails.
 #[test]
+#[cfg_attr(miri, ignore)] // reads a trace file
 fn the_replay_of_a_shipped_trace_shows_the_threshold_s_effect() {
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("cli/traces/training.csv");
     if !path.exists() {
