@@ -725,7 +725,7 @@ impl<B, P: Policy, C: Clock> Cache<B, P, C> {
 
     /// Frees the oldest cached block (counted as trimmed, for `reason`);
     /// `false` when the cache is empty.
-    fn trim_oldest(
+    pub(crate) fn trim_oldest(
         &mut self,
         now: u64,
         reason: Reason,

@@ -43,6 +43,12 @@ pub enum Reason {
     /// An eviction ([`is_eviction`](Self::is_eviction)): the pool chose
     /// to free the block before any hard bound forced it.
     GcThreshold,
+    /// A miss took its memory: the backing allocator moves memory between
+    /// blocks ([`RawAllocator::spare`](crate::RawAllocator::spare), pages
+    /// mapped into virtual ranges) and held too little spare, so idle
+    /// blocks went back oldest first and their pages serve the request.
+    /// An eviction.
+    Remapped,
 }
 
 impl Reason {
@@ -61,7 +67,7 @@ impl Reason {
     pub fn is_eviction(self) -> bool {
         matches!(
             self,
-            Reason::Expired | Reason::Displaced | Reason::GcThreshold
+            Reason::Expired | Reason::Displaced | Reason::GcThreshold | Reason::Remapped
         )
     }
 }
@@ -76,6 +82,7 @@ impl fmt::Display for Reason {
             Reason::OutOfMemory => "out of memory",
             Reason::Dropped => "dropped",
             Reason::GcThreshold => "gc threshold",
+            Reason::Remapped => "remapped",
         })
     }
 }

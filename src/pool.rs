@@ -846,7 +846,11 @@ impl<A: RawAllocator, P: Policy, C: Clock> DecayingPool<A, P, C> {
         let Self { alloc, cache, .. } = self;
         let now = cache.now();
         // SAFETY: only the cache calls it, as its free callback (`backing_free`'s contract).
-        cache.collect(now, &mut unsafe { backing_free(alloc) })
+        let freed = cache.collect(now, &mut unsafe { backing_free(alloc) });
+        // An allocator that keeps the memory of blocks given back
+        // (`RawAllocator::spare`) decays it too.
+        alloc.collect_spare();
+        freed
     }
 
     /// Frees every cached block, whatever the policy says. Returns the bytes
@@ -871,7 +875,8 @@ impl<A: RawAllocator, P: Policy, C: Clock> DecayingPool<A, P, C> {
         let Self { alloc, cache, .. } = self;
         let now = cache.now();
         // SAFETY: only the cache calls it, as its free callback (`backing_free`'s contract).
-        cache.trim_all(now, Reason::Trimmed, &mut unsafe { backing_free(alloc) })
+        let cached = cache.trim_all(now, Reason::Trimmed, &mut unsafe { backing_free(alloc) });
+        cached + alloc.release_spare()
     }
 
     /// A snapshot of the pool's counters.
@@ -1231,6 +1236,15 @@ impl<A: RawAllocator, P: Policy, C: Clock> DecayingPool<A, P, C> {
         // SAFETY: only the cache calls it, as its free callback (`backing_free`'s contract).
         cache.make_room(size, class, now, &mut unsafe { backing_free(alloc) })?;
         let booking = Booking { cache, class };
+        // Memory that moves between blocks (pages): idle blocks' memory,
+        // oldest first, before new memory.
+        while alloc.spare().is_some_and(|spare| spare < class) {
+            // SAFETY: only the cache calls it, as its free callback (`backing_free`'s contract).
+            let free = &mut unsafe { backing_free(alloc) };
+            if !booking.cache.trim_oldest(now, Reason::Remapped, free) {
+                break;
+            }
+        }
         let mut attempt = 0;
         loop {
             let err = match alloc.allocate(class) {

@@ -146,6 +146,62 @@ pub trait RawAllocator {
     fn available(&self) -> Option<usize> {
         None
     }
+
+    /// For an allocator whose memory moves between blocks (pages mapped
+    /// into virtual ranges, [`pages::Mapped`](crate::pages::Mapped)): the
+    /// bytes it holds and could hand out again without asking its own
+    /// backing for more, memory of blocks given back to it. `None` (the
+    /// default) for an allocator whose blocks are its backing's own.
+    ///
+    /// A [`DecayingPool`](crate::DecayingPool) reads it on a miss: while
+    /// the spare bytes are fewer than the request's class, it gives cached
+    /// blocks back oldest first ([`Reason::Remapped`](crate::Reason::Remapped))
+    /// so that their memory serves the request instead of new memory.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use decaying_pool::{RawAllocator, SystemAllocator};
+    /// assert_eq!(SystemAllocator::new().spare(), None);
+    /// ```
+    #[inline]
+    fn spare(&self) -> Option<usize> {
+        None
+    }
+
+    /// Gives all the [`spare`](Self::spare) memory back to the allocator's
+    /// own backing; returns the bytes given back (the default: 0). A
+    /// [`DecayingPool`](crate::DecayingPool) calls it on
+    /// [`trim`](crate::DecayingPool::trim).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use decaying_pool::{RawAllocator, SystemAllocator};
+    /// assert_eq!(SystemAllocator::new().release_spare(), 0);
+    /// ```
+    #[inline]
+    fn release_spare(&mut self) -> usize {
+        0
+    }
+
+    /// Gives back the [`spare`](Self::spare) memory that the allocator's
+    /// own decay says is due (for [`pages::Mapped`](crate::pages::Mapped):
+    /// spare for longer than its time-to-live); returns the bytes (the
+    /// default: 0). A [`DecayingPool`](crate::DecayingPool) calls it on
+    /// every [`collect`](crate::DecayingPool::collect), so a reaper drives
+    /// it.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use decaying_pool::{RawAllocator, SystemAllocator};
+    /// assert_eq!(SystemAllocator::new().collect_spare(), 0);
+    /// ```
+    #[inline]
+    fn collect_spare(&mut self) -> usize {
+        0
+    }
 }
 
 /// Implements [`RawAllocator`] for a pointer type to an allocator by
@@ -169,6 +225,18 @@ macro_rules! forward_raw_allocator {
             #[inline]
             fn available(&self) -> Option<usize> {
                 (**self).available()
+            }
+            #[inline]
+            fn spare(&self) -> Option<usize> {
+                (**self).spare()
+            }
+            #[inline]
+            fn release_spare(&mut self) -> usize {
+                (**self).release_spare()
+            }
+            #[inline]
+            fn collect_spare(&mut self) -> usize {
+                (**self).collect_spare()
             }
 
             #[inline]

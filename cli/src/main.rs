@@ -126,6 +126,13 @@ struct ReplayArgs {
     /// limit nor a capacity a threshold does nothing.
     #[arg(long, value_name = "F,...", value_delimiter = ',', value_parser = parse_gc_threshold)]
     gc_threshold: Vec<GcThreshold>,
+    /// Page sizes to sweep (with a unit: 2MiB, 20MiB; `off` for none): each
+    /// swept configuration on pages of that size mapped into virtual
+    /// ranges (rows named `..., pages 20MiB`), charged at the published
+    /// VMM costs. Without a sweep, each size adds a `mapped` row (the
+    /// default `mapped` row has 20 MiB pages).
+    #[arg(long, value_name = "SIZE,...", value_delimiter = ',', value_parser = parse_pages)]
+    pages: Vec<Pages>,
     /// Sweep: size-class rules: exact, pow2, pow2/K (K divisions per power
     /// of two, as PyTorch's roundup_power2_divisions), xSIZE (multiples of
     /// a size with a unit: x512B, x2MiB).
@@ -296,6 +303,21 @@ fn parse_limit(s: &str) -> Result<Limit, String> {
 /// A `--gc-threshold` value (`None`: no threshold).
 #[derive(Clone, Copy, Debug)]
 struct GcThreshold(Option<f64>);
+
+/// A `--pages` value: a page size, or `None` for off.
+#[derive(Clone, Copy, Debug)]
+struct Pages(Option<usize>);
+
+fn parse_pages(s: &str) -> Result<Pages, String> {
+    let t = s.trim();
+    if t == "off" {
+        return Ok(Pages(None));
+    }
+    match parse_size("--pages", t)? {
+        0 => Err("--pages: a page of zero bytes".into()),
+        n => Ok(Pages(Some(n))),
+    }
+}
 
 fn parse_gc_threshold(s: &str) -> Result<GcThreshold, String> {
     let t = s.trim();
@@ -623,6 +645,15 @@ fn configs(a: &ReplayArgs) -> Vec<Config> {
         && a.gc_threshold.is_empty());
     if !sweep {
         let mut v = Config::defaults();
+        for &Pages(p) in &a.pages {
+            if let Some(p) = p {
+                v.push(
+                    Config::mapped()
+                        .pages(p)
+                        .named(format!("mapped pages {}", format_size(p))),
+                );
+            }
+        }
         for p in &a.packing {
             if let Some(packing) = p.packing {
                 v.push(
@@ -659,6 +690,11 @@ fn configs(a: &ReplayArgs) -> Vec<Config> {
     } else {
         a.limit.clone()
     };
+    let pages = if a.pages.is_empty() {
+        vec![Pages(None)]
+    } else {
+        a.pages.clone()
+    };
     let thresholds = if a.gc_threshold.is_empty() {
         vec![GcThreshold(None)]
     } else {
@@ -678,7 +714,10 @@ fn configs(a: &ReplayArgs) -> Vec<Config> {
         for &c in &classes {
             for pk in &packings {
                 for &Limit(l) in &limits {
-                    for &GcThreshold(gc) in &thresholds {
+                    for (&GcThreshold(gc), &Pages(pg)) in thresholds
+                        .iter()
+                        .flat_map(|t| pages.iter().map(move |p| (t, p)))
+                    {
                         if p == PolicyKind::KeepAll && gc.is_none() {
                             continue;
                         }
@@ -692,6 +731,10 @@ fn configs(a: &ReplayArgs) -> Vec<Config> {
                         }
                         if let Some(gc) = gc {
                             cfg = cfg.gc_threshold(gc);
+                        }
+                        if let Some(pg) = pg {
+                            let name = format!("{}, pages {}", cfg.name, format_size(pg));
+                            cfg = cfg.pages(pg).named(name);
                         }
                         v.push(cfg);
                     }
@@ -896,6 +939,16 @@ fn label(r: &Report, capacity: Option<usize>, with_capacity: bool) -> String {
     match (with_capacity, capacity) {
         (true, Some(c)) => format!("{} @ {}", r.policy, human(c as f64)),
         _ => r.policy.clone(),
+    }
+}
+
+/// A page size as `--pages` takes it: `20MiB`, `64KiB`, `1000B`.
+fn format_size(bytes: usize) -> String {
+    match bytes {
+        b if b % (1 << 30) == 0 => format!("{}GiB", b >> 30),
+        b if b % (1 << 20) == 0 => format!("{}MiB", b >> 20),
+        b if b % (1 << 10) == 0 => format!("{}KiB", b >> 10),
+        b => format!("{b}B"),
     }
 }
 

@@ -187,6 +187,10 @@ mod tests {
             modelled_backing_seconds: backing,
             failures: 0,
             span_seconds: 1.0,
+            pages_created: 0,
+            pages_released: 0,
+            maps: 0,
+            unmaps: 0,
             stats: Stats::default(),
             timeline: None,
         }

@@ -264,6 +264,26 @@ impl Packing {
             .large_fit(0)
     }
 
+    /// The packing for blocks on mapped pages ([`pages::Mapped`](crate::pages::Mapped),
+    /// the replay's `mapped` row): small requests packed into small
+    /// segments as by default, every larger request a block of its own
+    /// (medium threshold at the small one, sizes rounded to 512 bytes, no
+    /// larger block reused), since the mapped allocator carves its blocks
+    /// from address space with pages under them and strands no memory.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let p = decaying_pool::Packing::mapped();
+    /// assert_eq!((p.medium_threshold, p.large_rounding, p.large_fit), (1 << 20, 512, 0));
+    /// ```
+    pub fn mapped() -> Self {
+        let d = Packing::default();
+        d.medium_threshold(d.small_threshold)
+            .large_rounding(512)
+            .large_fit(0)
+    }
+
     /// The largest segment allowed with this setting over a pool whose
     /// limit is `limit`: `max_segment`, capped at `capacity / cap_fraction`
     /// (or `limit / cap_fraction` without a capacity) rounded down to a

@@ -63,6 +63,7 @@ use core::time::Duration;
 mod cuda;
 #[cfg(target_os = "linux")]
 mod host;
+mod mapped;
 mod model;
 mod slots;
 
@@ -72,6 +73,9 @@ pub use cuda::{CudaPage, CudaPageError, CudaPages, CudaRange};
 #[cfg(target_os = "linux")]
 #[cfg_attr(docsrs, doc(cfg(target_os = "linux")))]
 pub use host::{HostPage, HostPageError, HostPages, HostRange};
+pub use mapped::{
+    DEFAULT_ALIGN, DEFAULT_SPARE_TTL, Mapped, MappedError, MappedStats, RECOMMENDED_PAGE,
+};
 pub use model::{ModelPage, ModelPages, ModelRange};
 
 /// Physical memory in pages of one granularity, mapped into reserved

@@ -774,7 +774,10 @@ fn the_packed_row_meets_its_targets_on_the_shared_traces() {
     let dir = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("cli/traces");
     // (trace, PyTorch's cudaMalloc calls, PyTorch's peak reserved MiB)
     let targets = [("training.csv", 280, 5060), ("inference.csv", 5, 64)];
-    let packed = Config::defaults().pop().unwrap();
+    let packed = Config::defaults()
+        .into_iter()
+        .find(|c| c.name == "packed")
+        .unwrap();
     assert_eq!(packed.name, "packed");
     let run = |path: &std::path::Path, cost: CostModel| -> Report {
         let opts = ReplayOptions {

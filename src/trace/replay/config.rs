@@ -90,6 +90,15 @@ pub struct Config {
     /// none). [`Replayer::new`](super::Replayer::new) panics on a fraction
     /// outside `(0, 1]`.
     pub gc_threshold: Option<f64>,
+    /// Blocks on pages of this many bytes mapped into virtual ranges
+    /// ([`Mapped`](crate::pages::Mapped) over the modelled
+    /// [`ModelPages`](crate::pages::ModelPages), charged at
+    /// [`PageCosts::PUBLISHED`](crate::pages::PageCosts::PUBLISHED), with
+    /// the replay's device capacity) instead of the modelled allocator
+    /// (default: none). The report then counts pages: backing allocations
+    /// are pages created, backing frees the times pages went back, the
+    /// peak reserved the most bytes of pages at once.
+    pub pages: Option<usize>,
 }
 
 impl Config {
@@ -110,6 +119,7 @@ impl Config {
             packing: None,
             limit: None,
             gc_threshold: None,
+            pages: None,
         }
     }
 
@@ -128,6 +138,59 @@ impl Config {
     /// ```
     pub fn packing(mut self, packing: Packing) -> Self {
         self.packing = Some(packing);
+        self
+    }
+
+    /// `mapped`, the recommended configuration for dynamic shapes: blocks
+    /// on pages of [`RECOMMENDED_PAGE`](crate::pages::RECOMMENDED_PAGE)
+    /// bytes ([`pages::Mapped`](crate::pages::Mapped), whose spare pages
+    /// decay after [`DEFAULT_SPARE_TTL`](crate::pages::DEFAULT_SPARE_TTL)),
+    /// small requests packed into segments ([`Packing::mapped`]), and a
+    /// pool that keeps no block of its own (`fixed-capacity 0`): the free
+    /// space of the mapped ranges is the cache, reused by best fit with
+    /// no call, as expandable segments reuse theirs.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let c = decaying_pool::trace::Config::mapped();
+    /// assert_eq!((c.name.as_str(), c.pages), ("mapped", Some(decaying_pool::pages::RECOMMENDED_PAGE)));
+    /// ```
+    pub fn mapped() -> Config {
+        Config::new(PolicyKind::FixedCapacity(0))
+            .packing(Packing::mapped())
+            .pages(crate::pages::RECOMMENDED_PAGE)
+            .named("mapped")
+    }
+
+    /// The same on pages of `page` bytes mapped into virtual ranges (see
+    /// [`pages`](Self::pages)); the name is unchanged.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use core::time::Duration;
+    /// use decaying_pool::trace::{Config, Event, PolicyKind, Replayer, ReplayOptions};
+    /// use decaying_pool::Packing;
+    ///
+    /// let mapped = Config::new(PolicyKind::FixedTime(Duration::from_secs(1)))
+    ///     .packing(Packing::default())
+    ///     .pages(20 << 20)
+    ///     .named("mapped");
+    /// let mut r = Replayer::new(&[mapped], ReplayOptions::default());
+    /// let ms = Duration::from_millis;
+    /// // A cache one step longer every step: the pages move, none is added
+    /// // past the largest.
+    /// for step in 1..=50u64 {
+    ///     r.event(&Event::alloc(ms(step), 0x10, (200 + step) << 20));
+    ///     r.event(&Event::free(ms(step), 0x10, (200 + step) << 20));
+    /// }
+    /// let rep = &r.finish("grow")[0];
+    /// assert_eq!(rep.pages_created, 13); // 250 MiB in pages of 20 MiB
+    /// assert_eq!(rep.failures, 0);
+    /// ```
+    pub fn pages(mut self, page: usize) -> Self {
+        self.pages = Some(page);
         self
     }
 
@@ -226,15 +289,15 @@ impl Config {
     /// `fixed-capacity` 256 slots, `fixed-time 1s` over PyTorch-style
     /// size classes (`pow2/4`, [`SizeClass::PowerOfTwoDivisions`]), and
     /// `packed`: the default [`Packing`] over the default policy
-    /// (`fixed-time 1s`).
+    /// (`fixed-time 1s`), and `mapped` ([`Config::mapped`]).
     ///
     /// # Examples
     ///
     /// ```
     /// let names: Vec<String> = decaying_pool::trace::Config::defaults().into_iter().map(|c| c.name).collect();
     /// assert_eq!(names[..3], ["no-pool", "keep-all", "fixed-time 10ms"]);
-    /// assert_eq!(names.len(), 9);
-    /// assert_eq!(names[8], "packed");
+    /// assert_eq!(names.len(), 10);
+    /// assert_eq!(names[8..], ["packed", "mapped"]);
     /// ```
     pub fn defaults() -> Vec<Config> {
         let ms = Duration::from_millis;
@@ -251,6 +314,7 @@ impl Config {
             Config::new(PolicyKind::FixedTime(ms(1000)))
                 .packing(Packing::default())
                 .named("packed"),
+            Config::mapped(),
         ]
     }
 }

@@ -4,6 +4,8 @@ use core::fmt;
 use core::time::Duration;
 use std::collections::{HashMap, HashSet};
 
+use crate::packing::Packable;
+use crate::pages::{Mapped, MappedStats, ModelPages};
 use crate::policy::Policy;
 use crate::trace::{Event, Op, StatsTimeline};
 use crate::{DecayingPool, Exponential, FixedCapacity, FixedTime, ManualClock, PackedPool, Stats};
@@ -24,8 +26,8 @@ trait Sim {
     fn release_all(&mut self);
     fn stats(&self) -> Stats;
     fn state(&mut self) -> &mut SimState;
-    /// The counters, the modelled backing seconds, the hits.
-    fn report(&mut self) -> (Stats, f64, u64);
+    /// The counters, the modelled backing seconds, the hits, the pages.
+    fn report(&mut self) -> (Stats, f64, u64, Option<MappedStats>);
 }
 
 #[derive(Default)]
@@ -42,6 +44,46 @@ struct SimState {
     decays: bool,
 }
 
+/// What a [`PoolSim`] needs of its backing allocator: the modelled
+/// allocator, or pages mapped on the modelled page backend.
+trait SimBacking: Packable + 'static {
+    fn id(block: Self::Block) -> u64;
+    fn block(id: u64) -> Self::Block;
+    fn modelled_seconds(&self) -> f64;
+    /// The page figures, on pages.
+    fn pages(&self) -> Option<MappedStats> {
+        None
+    }
+}
+
+impl SimBacking for ModelledAllocator {
+    fn id(block: u64) -> u64 {
+        block
+    }
+    fn block(id: u64) -> u64 {
+        id
+    }
+    fn modelled_seconds(&self) -> f64 {
+        ModelledAllocator::modelled_seconds(self)
+    }
+}
+
+impl SimBacking for Mapped<ModelPages, ManualClock> {
+    fn id(block: usize) -> u64 {
+        block as u64
+    }
+    fn block(id: u64) -> usize {
+        // Ids are the addresses this allocator handed out.
+        id as usize
+    }
+    fn modelled_seconds(&self) -> f64 {
+        self.backend().modelled_time().as_secs_f64()
+    }
+    fn pages(&self) -> Option<MappedStats> {
+        Some(self.stats())
+    }
+}
+
 /// What a [`PoolSim`] needs of its pool: a plain or a packed one.
 trait SimPool {
     fn allocate(&mut self, size: usize) -> Option<u64>;
@@ -53,15 +95,16 @@ trait SimPool {
     /// Requests served without a backing call.
     fn hits(&self) -> u64;
     fn modelled_seconds(&self) -> f64;
+    fn pages(&self) -> Option<MappedStats>;
 }
 
-impl<P: Policy> SimPool for DecayingPool<ModelledAllocator, P, ManualClock> {
+impl<A: SimBacking, P: Policy> SimPool for DecayingPool<A, P, ManualClock> {
     fn allocate(&mut self, size: usize) -> Option<u64> {
-        DecayingPool::allocate(self, size).ok()
+        DecayingPool::allocate(self, size).ok().map(A::id)
     }
     unsafe fn release(&mut self, block: u64, size: usize) {
         // SAFETY: the caller's contract.
-        unsafe { DecayingPool::release(self, block, size) }
+        unsafe { DecayingPool::release(self, A::block(block), size) }
     }
     fn collect(&mut self) {
         DecayingPool::collect(self);
@@ -75,15 +118,18 @@ impl<P: Policy> SimPool for DecayingPool<ModelledAllocator, P, ManualClock> {
     fn modelled_seconds(&self) -> f64 {
         self.allocator().modelled_seconds()
     }
+    fn pages(&self) -> Option<MappedStats> {
+        self.allocator().pages()
+    }
 }
 
-impl<P: Policy> SimPool for PackedPool<ModelledAllocator, P, ManualClock> {
+impl<A: SimBacking, P: Policy> SimPool for PackedPool<A, P, ManualClock> {
     fn allocate(&mut self, size: usize) -> Option<u64> {
-        PackedPool::allocate(self, size).ok()
+        PackedPool::allocate(self, size).ok().map(A::id)
     }
     unsafe fn release(&mut self, block: u64, size: usize) {
         // SAFETY: the caller's contract.
-        unsafe { PackedPool::release(self, block, size) }
+        unsafe { PackedPool::release(self, A::block(block), size) }
     }
     fn collect(&mut self) {
         PackedPool::collect(self);
@@ -99,6 +145,9 @@ impl<P: Policy> SimPool for PackedPool<ModelledAllocator, P, ManualClock> {
     }
     fn modelled_seconds(&self) -> f64 {
         self.pool().allocator().modelled_seconds()
+    }
+    fn pages(&self) -> Option<MappedStats> {
+        self.pool().allocator().pages()
     }
 }
 
@@ -146,7 +195,8 @@ impl<T: SimPool> Sim for PoolSim<T> {
     }
 
     fn quiet(&self) -> bool {
-        !self.st.decays || self.pool.stats().bytes_cached == 0
+        (!self.st.decays || self.pool.stats().bytes_cached == 0)
+            && self.pool.pages().is_none_or(|p| p.spare_bytes == 0)
     }
 
     fn release_all(&mut self) {
@@ -168,11 +218,12 @@ impl<T: SimPool> Sim for PoolSim<T> {
         &mut self.st
     }
 
-    fn report(&mut self) -> (Stats, f64, u64) {
+    fn report(&mut self) -> (Stats, f64, u64, Option<MappedStats>) {
         (
             self.pool.stats(),
             self.pool.modelled_seconds(),
             self.pool.hits(),
+            self.pool.pages(),
         )
     }
 }
@@ -183,11 +234,32 @@ fn sim<P: Policy + 'static>(
     clock: &ManualClock,
     options: &ReplayOptions,
 ) -> Box<dyn Sim> {
+    if let Some(page) = config.pages {
+        let mut backend = ModelPages::new(page.max(1)).expect("a page of at least one byte");
+        if let Some(capacity) = options.cost.capacity() {
+            backend = backend.with_capacity(capacity);
+        }
+        let mut alloc = Mapped::with_clock(backend, clock.clone());
+        if let Some(capacity) = options.cost.capacity() {
+            alloc = alloc.with_capacity(capacity);
+        }
+        return sim_on(alloc, policy, config, clock, options);
+    }
     let mut alloc = ModelledAllocator::new(options.cost.clone());
     if config.gc_threshold.is_some() {
         // The threshold takes a fraction of the device without a limit.
         alloc = alloc.reporting_capacity();
     }
+    sim_on(alloc, policy, config, clock, options)
+}
+
+fn sim_on<A: SimBacking, P: Policy + 'static>(
+    alloc: A,
+    policy: P,
+    config: &Config,
+    clock: &ManualClock,
+    options: &ReplayOptions,
+) -> Box<dyn Sim> {
     let mut builder = DecayingPool::builder(alloc)
         .policy(policy)
         .clock(clock.clone())
@@ -518,18 +590,31 @@ impl Replayer {
         self.sims
             .iter_mut()
             .map(|s| {
-                let (stats, seconds, hits) = s.report();
+                let (stats, seconds, hits, pages) = s.report();
                 let st = std::mem::take(s.state());
+                let p = pages.unwrap_or_default();
+                let (backing_allocs, backing_frees, peak_reserved_bytes) = match pages {
+                    Some(p) => (p.pages_created, p.release_calls, p.peak_page_bytes),
+                    None => (
+                        stats.backing_allocs,
+                        stats.backing_deallocs,
+                        stats.peak_bytes_reserved,
+                    ),
+                };
                 Report {
                     workload: workload.to_owned(),
                     policy: st.name,
                     allocs: st.allocs,
                     hits,
-                    backing_allocs: stats.backing_allocs,
-                    backing_frees: stats.backing_deallocs,
+                    backing_allocs,
+                    backing_frees,
                     evictions: stats.evictions,
                     trimmed: stats.trimmed,
-                    peak_reserved_bytes: stats.peak_bytes_reserved,
+                    peak_reserved_bytes,
+                    pages_created: p.pages_created,
+                    pages_released: p.pages_released,
+                    maps: p.maps,
+                    unmaps: p.unmaps,
                     peak_live_bytes: st.peak_live_bytes,
                     idle_byte_seconds: st.idle_byte_seconds,
                     modelled_backing_seconds: seconds,

@@ -54,6 +54,14 @@ pub struct Report {
     pub failures: u64,
     /// Trace time replayed, gaps included, seconds.
     pub span_seconds: f64,
+    /// Pages created, on pages ([`Config::pages`](super::Config::pages); 0 otherwise).
+    pub pages_created: u64,
+    /// Pages released, on pages.
+    pub pages_released: u64,
+    /// Runs of pages mapped, on pages.
+    pub maps: u64,
+    /// Runs of pages unmapped, on pages.
+    pub unmaps: u64,
     /// The pool's final counters.
     pub stats: Stats,
     /// The stats timeline, when [`ReplayOptions::record`](super::ReplayOptions::record) was set (not
@@ -97,7 +105,8 @@ impl Report {
                 "\"backing_allocs\":{},\"backing_frees\":{},\"evictions\":{},\"trimmed\":{},",
                 "\"peak_reserved_bytes\":{},\"peak_live_bytes\":{},\"reserved_over_live\":{},",
                 "\"idle_byte_seconds\":{},\"modelled_backing_seconds\":{},\"failures\":{},",
-                "\"span_seconds\":{}}}"
+                "\"span_seconds\":{},\"pages_created\":{},\"pages_released\":{},",
+                "\"maps\":{},\"unmaps\":{}}}"
             ),
             json_escape(&self.workload),
             json_escape(&self.policy),
@@ -114,6 +123,10 @@ impl Report {
             json_f64(self.modelled_backing_seconds),
             self.failures,
             json_f64(self.span_seconds),
+            self.pages_created,
+            self.pages_released,
+            self.maps,
+            self.unmaps,
         )
     }
 }
