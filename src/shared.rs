@@ -1390,19 +1390,29 @@ impl<A: RawAllocator, P: Policy, C: Clock> Inner<A, P, C> {
     }
 
     fn collect(&self) -> usize {
-        if let Some(n) = self.packed(|p| p.collect()) {
-            return n;
-        }
-        let ttl = self.tc.as_ref().map(|tc| tc.ttl);
-        self.slot_then_free(|cache, lending, free| {
-            let now = cache.now();
-            let mut n = 0;
-            if let Some(ttl) = ttl {
-                let due = |at: u64| now.saturating_sub(at) >= ttl;
-                n = lending.drain_mags(cache, due, Reason::Expired, free).0;
-            }
-            n + cache.collect(now, free)
-        })
+        let n = self.packed(|p| p.collect()).unwrap_or_else(|| {
+            let ttl = self.tc.as_ref().map(|tc| tc.ttl);
+            self.slot_then_free(|cache, lending, free| {
+                let now = cache.now();
+                let mut n = 0;
+                if let Some(ttl) = ttl {
+                    let due = |at: u64| now.saturating_sub(at) >= ttl;
+                    n = lending.drain_mags(cache, due, Reason::Expired, free).0;
+                }
+                n + cache.collect(now, free)
+            })
+        });
+        // An allocator that keeps the memory of blocks given back
+        // (`RawAllocator::spare`) decays it too.
+        self.backing_spare(RawAllocator::collect_spare);
+        n
+    }
+
+    /// Runs `f` on the backing allocator when this handle holds it (not
+    /// while [`SharedPool::with`] has taken the pool apart, nor where a
+    /// packed layer owns it: that layer's own pool calls it).
+    fn backing_spare(&self, f: impl FnOnce(&mut A) -> usize) -> usize {
+        recover(self.alloc.lock()).as_mut().map_or(0, f)
     }
 
     fn set_limit(&self, limit: Option<usize>) -> usize {
@@ -1421,14 +1431,14 @@ impl<A: RawAllocator, P: Policy, C: Clock> Inner<A, P, C> {
     }
 
     fn trim(&self) -> usize {
-        if let Some(n) = self.packed(|p| p.trim()) {
-            return n;
-        }
-        self.slot_then_free(|cache, lending, free| {
-            let now = cache.now();
-            lending.drain_mags(cache, |_| true, Reason::Trimmed, free).1
-                + cache.trim_all(now, Reason::Trimmed, free)
-        })
+        let n = self.packed(|p| p.trim()).unwrap_or_else(|| {
+            self.slot_then_free(|cache, lending, free| {
+                let now = cache.now();
+                lending.drain_mags(cache, |_| true, Reason::Trimmed, free).1
+                    + cache.trim_all(now, Reason::Trimmed, free)
+            })
+        });
+        n + self.backing_spare(RawAllocator::release_spare)
     }
 }
 

@@ -22,6 +22,32 @@ pub const DEFAULT_ALIGN: usize = 512;
 /// the figures in `docs/PERFORMANCE.md`.
 pub const RECOMMENDED_PAGE: usize = 20 << 20;
 
+/// The page size for a device of `capacity` bytes: [`RECOMMENDED_PAGE`],
+/// or on a device under 64 such pages (1.25 GiB) the largest power of two
+/// at most a 64th of it (at least 4 KiB). A block boundary strands at most
+/// a page, so pages that small keep what a few boundaries strand to a few
+/// per cent of the device (on a real GPU, pages cannot go below CUDA's
+/// granularity, 2 MiB).
+///
+/// # Examples
+///
+/// ```
+/// use decaying_pool::pages::{page_size_for, RECOMMENDED_PAGE};
+/// assert_eq!(page_size_for(None), RECOMMENDED_PAGE);
+/// assert_eq!(page_size_for(Some(80 << 30)), RECOMMENDED_PAGE);
+/// assert_eq!(page_size_for(Some(37 << 20)), 512 << 10);
+/// assert_eq!(page_size_for(Some(0)), 4096);
+/// ```
+pub fn page_size_for(capacity: Option<usize>) -> usize {
+    match capacity {
+        Some(c) if c / 64 < RECOMMENDED_PAGE => {
+            let f = (c / 64).max(4096);
+            1 << f.ilog2()
+        }
+        _ => RECOMMENDED_PAGE,
+    }
+}
+
 /// How long [`Mapped`] keeps spare pages unless told otherwise: one
 /// second, as the pool's default policy keeps idle blocks.
 pub const DEFAULT_SPARE_TTL: Duration = Duration::from_secs(1);

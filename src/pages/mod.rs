@@ -75,6 +75,7 @@ pub use cuda::{CudaPage, CudaPageError, CudaPages, CudaRange};
 pub use host::{HostPage, HostPageError, HostPages, HostRange};
 pub use mapped::{
     DEFAULT_ALIGN, DEFAULT_SPARE_TTL, Mapped, MappedError, MappedStats, RECOMMENDED_PAGE,
+    page_size_for,
 };
 pub use model::{ModelPage, ModelPages, ModelRange};
 

@@ -97,8 +97,8 @@ pub use logging::{LoggingAllocator, RequestLog, TraceAddress};
 #[cfg_attr(docsrs, doc(cfg(feature = "pickle")))]
 pub use pickle::{is_pickle, snapshot_to_csv};
 pub use replay::{
-    Config, CostCurve, CostModel, ModelledAllocator, OutOfMemory, PolicyKind, ReplayOptions,
-    Replayer, Report, format_table, reports_to_json,
+    Config, CostCurve, CostModel, ModelledAllocator, OutOfMemory, PageSize, PolicyKind,
+    ReplayOptions, Replayer, Report, format_table, reports_to_json,
 };
 pub use svg::write_svg;
 pub use timeline::{Instant, InstantKind, Sample, StatsTimeline};

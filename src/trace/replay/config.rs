@@ -98,7 +98,42 @@ pub struct Config {
     /// (default: none). The report then counts pages: backing allocations
     /// are pages created, backing frees the times pages went back, the
     /// peak reserved the most bytes of pages at once.
-    pub pages: Option<usize>,
+    pub pages: Option<PageSize>,
+}
+
+/// The page size of a [`Config::pages`] configuration.
+///
+/// # Examples
+///
+/// ```
+/// use decaying_pool::trace::{Config, PageSize};
+/// assert_eq!(Config::mapped().pages, Some(PageSize::ForDevice));
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PageSize {
+    /// [`page_size_for`](crate::pages::page_size_for) the replay's device
+    /// capacity: 20 MiB on a device of 1.25 GiB or more.
+    ForDevice,
+    /// This many bytes.
+    Bytes(usize),
+}
+
+impl PageSize {
+    /// The page in bytes on a device of `capacity`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use decaying_pool::trace::PageSize;
+    /// assert_eq!(PageSize::Bytes(4096).bytes(Some(1 << 20)), 4096);
+    /// assert_eq!(PageSize::ForDevice.bytes(None), 20 << 20);
+    /// ```
+    pub fn bytes(self, capacity: Option<usize>) -> usize {
+        match self {
+            PageSize::ForDevice => crate::pages::page_size_for(capacity),
+            PageSize::Bytes(n) => n,
+        }
+    }
 }
 
 impl Config {
@@ -143,7 +178,7 @@ impl Config {
 
     /// `mapped`, the recommended configuration for dynamic shapes: blocks
     /// on pages of [`RECOMMENDED_PAGE`](crate::pages::RECOMMENDED_PAGE)
-    /// bytes ([`pages::Mapped`](crate::pages::Mapped), whose spare pages
+    /// bytes (smaller on a device under 1.25 GiB: [`PageSize::ForDevice`]) ([`pages::Mapped`](crate::pages::Mapped), whose spare pages
     /// decay after [`DEFAULT_SPARE_TTL`](crate::pages::DEFAULT_SPARE_TTL)),
     /// small requests packed into segments ([`Packing::mapped`]), and a
     /// pool that keeps no block of its own (`fixed-capacity 0`): the free
@@ -154,13 +189,19 @@ impl Config {
     ///
     /// ```
     /// let c = decaying_pool::trace::Config::mapped();
-    /// assert_eq!((c.name.as_str(), c.pages), ("mapped", Some(decaying_pool::pages::RECOMMENDED_PAGE)));
+    /// assert_eq!(c.name, "mapped");
     /// ```
     pub fn mapped() -> Config {
         Config::new(PolicyKind::FixedCapacity(0))
             .packing(Packing::mapped())
-            .pages(crate::pages::RECOMMENDED_PAGE)
+            .with_pages(PageSize::ForDevice)
             .named("mapped")
+    }
+
+    /// The same on pages of that size (see [`pages`](Self::pages)).
+    pub fn with_pages(mut self, page: PageSize) -> Self {
+        self.pages = Some(page);
+        self
     }
 
     /// The same on pages of `page` bytes mapped into virtual ranges (see
@@ -190,7 +231,7 @@ impl Config {
     /// assert_eq!(rep.failures, 0);
     /// ```
     pub fn pages(mut self, page: usize) -> Self {
-        self.pages = Some(page);
+        self.pages = Some(PageSize::Bytes(page));
         self
     }
 

@@ -11,7 +11,7 @@ mod cost;
 mod replayer;
 mod report;
 
-pub use config::{Config, PolicyKind, ReplayOptions};
+pub use config::{Config, PageSize, PolicyKind, ReplayOptions};
 pub use cost::{CostCurve, CostModel, ModelledAllocator, OutOfMemory};
 pub use replayer::Replayer;
 pub use report::{Report, format_table, reports_to_json};

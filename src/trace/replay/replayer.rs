@@ -235,7 +235,8 @@ fn sim<P: Policy + 'static>(
     options: &ReplayOptions,
 ) -> Box<dyn Sim> {
     if let Some(page) = config.pages {
-        let mut backend = ModelPages::new(page.max(1)).expect("a page of at least one byte");
+        let page = page.bytes(options.cost.capacity()).max(1);
+        let mut backend = ModelPages::new(page).expect("a page of at least one byte");
         if let Some(capacity) = options.cost.capacity() {
             backend = backend.with_capacity(capacity);
         }
