@@ -4,6 +4,8 @@
 use core::fmt;
 use std::collections::{BTreeMap, BTreeSet};
 
+use fixedbitset::FixedBitSet;
+
 use core::time::Duration;
 
 use super::PageBackend;
@@ -135,6 +137,52 @@ impl<E: fmt::Display> fmt::Display for MappedError<E> {
 
 impl<E: fmt::Debug + fmt::Display> std::error::Error for MappedError<E> {}
 
+/// The mapped slots no block touches, a bitset per arena.
+#[derive(Default)]
+struct SpareSlots {
+    bits: Vec<FixedBitSet>,
+    count: usize,
+}
+
+impl SpareSlots {
+    fn grow(&mut self, slots: usize) {
+        self.bits.push(FixedBitSet::with_capacity(slots));
+    }
+    fn len(&self) -> usize {
+        self.count
+    }
+    fn contains(&self, a: usize, s: usize) -> bool {
+        self.bits[a].contains(s)
+    }
+    fn insert(&mut self, a: usize, s: usize) {
+        if !self.bits[a].put(s) {
+            self.count += 1;
+        }
+    }
+    fn remove(&mut self, a: usize, s: usize) {
+        if self.bits[a].contains(s) {
+            self.bits[a].set(s, false);
+            self.count -= 1;
+        }
+    }
+    /// The first spare slot at or after `(arena, slot)`.
+    fn next_from(&self, (a, s): (usize, usize)) -> Option<(usize, usize)> {
+        if self.count == 0 {
+            return None;
+        }
+        let mut from = s;
+        for (ai, bits) in self.bits.iter().enumerate().skip(a) {
+            if from < bits.len() {
+                if let Some(i) = bits.ones().find(|&i| i >= from) {
+                    return Some((ai, i));
+                }
+            }
+            from = 0;
+        }
+        None
+    }
+}
+
 /// One reservation and the state of its slots.
 struct Arena<B: PageBackend> {
     /// `None` once given back (at drop).
@@ -216,7 +264,7 @@ pub struct Mapped<B: PageBackend, C: Clock = MonotonicClock> {
     /// The same, by (length, start).
     by_len: BTreeSet<(usize, usize)>,
     /// Mapped slots that no block touches: (arena, slot).
-    free_mapped: BTreeSet<(usize, usize)>,
+    free_mapped: SpareSlots,
     /// Pages created and not mapped, with when they became spare.
     idle: Vec<(B::Page, u64)>,
     stats: MappedStats,
@@ -279,7 +327,7 @@ impl<B: PageBackend, C: Clock> Mapped<B, C> {
             by_base: BTreeMap::new(),
             free: BTreeMap::new(),
             by_len: BTreeSet::new(),
-            free_mapped: BTreeSet::new(),
+            free_mapped: SpareSlots::default(),
             idle: Vec::new(),
             stats: MappedStats::default(),
         }
@@ -416,7 +464,7 @@ impl<B: PageBackend, C: Clock> Mapped<B, C> {
                 if s.page.is_some() {
                     mapped += 1;
                 }
-                if (s.page.is_some() && s.users == 0) != self.free_mapped.contains(&(ai, si)) {
+                if (s.page.is_some() && s.users == 0) != self.free_mapped.contains(ai, si) {
                     return Err(format!("slot {si} of arena {ai}: free-mapped index wrong"));
                 }
             }
@@ -524,6 +572,7 @@ impl<B: PageBackend, C: Clock> Mapped<B, C> {
             slots,
         });
         self.by_base.insert(base, i);
+        self.free_mapped.grow(count);
         self.insert_free(base, bytes, i);
         self.stats.reserves += 1;
         self.stats.reserved_bytes += bytes;
@@ -535,13 +584,18 @@ impl<B: PageBackend, C: Clock> Mapped<B, C> {
     fn reclaim(&mut self, need: usize, keep: (usize, usize, usize)) -> Result<(), B::Error> {
         let kept = |a: usize, s: usize| a == keep.0 && s >= keep.1 && s < keep.2;
         while self.idle.len() < need {
-            let Some(&(a, first)) = self.free_mapped.iter().find(|&&(a, s)| !kept(a, s)) else {
-                return Ok(());
+            let mut at = (0, 0);
+            let (a, first) = loop {
+                match self.free_mapped.next_from(at) {
+                    None => return Ok(()),
+                    Some((a, s)) if kept(a, s) => at = (a, keep.2),
+                    Some(found) => break found,
+                }
             };
             // The run of free mapped slots from `first` on.
             let want = first + (need - self.idle.len());
             let mut end = first + 1;
-            while end < want && self.free_mapped.contains(&(a, end)) && !kept(a, end) {
+            while end < want && self.free_mapped.contains(a, end) && !kept(a, end) {
                 end += 1;
             }
             self.unmap_run(a, first, end)?;
@@ -562,7 +616,7 @@ impl<B: PageBackend, C: Clock> Mapped<B, C> {
             let slot = &mut arena.slots[s];
             let page = slot.page.take().expect("a mapped slot");
             self.idle.push((page, slot.since));
-            self.free_mapped.remove(&(a, s));
+            self.free_mapped.remove(a, s);
         }
         self.stats.unmaps += 1;
         Ok(())
@@ -593,7 +647,7 @@ impl<B: PageBackend, C: Clock> Mapped<B, C> {
                 arena.slots[slot].page = Some(page);
                 arena.slots[slot].since = since;
                 // Free mapped until the block takes it.
-                self.free_mapped.insert((a, slot));
+                self.free_mapped.insert(a, slot);
             }
             self.stats.maps += 1;
             self.stats.mapped_bytes += (e - s) * self.page;
@@ -643,14 +697,13 @@ impl<B: PageBackend, C: Clock> Mapped<B, C> {
         let mut bytes = 0;
         let mut runs = 0;
         let mut next = (0, 0);
-        while let Some(&(a, first)) = self.free_mapped.range(next..).next() {
+        while let Some((a, first)) = self.free_mapped.next_from(next) {
             if self.arenas[a].slots[first].since > before {
                 next = (a, first + 1);
                 continue;
             }
             let mut end = first + 1;
-            while self.free_mapped.contains(&(a, end)) && self.arenas[a].slots[end].since <= before
-            {
+            while self.free_mapped.contains(a, end) && self.arenas[a].slots[end].since <= before {
                 end += 1;
             }
             next = (a, end);
@@ -736,7 +789,7 @@ impl<B: PageBackend, C: Clock> RawAllocator for Mapped<B, C> {
             let slot = &mut self.arenas[arena].slots[s];
             slot.users += 1;
             if slot.users == 1 {
-                self.free_mapped.remove(&(arena, s));
+                self.free_mapped.remove(arena, s);
             }
         }
         let ((fs, fl), _) = self.remove_free_containing(start);
@@ -764,7 +817,7 @@ impl<B: PageBackend, C: Clock> RawAllocator for Mapped<B, C> {
             if slot.users == 0 {
                 slot.since = now;
                 if slot.page.is_some() {
-                    self.free_mapped.insert((arena, s));
+                    self.free_mapped.insert(arena, s);
                 }
             }
         }
