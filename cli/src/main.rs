@@ -913,7 +913,11 @@ fn replay(a: &ReplayArgs) -> Result<(), Failure> {
             "hits: requests served from the cache; b.allocs / b.frees: backing allocator calls \
              ({});\npeak res: peak reserved bytes, ÷live: over the trace's \
              peak live bytes; idle: integral of cached bytes over time;\nbacking: modelled time \
-             in the backing allocator ({}); failures: requests the device could not serve.",
+             in the backing allocator ({}); failures: requests the device could not serve.\n\
+             mapped: blocks on pages mapped into address space (pages of 20 MiB, or a 64th of a \
+             small device); its b.allocs are pages created (cuMemCreate),\nits b.frees the times \
+             pages went back (cuMemUnmap + cuMemRelease), its idle bytes spare pages, its backing \
+             time the VMM calls at published costs.",
             a.costs.calls(),
             a.costs.source()
         )

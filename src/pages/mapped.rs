@@ -88,6 +88,8 @@ pub struct MappedStats {
     pub maps: u64,
     /// Runs of pages unmapped (`unmap` calls).
     pub unmaps: u64,
+    /// Blocks handed out from mapped free space alone, with no call.
+    pub reused: u64,
     /// Reservations made.
     pub reserves: u64,
     /// Blocks handed out and not given back.
@@ -760,7 +762,9 @@ impl<B: PageBackend, C: Clock> RawAllocator for Mapped<B, C> {
             }
         };
         let (first, end) = self.slot_span(arena, start, n);
-        if need > 0 {
+        if need == 0 {
+            self.stats.reused += 1;
+        } else {
             // Spare pages mapped elsewhere move (unmapped there, mapped
             // here) only when new ones would not fit on the device: a move
             // costs a fraction of a page made, but is paid each time,

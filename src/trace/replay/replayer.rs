@@ -54,6 +54,12 @@ trait SimBacking: Packable + 'static {
     fn pages(&self) -> Option<MappedStats> {
         None
     }
+    /// The pool's counters as the backing allocator sees them: on pages,
+    /// the bytes reserved are the pages', the spare pages count as cached,
+    /// the backing calls are pages created and times pages went back.
+    fn backing_view(&self, stats: Stats) -> Stats {
+        stats
+    }
 }
 
 impl SimBacking for ModelledAllocator {
@@ -81,6 +87,17 @@ impl SimBacking for Mapped<ModelPages, ManualClock> {
     }
     fn pages(&self) -> Option<MappedStats> {
         Some(self.stats())
+    }
+    fn backing_view(&self, mut stats: Stats) -> Stats {
+        let p = self.stats();
+        stats.bytes_reserved = p.page_bytes;
+        stats.peak_bytes_reserved = p.peak_page_bytes;
+        stats.bytes_cached += p.spare_bytes;
+        stats.backing_allocs = p.pages_created;
+        stats.backing_deallocs = p.release_calls;
+        // A request the mapped free space served made no call: a hit.
+        stats.hits += p.reused;
+        stats
     }
 }
 
@@ -110,10 +127,10 @@ impl<A: SimBacking, P: Policy> SimPool for DecayingPool<A, P, ManualClock> {
         DecayingPool::collect(self);
     }
     fn stats(&self) -> Stats {
-        DecayingPool::stats(self)
+        self.allocator().backing_view(DecayingPool::stats(self))
     }
     fn hits(&self) -> u64 {
-        DecayingPool::stats(self).hits
+        self.stats().hits
     }
     fn modelled_seconds(&self) -> f64 {
         self.allocator().modelled_seconds()
@@ -138,10 +155,12 @@ impl<A: SimBacking, P: Policy> SimPool for PackedPool<A, P, ManualClock> {
         // The exact pool's counters: the backing calls, the bytes reserved,
         // and as idle bytes the blocks it caches (free space inside held
         // segments is not counted idle).
-        self.pool().stats()
+        self.pool()
+            .allocator()
+            .backing_view(self.pool().stats())
     }
     fn hits(&self) -> u64 {
-        PackedPool::stats(self).hits
+        PackedPool::stats(self).hits + self.pool().allocator().pages().map_or(0, |p| p.reused)
     }
     fn modelled_seconds(&self) -> f64 {
         self.pool().allocator().modelled_seconds()
@@ -594,24 +613,16 @@ impl Replayer {
                 let (stats, seconds, hits, pages) = s.report();
                 let st = std::mem::take(s.state());
                 let p = pages.unwrap_or_default();
-                let (backing_allocs, backing_frees, peak_reserved_bytes) = match pages {
-                    Some(p) => (p.pages_created, p.release_calls, p.peak_page_bytes),
-                    None => (
-                        stats.backing_allocs,
-                        stats.backing_deallocs,
-                        stats.peak_bytes_reserved,
-                    ),
-                };
                 Report {
                     workload: workload.to_owned(),
                     policy: st.name,
                     allocs: st.allocs,
                     hits,
-                    backing_allocs,
-                    backing_frees,
+                    backing_allocs: stats.backing_allocs,
+                    backing_frees: stats.backing_deallocs,
                     evictions: stats.evictions,
                     trimmed: stats.trimmed,
-                    peak_reserved_bytes,
+                    peak_reserved_bytes: stats.peak_bytes_reserved,
                     pages_created: p.pages_created,
                     pages_released: p.pages_released,
                     maps: p.maps,
