@@ -28,6 +28,15 @@
 # (`.gpu/python`, `.gpu/lib`) and write $OUT/torch_plugin.json and
 # $OUT/cupy_aba.json beside the log. PLUGIN=1 runs only this section;
 # NO_PLUGIN=1 leaves it out.
+#
+# `vmm_costs.py` (after `cuda_costs`, left out by QUICK=1 as it is; a few
+# seconds, at most 45 s by its own `--max-seconds`, bounded by `timeout
+# 90`): the per-call cost of the CUDA virtual memory management calls
+# (cuMemCreate, cuMemMap, cuMemSetAccess, cuMemUnmap, cuMemRelease,
+# cuMemAddressReserve / Free) for pages of 2 to 64 MiB, through the driver
+# alone (ctypes, nothing built), beside the published figures `cca_sim.py`
+# and `PageCosts::PUBLISHED` charge; $OUT/vmm_costs.json. VMM=1 runs only
+# this step.
 set -u
 export PYTHONUNBUFFERED=1
 cd "$(dirname "$0")/../.."
@@ -43,6 +52,19 @@ plugin() {
     echo "== cupy_aba (the A/B/A case on 8 GiB: CuPy's pool, and decaying_pool.cupy)"
     timeout 300 python3 benches/gpu/cupy_aba.py "$out/cupy_aba.json"
 }
+vmm() {
+    echo "== vmm_costs (CUDA virtual memory management calls, per call, by page size)"
+    timeout 90 python3 benches/gpu/vmm_costs.py --out "$out/vmm_costs.json" --max-seconds 45
+}
+if [ -n "${VMM:-}" ]; then
+    {
+        date -u
+        nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+        vmm
+        echo "== done"
+    } 2>&1 | tee "$out/log"
+    exit
+fi
 if [ -n "${PLUGIN:-}" ]; then
     {
         date -u
@@ -78,6 +100,7 @@ fi
     if [ -z "${QUICK:-}" ]; then
         echo "== cuda_costs"
         timeout 180 $g/bin/cuda_costs
+        vmm
     fi
     for t in $g/traces/*.csv; do
         for p in $(printf '%s\n' 1 "$passes" | sort -un); do

@@ -515,3 +515,208 @@ fn cuda_pages_move_between_ranges_with_their_bytes() {
     drop(b);
     stream.synchronize().unwrap();
 }
+
+/// The bytes of a block written with `seed`.
+fn device_pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| seed.wrapping_mul(31).wrapping_add(i as u8 ^ (i >> 8) as u8))
+        .collect()
+}
+
+/// Writes `seed`'s pattern into `len` bytes of device memory at `ptr`.
+///
+/// # Safety
+///
+/// `ptr..ptr + len` is mapped, read-write for the device of `ctx`, and the
+/// caller's alone.
+unsafe fn device_fill(ctx: &cudarc::driver::CudaContext, ptr: usize, len: usize, seed: u8) {
+    ctx.bind_to_thread().unwrap();
+    let data = device_pattern(len, seed);
+    // SAFETY: the range is mapped, read-write and ours (the caller's
+    // contract); `data` holds `len` bytes; the context is current (bound
+    // above).
+    unsafe { cudarc::driver::result::memcpy_htod_sync(ptr as u64, &data) }.unwrap();
+    // A copy from pageable memory may return before its DMA ends: wait, so
+    // the block may be given back (and its pages unmapped) at once.
+    ctx.synchronize().unwrap();
+}
+
+/// Whether `len` bytes of device memory at `ptr` hold `seed`'s pattern.
+///
+/// # Safety
+///
+/// As for [`device_fill`]: mapped, readable by the device, the caller's.
+unsafe fn device_holds(
+    ctx: &cudarc::driver::CudaContext,
+    ptr: usize,
+    len: usize,
+    seed: u8,
+) -> bool {
+    ctx.bind_to_thread().unwrap();
+    let mut back = vec![0u8; len];
+    // SAFETY: the range is mapped and readable (the caller's contract);
+    // `back` holds `len` bytes; a copy to pageable memory returns once the
+    // bytes are there; the context is current (bound above).
+    unsafe { cudarc::driver::result::memcpy_dtoh_sync(&mut back, ptr as u64) }.unwrap();
+    back == device_pattern(len, seed)
+}
+
+/// The mapped layer on device pages: a pool caching nothing
+/// (`FixedCapacity::new(0)`, so every release reaches the allocator) over
+/// `Mapped::new(CudaPages::new(0))`, told the device holds 8 pages so that
+/// spare pages move (unmapped where they were, mapped where a block needs
+/// them) rather than new ones being made. Blocks of several sizes are
+/// written with cudarc copies, some freed, blocks of other sizes allocated;
+/// every block still held reads back its bytes, and `Mapped::validate()`
+/// holds, after each step. Then a page moving alone: a block's page taken
+/// by a block elsewhere shows the first block's bytes at its new address.
+#[test]
+fn mapped_device_pages_keep_block_bytes_while_pages_move() {
+    use decaying_pool::FixedCapacity;
+    use decaying_pool::pages::{CudaPages, Mapped, PageBackend};
+
+    if skip("mapped_device_pages_keep_block_bytes_while_pages_move") {
+        return;
+    }
+    let backend = CudaPages::new(0).unwrap();
+    let g = backend.granularity();
+    let ctx = backend.context().clone();
+    let mapped = Mapped::new(backend)
+        .with_spare_ttl(None)
+        .with_reservation(32 * g)
+        .with_capacity(8 * g);
+    let mut pool = DecayingPool::new(mapped, FixedCapacity::new(0));
+    // (block, size, seed) of the blocks held.
+    let mut held: Vec<(usize, usize, u8)> = Vec::new();
+    let check = |pool: &DecayingPool<Mapped<CudaPages>, FixedCapacity>,
+                 held: &[(usize, usize, u8)],
+                 step: &str| {
+        for &(b, size, seed) in held {
+            // SAFETY: `b` is a block of `size` bytes the pool handed out and
+            // not given back: mapped, read-write, ours.
+            let ok = unsafe { device_holds(&ctx, b, size, seed) };
+            assert!(ok, "{step}: block {b:#x} of {size} bytes lost its bytes");
+        }
+        pool.allocator().validate().unwrap();
+    };
+    let mut seed = 0u8;
+    let mut take = |pool: &mut DecayingPool<Mapped<CudaPages>, FixedCapacity>,
+                    held: &mut Vec<(usize, usize, u8)>,
+                    size: usize| {
+        let b = pool.allocate(size).unwrap();
+        assert_eq!(b % 512, 0, "blocks are aligned as CUDA's");
+        seed = seed.wrapping_add(1);
+        // SAFETY: `b` was just handed out for `size` bytes: mapped,
+        // read-write, ours alone.
+        unsafe { device_fill(&ctx, b, size, seed) };
+        held.push((b, size, seed));
+    };
+    let give = |pool: &mut DecayingPool<Mapped<CudaPages>, FixedCapacity>,
+                held: &mut Vec<(usize, usize, u8)>,
+                i: usize| {
+        let (b, size, _) = held.remove(i);
+        // SAFETY: `b` came from `pool.allocate(size)`, released once; the
+        // copies into it were synchronous and waited for, so nothing on the
+        // device uses it.
+        unsafe { pool.release(b, size) };
+    };
+
+    // 1. Blocks of several sizes, side by side, some sharing pages.
+    for size in [100, g + 1, 3 * g - 7, 5000, 2 * g] {
+        take(&mut pool, &mut held, size);
+    }
+    check(&pool, &held, "after the first blocks");
+    let s = pool.allocator().stats();
+    assert_eq!((s.blocks, s.unmaps), (5, 0), "{s:?}");
+    assert!(s.page_bytes <= 8 * g, "{s:?}");
+
+    // 2. The middle two freed: their pages no other block touches stay
+    //    mapped, spare.
+    give(&mut pool, &mut held, 2);
+    give(&mut pool, &mut held, 1);
+    check(&pool, &held, "after freeing two");
+    let spare = pool.allocator().stats().spare_bytes;
+    assert!(spare >= g, "the freed blocks leave spare pages: {spare}");
+
+    // 3. Blocks of other sizes: the first does not fit the hole, and new
+    //    pages would pass the capacity, so the spare pages move under it.
+    for size in [4 * g + 513, 3 * g, 700] {
+        take(&mut pool, &mut held, size);
+        check(&pool, &held, &format!("after a block of {size}"));
+    }
+    let s = pool.allocator().stats();
+    assert!(s.unmaps > 0, "no page moved: {s:?}");
+    assert!(s.maps > s.unmaps, "{s:?}");
+
+    // 4. All but the block of two pages freed, then a large block that
+    //    fits in no mapped free run: pages move again.
+    let keep = held.iter().position(|&(_, size, _)| size == 2 * g).unwrap();
+    held.swap(0, keep);
+    while held.len() > 1 {
+        let last = held.len() - 1;
+        give(&mut pool, &mut held, last);
+        check(&pool, &held, "while freeing");
+    }
+    let before = pool.allocator().stats().unmaps;
+    take(&mut pool, &mut held, 6 * g + 3);
+    check(&pool, &held, "after the large block");
+    let s = pool.allocator().stats();
+    assert!(s.unmaps > before, "{s:?}");
+    assert!(s.peak_page_bytes <= 12 * g, "{s:?}");
+
+    // 5. Everything back: the pool trims the pages to the device.
+    while !held.is_empty() {
+        give(&mut pool, &mut held, 0);
+    }
+    pool.allocator().validate().unwrap();
+    let s = pool.allocator().stats();
+    assert_eq!((s.blocks, s.pages_released), (0, 0), "{s:?}");
+    assert_eq!(pool.trim(), s.page_bytes);
+    let s = pool.allocator().stats();
+    assert_eq!((s.page_bytes, s.mapped_bytes), (0, 0), "{s:?}");
+    pool.allocator().validate().unwrap();
+    let c = pool.allocator().backend().counts();
+    assert_eq!((c.live_pages(), c.mapped_pages()), (0, 0), "{c}");
+    assert_eq!(c.created, c.released, "{c}");
+    assert_eq!(c.maps, c.unmaps, "{c}");
+    drop(pool);
+
+    // A page moving alone: three pages of capacity, blocks of one page
+    // each, the middle one given back.
+    let mapped = Mapped::new(CudaPages::with_context(ctx.clone()).unwrap())
+        .with_spare_ttl(None)
+        .with_reservation(8 * g)
+        .with_capacity(3 * g)
+        .with_align(g);
+    let mut pool = DecayingPool::new(mapped, FixedCapacity::new(0));
+    let pin = pool.allocate(g).unwrap();
+    let a = pool.allocate(g).unwrap();
+    let pin2 = pool.allocate(g).unwrap();
+    // SAFETY: `a` was just handed out for `g` bytes.
+    unsafe { device_fill(&ctx, a, g, 9) };
+    // SAFETY: from this pool with this size; the copy was waited for.
+    unsafe { pool.release(a, g) };
+    pool.allocator().validate().unwrap();
+    // Two pages side by side do not fit `a`'s hole: they go after `pin2`,
+    // with `a`'s page moved under one of them (a fourth page would pass
+    // the capacity) and a new one under the other.
+    let b = pool.allocate(2 * g).unwrap();
+    assert_ne!(b, a);
+    pool.allocator().validate().unwrap();
+    let s = pool.allocator().stats();
+    assert_eq!((s.unmaps, s.pages_created), (1, 4), "a's page moved: {s:?}");
+    // SAFETY: `b` is a block of `2 * g` bytes, handed out and held.
+    let shows = (0..2).any(|k| unsafe { device_holds(&ctx, b + k * g, g, 9) });
+    assert!(shows, "the moved page keeps a's bytes at its new address");
+    // SAFETY: each block came from this pool with its size, given back
+    // once; nothing on the device uses them (the copies were synchronous).
+    unsafe {
+        pool.release(b, 2 * g);
+        pool.release(pin, g);
+        pool.release(pin2, g);
+    }
+    pool.allocator().validate().unwrap();
+    assert_eq!(pool.trim(), 4 * g);
+    let c = pool.allocator().backend().counts();
+    assert_eq!((c.live_pages(), c.mapped_pages()), (0, 0), "{c}");
+}
