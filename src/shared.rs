@@ -1410,9 +1410,16 @@ impl<A: RawAllocator, P: Policy, C: Clock> Inner<A, P, C> {
 
     /// Runs `f` on the backing allocator when this handle holds it (not
     /// while [`SharedPool::with`] has taken the pool apart, nor where a
-    /// packed layer owns it: that layer's own pool calls it).
+    /// packed layer owns it: that layer's own pool calls it), and only if
+    /// no miss is inside it: `collect` and `trim` need only the cache lock,
+    /// and the next `collect` (the reaper's) tries again.
     fn backing_spare(&self, f: impl FnOnce(&mut A) -> usize) -> usize {
-        recover(self.alloc.lock()).as_mut().map_or(0, f)
+        let mut guard = match self.alloc.try_lock() {
+            Ok(guard) => guard,
+            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => return 0,
+        };
+        guard.as_mut().map_or(0, f)
     }
 
     fn set_limit(&self, limit: Option<usize>) -> usize {

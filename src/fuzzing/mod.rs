@@ -2,7 +2,9 @@
 //! replay; not covered by semver (feature `fuzzing`).
 //!
 //! The harness checks [`DecayingPool`] and
-//! [`SharedPool`](crate::SharedPool) here, the packing layer in [`packed`].
+//! [`SharedPool`](crate::SharedPool) here, the packing layer in [`packed`],
+//! the page layer's [`Mapped`](crate::pages::Mapped) allocator in
+//! [`mapped`].
 //! The code is split as follows: `input` parses the bytes ([`Config`],
 //! [`Op`], [`SharedOp`], the [`Common`] steps of both), `model` is the
 //! reference model, `pool` and `shared` run the two harnesses, `cached`
@@ -112,6 +114,7 @@
 
 mod cached;
 mod input;
+pub mod mapped;
 mod model;
 pub mod packed;
 mod pool;

@@ -50,6 +50,19 @@ pub fn page_size_for(capacity: Option<usize>) -> usize {
     }
 }
 
+/// The largest power of two that divides `n` (a page: the alignment every
+/// reservation has).
+fn largest_power_of_two_dividing(n: usize) -> usize {
+    if n == 0 { 1 } else { n & n.wrapping_neg() }
+}
+
+/// The reservation [`Mapped`] makes unless told otherwise: 64 GiB of
+/// address space, or 65 536 pages if that is less (its slot table costs
+/// tens of bytes a page, resident).
+fn default_reservation(page: usize) -> usize {
+    (64usize << 30).min(page.saturating_mul(1 << 16))
+}
+
 /// How long [`Mapped`] keeps spare pages unless told otherwise: one
 /// second, as the pool's default policy keeps idle blocks.
 pub const DEFAULT_SPARE_TTL: Duration = Duration::from_secs(1);
@@ -267,8 +280,12 @@ pub struct Mapped<B: PageBackend, C: Clock = MonotonicClock> {
     by_len: BTreeSet<(usize, usize)>,
     /// Mapped slots that no block touches: (arena, slot).
     free_mapped: SpareSlots,
-    /// Pages created and not mapped, with when they became spare.
-    idle: Vec<(B::Page, u64)>,
+    /// Pages created and not mapped.
+    idle: Vec<B::Page>,
+    /// When each idle page became spare (`idle_since[i]` for `idle[i]`;
+    /// shorter only after a backend panicked inside `create_pages`: see
+    /// `settle_idle`).
+    idle_since: Vec<u64>,
     stats: MappedStats,
 }
 
@@ -322,8 +339,8 @@ impl<B: PageBackend, C: Clock> Mapped<B, C> {
             ttl: duration_nanos(DEFAULT_SPARE_TTL),
             swept: now,
             page,
-            align: DEFAULT_ALIGN,
-            reservation: 64 << 30,
+            align: DEFAULT_ALIGN.min(largest_power_of_two_dividing(page)),
+            reservation: default_reservation(page),
             capacity: None,
             arenas: Vec::new(),
             by_base: BTreeMap::new(),
@@ -331,12 +348,14 @@ impl<B: PageBackend, C: Clock> Mapped<B, C> {
             by_len: BTreeSet::new(),
             free_mapped: SpareSlots::default(),
             idle: Vec::new(),
+            idle_since: Vec::new(),
             stats: MappedStats::default(),
         }
     }
 
-    /// Aligns blocks to `align` bytes (a power of two, at most the page;
-    /// other values are raised to the next power of two and capped).
+    /// Aligns blocks to `align` bytes: raised to a power of two, and
+    /// capped at the largest power of two that divides the page (every
+    /// reservation is aligned to the page, so to that).
     ///
     /// # Examples
     ///
@@ -351,8 +370,8 @@ impl<B: PageBackend, C: Clock> Mapped<B, C> {
         self.align = align
             .max(1)
             .checked_next_power_of_two()
-            .unwrap_or(self.page)
-            .min(self.page);
+            .unwrap_or(usize::MAX)
+            .min(largest_power_of_two_dividing(self.page));
         self
     }
 
@@ -471,7 +490,12 @@ impl<B: PageBackend, C: Clock> Mapped<B, C> {
                 }
             }
         }
-        let pages = self.stats.pages_created - self.stats.pages_released;
+        // Pages a panicking `create_pages` left in `idle` are counted at
+        // the next call (`settle_idle`).
+        let Some(pending) = self.idle.len().checked_sub(self.idle_since.len()) else {
+            return Err("more stamps than idle pages".into());
+        };
+        let pages = self.stats.pages_created + pending as u64 - self.stats.pages_released;
         if self.stats.mapped_bytes != mapped * self.page {
             return Err(format!(
                 "{mapped} slots mapped against {} bytes counted",
@@ -479,7 +503,7 @@ impl<B: PageBackend, C: Clock> Mapped<B, C> {
             ));
         }
         if pages != (mapped + self.idle.len()) as u64
-            || self.stats.page_bytes != (mapped + self.idle.len()) * self.page
+            || self.stats.page_bytes + pending * self.page != (mapped + self.idle.len()) * self.page
         {
             return Err(format!(
                 "{pages} pages live against {mapped} mapped and {} idle",
@@ -558,10 +582,13 @@ impl<B: PageBackend, C: Clock> Mapped<B, C> {
             .max(self.reservation)
             .checked_next_multiple_of(self.page)
             .ok_or(MappedError::TooLarge { requested: n })?;
+        let count = bytes / self.page;
+        let mut slots = Vec::new();
+        slots
+            .try_reserve_exact(count)
+            .map_err(|_| MappedError::TooLarge { requested: n })?;
         let range = self.backend.reserve(bytes).map_err(MappedError::Backend)?;
         let base = self.backend.range_address(&range);
-        let count = bytes / self.page;
-        let mut slots = Vec::with_capacity(count);
         slots.resize_with(count, || Slot {
             page: None,
             users: 0,
@@ -617,7 +644,8 @@ impl<B: PageBackend, C: Clock> Mapped<B, C> {
         for s in first..end {
             let slot = &mut arena.slots[s];
             let page = slot.page.take().expect("a mapped slot");
-            self.idle.push((page, slot.since));
+            self.idle.push(page);
+            self.idle_since.push(slot.since);
             self.free_mapped.remove(a, s);
         }
         self.stats.unmaps += 1;
@@ -637,14 +665,14 @@ impl<B: PageBackend, C: Clock> Mapped<B, C> {
             while e < end && self.arenas[a].slots[e].page.is_none() {
                 e += 1;
             }
-            let taken = self.idle.split_off(self.idle.len() - (e - s));
-            let (pages, sinces): (Vec<B::Page>, Vec<u64>) = taken.into_iter().unzip();
+            // The pages stay in `idle` until the map succeeded, so a map
+            // that fails, or panics, loses none.
+            let from = self.idle.len() - (e - s);
             let arena = &mut self.arenas[a];
             let range = arena.range.as_mut().expect("a live arena");
-            if let Err(err) = self.backend.map(range, s * self.page, &pages) {
-                self.idle.extend(pages.into_iter().zip(sinces));
-                return Err(err);
-            }
+            self.backend.map(range, s * self.page, &self.idle[from..])?;
+            let pages = self.idle.drain(from..);
+            let sinces = self.idle_since.drain(from..);
             for ((slot, page), since) in (s..e).zip(pages).zip(sinces) {
                 arena.slots[slot].page = Some(page);
                 arena.slots[slot].since = since;
@@ -663,39 +691,55 @@ impl<B: PageBackend, C: Clock> Mapped<B, C> {
         if self.idle.len() >= need {
             return Ok(());
         }
-        let mut made = Vec::new();
-        let result = self.backend.create_pages(need - self.idle.len(), &mut made);
-        let count = made.len();
-        self.idle.extend(made.into_iter().map(|p| (p, 0)));
-        self.stats.pages_created += count as u64;
-        self.stats.page_bytes += count * self.page;
-        self.stats.peak_page_bytes = self.stats.peak_page_bytes.max(self.stats.page_bytes);
+        // Straight into `idle`: the pages made before a failure, or a
+        // panic, are kept (`settle_idle` counts them).
+        let result = self
+            .backend
+            .create_pages(need - self.idle.len(), &mut self.idle);
+        self.settle_idle();
         result
     }
 
+    /// Counts the idle pages without a stamp: made by a `create_pages`
+    /// (that returned, or panicked) and not counted yet.
+    fn settle_idle(&mut self) {
+        let made = self.idle.len().saturating_sub(self.idle_since.len());
+        if made > 0 {
+            // Stamped 0: a page made and left unmapped (its request
+            // failed) is due at the next sweep.
+            self.idle_since.resize(self.idle.len(), 0);
+            self.stats.pages_created += made as u64;
+            self.stats.page_bytes += made * self.page;
+            self.stats.peak_page_bytes = self.stats.peak_page_bytes.max(self.stats.page_bytes);
+        }
+    }
     /// Releases the idle pages that became spare at or before `before`.
     fn release_idle(&mut self, before: u64) -> usize {
         let mut released = 0;
         let mut i = 0;
+        self.settle_idle();
         while i < self.idle.len() {
-            if self.idle[i].1 > before {
+            if self.idle_since[i] > before {
                 i += 1;
                 continue;
             }
-            let (page, _) = self.idle.swap_remove(i);
-            // SAFETY: idle pages are not mapped anywhere. A refusal leaves
-            // the page with the backend, never reused: counted gone.
-            let _ = unsafe { self.backend.release_page(page) };
+            let page = self.idle.swap_remove(i);
+            self.idle_since.swap_remove(i);
+            // Counted gone before the call: a refusal (or a panic) leaves
+            // the page with the backend, never reused.
+            self.stats.pages_released += 1;
+            self.stats.page_bytes -= self.page;
             released += 1;
+            // SAFETY: idle pages are not mapped anywhere.
+            let _ = unsafe { self.backend.release_page(page) };
         }
-        self.stats.pages_released += released as u64;
-        self.stats.page_bytes -= released * self.page;
         released * self.page
     }
 
     /// Gives back the spare pages that became spare at or before `before`:
     /// free mapped runs unmapped and released, then idle pages.
     fn release_before(&mut self, before: u64) -> usize {
+        self.settle_idle();
         let mut bytes = 0;
         let mut runs = 0;
         let mut next = (0, 0);
@@ -730,7 +774,10 @@ impl<B: PageBackend, C: Clock> Mapped<B, C> {
     fn maybe_sweep(&mut self, now: u64) {
         if self.ttl != u64::MAX && now.saturating_sub(self.swept) >= (self.ttl / 8).max(1) {
             self.swept = now;
-            self.release_before(now.saturating_sub(self.ttl));
+            // Before one time-to-live has passed on the clock, nothing is due.
+            if let Some(before) = now.checked_sub(self.ttl) {
+                self.release_before(before);
+            }
         }
     }
 
@@ -754,6 +801,7 @@ impl<B: PageBackend, C: Clock> RawAllocator for Mapped<B, C> {
             .checked_next_multiple_of(self.align)
             .filter(|&n| n <= isize::MAX as usize)
             .ok_or(MappedError::TooLarge { requested: size })?;
+        self.settle_idle();
         let (arena, start, need) = match self.place(n) {
             Some(p) => p,
             None => {
@@ -863,7 +911,8 @@ impl<B: PageBackend, C: Clock> RawAllocator for Mapped<B, C> {
         }
         let now = self.clock.now_nanos();
         self.swept = now;
-        self.release_before(now.saturating_sub(self.ttl))
+        now.checked_sub(self.ttl)
+            .map_or(0, |before| self.release_before(before))
     }
 }
 
@@ -883,6 +932,7 @@ impl<B: PageBackend, C: Clock> Packable for Mapped<B, C> {
 
 impl<B: PageBackend, C: Clock> Drop for Mapped<B, C> {
     fn drop(&mut self) {
+        self.settle_idle();
         self.release_spare();
         if self.stats.blocks > 0 {
             // Blocks still handed out may be in use: their pages and

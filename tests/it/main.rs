@@ -47,6 +47,7 @@ mod knobs;
 mod limit_retry;
 #[cfg(not(miri))]
 mod logging;
+mod mapped;
 mod model;
 mod packing;
 mod packing_corpus;

@@ -155,9 +155,7 @@ impl<A: SimBacking, P: Policy> SimPool for PackedPool<A, P, ManualClock> {
         // The exact pool's counters: the backing calls, the bytes reserved,
         // and as idle bytes the blocks it caches (free space inside held
         // segments is not counted idle).
-        self.pool()
-            .allocator()
-            .backing_view(self.pool().stats())
+        self.pool().allocator().backing_view(self.pool().stats())
     }
     fn hits(&self) -> u64 {
         PackedPool::stats(self).hits + self.pool().allocator().pages().map_or(0, |p| p.reused)
