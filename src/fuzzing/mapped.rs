@@ -736,6 +736,16 @@ pub fn mapped_ops(data: &[u8]) -> Option<MappedSummary> {
 
 // --- the harness ----------------------------------------------------------------
 
+/// Whether an allocation past all memory fails here, as the allocator
+/// expects when it asks for the slot table of a reservation too large to
+/// map: not under Miri (which reports resource exhaustion) nor under
+/// `cargo fuzz` (whose sanitizer and libFuzzer's malloc limit abort), where
+/// the harness makes no such request.
+#[allow(unexpected_cfgs)] // `fuzzing`: set by `cargo fuzz`
+fn huge_allocations_fail() -> bool {
+    !cfg!(miri) && !cfg!(fuzzing)
+}
+
 type Subject = Mapped<SharedModel, ManualClock>;
 
 /// A block the caller holds.
@@ -1116,10 +1126,7 @@ impl Harness {
             // would not fit in memory.
             return;
         }
-        if cfg!(miri) && matches!(refusal, Some(Err(_))) {
-            // The allocator tries to allocate the slot table of so large a
-            // reservation (and fails): Miri reports that as resource
-            // exhaustion rather than a failed allocation.
+        if matches!(refusal, Some(Err(_))) && !huge_allocations_fail() {
             return;
         }
         let result = self.mapped.allocate(size);

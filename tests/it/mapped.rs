@@ -944,9 +944,8 @@ fn every_panic() -> Vec<(u32, AfterPanic)> {
 /// reaches: after the panic is caught, the allocator used on and dropped,
 /// the backend's own bookkeeping is whole (no page released twice or
 /// while mapped, no page mapped in two places), and every reservation is
-/// freed unless the panic hit the drop itself. What may be lost are pages
-/// whose handles were on their way through the panicking call (see
-/// `a_panicking_backend_loses_no_page`).
+/// freed unless the panic hit the drop itself (see
+/// `a_panicking_backend_loses_no_page` for the pages).
 #[test]
 fn a_panicking_backend_leaves_the_backend_whole() {
     let outcomes = every_panic();
