@@ -18,20 +18,7 @@ use decaying_pool::pages::{Mapped, ModelPages};
 use decaying_pool::{DecayingPool, FixedCapacity, FixedTime, ManualClock, Packing};
 
 mod common;
-use common::NullAddresses;
-
-/// `n` sizes drawn from `lo..hi` (a fixed LCG, so every run draws the same).
-fn sizes(n: usize, lo: usize, hi: usize, seed: u64) -> Vec<usize> {
-    let mut x = seed;
-    (0..n)
-        .map(|_| {
-            x = x
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            lo + (x >> 33) as usize % (hi - lo)
-        })
-        .collect()
-}
+use common::{NullAddresses, sizes};
 
 fn round_trip(c: &mut Criterion) {
     let mut g = c.benchmark_group("mapped_round_trip");

@@ -16,20 +16,7 @@ use decaying_pool::{
 };
 
 mod common;
-use common::NullAddresses;
-
-/// `n` sizes drawn from `lo..hi` (a fixed LCG, so every run draws the same).
-fn sizes(n: usize, lo: usize, hi: usize, seed: u64) -> Vec<usize> {
-    let mut x = seed;
-    (0..n)
-        .map(|_| {
-            x = x
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            lo + (x >> 33) as usize % (hi - lo)
-        })
-        .collect()
-}
+use common::{NullAddresses, sizes};
 
 const TTL: Duration = Duration::from_secs(3600);
 

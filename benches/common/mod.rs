@@ -42,3 +42,17 @@ impl Packable for NullAddresses {
         *block
     }
 }
+
+/// `n` sizes drawn from `lo..hi` (a fixed LCG, so every run draws the same).
+#[allow(dead_code)] // the packing and mapped benches draw sizes
+pub(crate) fn sizes(n: usize, lo: usize, hi: usize, seed: u64) -> Vec<usize> {
+    let mut x = seed;
+    (0..n)
+        .map(|_| {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            lo + (x >> 33) as usize % (hi - lo)
+        })
+        .collect()
+}

@@ -295,6 +295,7 @@ struct ModelState {
 /// backend.fail_next(PageCall::Create, 1);
 /// assert!(matches!(m.allocate(100), Err(MappedError::Backend(_))));
 /// let a = m.allocate(100)?;
+/// // SAFETY: `a` came from `allocate(100)`, given back once.
 /// unsafe { m.deallocate(a, 100) };
 /// drop(m);
 /// backend.with_pages(|p| p.validate_released())?;

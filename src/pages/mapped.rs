@@ -7,6 +7,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use fixedbitset::FixedBitSet;
 
 use core::time::Duration;
+use std::panic::AssertUnwindSafe;
 
 use super::PageBackend;
 use crate::clock::{Clock, MonotonicClock};
@@ -83,6 +84,7 @@ fn duration_nanos(d: Duration) -> u64 {
 /// let a = m.allocate(3 << 20)?;
 /// let s = m.stats();
 /// assert_eq!((s.pages_created, s.maps, s.mapped_bytes, s.blocks), (2, 1, 4 << 20, 1));
+/// # // SAFETY: `a` came from `allocate(3 << 20)`, given back once.
 /// # unsafe { m.deallocate(a, 3 << 20) };
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
@@ -252,6 +254,7 @@ struct Slot<P> {
 /// let mut pool = DecayingPool::new(Mapped::new(ModelPages::new(2 << 20)?), FixedTime::default());
 /// for step in 1..=32usize {
 ///     let kv = pool.allocate(step << 20)?; // one MiB longer every step
+///     // SAFETY: `kv` came from this pool with this size, released once.
 ///     unsafe { pool.release(kv, step << 20) };
 /// }
 /// let s = pool.allocator().stats();
@@ -323,6 +326,7 @@ impl<B: PageBackend, C: Clock> Mapped<B, C> {
     /// let clock = ManualClock::new();
     /// let mut m = Mapped::with_clock(ModelPages::new(2 << 20)?, clock.clone());
     /// let a = m.allocate(8 << 20)?;
+    /// // SAFETY: `a` came from `allocate(8 << 20)`, given back once.
     /// unsafe { m.deallocate(a, 8 << 20) };
     /// assert_eq!(m.spare(), Some(8 << 20)); // kept: the next block maps nothing
     /// clock.advance(Duration::from_secs(1));
@@ -861,7 +865,11 @@ impl<B: PageBackend, C: Clock> RawAllocator for Mapped<B, C> {
             );
             return;
         };
-        let now = self.clock.now_nanos();
+        // A clock that panics must not keep the block out: its pages are
+        // stamped with the last sweep instead (and no sweep runs).
+        let clock = &self.clock;
+        let read = std::panic::catch_unwind(AssertUnwindSafe(|| clock.now_nanos()));
+        let now = *read.as_ref().unwrap_or(&self.swept);
         let (first, end) = self.slot_span(arena, block, n);
         for s in first..end {
             let slot = &mut self.arenas[arena].slots[s];
@@ -890,7 +898,9 @@ impl<B: PageBackend, C: Clock> RawAllocator for Mapped<B, C> {
         self.insert_free(start, len, arena);
         self.stats.blocks -= 1;
         self.stats.block_bytes -= n;
-        self.maybe_sweep(now);
+        if read.is_ok() {
+            self.maybe_sweep(now);
+        }
     }
 
     fn capacity(&self) -> Option<usize> {

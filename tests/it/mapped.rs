@@ -1333,3 +1333,106 @@ fn a_huge_request_fails_instead_of_aborting() {
         "the child ran no test: {stdout}"
     );
 }
+
+// --- the pool over the mapped allocator ------------------------------------------
+
+/// A pool that caches blocks over `Mapped`: a miss of another size, with
+/// too little spare memory for its class, gives the oldest cached block
+/// back first (`Reason::Remapped`), and its pages serve the request: no
+/// page is made for it.
+#[test]
+fn a_miss_takes_the_pages_of_the_oldest_cached_block() {
+    use decaying_pool::{Event, FixedTime, Reason};
+    use std::sync::{Arc, Mutex};
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let log = seen.clone();
+    let clock = ManualClock::new();
+    let mapped = Mapped::with_clock(ModelPages::new(2 * MIB).unwrap(), clock.clone());
+    let mut pool = DecayingPool::builder(mapped)
+        .policy(FixedTime::new(Duration::from_secs(3600)))
+        .clock(clock)
+        .observer(move |e| log.lock().unwrap().push(e))
+        .build();
+    let a = pool.allocate(10 * MIB).unwrap();
+    let b = pool.allocate(6 * MIB).unwrap();
+    // SAFETY: each from this pool with its size, released once.
+    unsafe {
+        pool.release(a, 10 * MIB);
+        pool.release(b, 6 * MIB);
+    }
+    assert_eq!(pool.allocator().stats().pages_created, 8);
+    assert_eq!(pool.allocator().spare(), Some(0), "both blocks cached");
+    // 8 MiB: no cached block of its class, no spare page: the oldest
+    // cached block (10 MiB) goes back, and its pages serve it.
+    let c = pool.allocate(8 * MIB).unwrap();
+    let s = pool.allocator().stats();
+    assert_eq!(s.pages_created, 8, "no page made for the miss");
+    assert_eq!(s.blocks, 2);
+    pool.allocator().validate().unwrap();
+    let freed: Vec<_> = seen
+        .lock()
+        .unwrap()
+        .iter()
+        .filter_map(|e| match *e {
+            Event::Freed { size, reason } => Some((size, reason)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(freed, [(10 * MIB, Reason::Remapped)]);
+    assert_eq!(pool.stats().evictions, 1);
+    // SAFETY: from this pool with its size, released once.
+    unsafe { pool.release(c, 8 * MIB) };
+}
+
+/// A clock that panics on every read after the first `ok` ones, and
+/// counts its panics.
+struct FailingClock {
+    inner: ManualClock,
+    ok: std::cell::Cell<u32>,
+    panics: std::rc::Rc<std::cell::Cell<u32>>,
+}
+
+impl decaying_pool::Clock for FailingClock {
+    fn now(&self) -> Duration {
+        let left = self.ok.get();
+        if left == 0 {
+            self.panics.set(self.panics.get() + 1);
+            panic!("the clock failed");
+        }
+        self.ok.set(left - 1);
+        self.inner.now()
+    }
+}
+
+/// A clock that panics inside `deallocate` loses nothing: the block goes
+/// back (its pages spare, stamped with the last sweep), and the pages are
+/// released on `release_spare` as any others.
+#[test]
+fn a_panicking_clock_in_deallocate_loses_no_block() {
+    let panics = std::rc::Rc::new(std::cell::Cell::new(0));
+    // Two good reads: the construction's and the first deallocate's.
+    let clock = FailingClock {
+        inner: ManualClock::new(),
+        ok: std::cell::Cell::new(2),
+        panics: panics.clone(),
+    };
+    let mut m = Mapped::with_clock(ModelPages::new(2 * MIB).unwrap(), clock);
+    let a = m.allocate(5 * MIB).unwrap();
+    let b = m.allocate(3 * MIB).unwrap();
+    // SAFETY: each from `allocate` with its size, given back once.
+    unsafe {
+        m.deallocate(a, 5 * MIB); // the clock's last good read
+        m.deallocate(b, 3 * MIB); // the clock panics inside
+    }
+    assert_eq!(
+        panics.get(),
+        1,
+        "the clock panicked inside the second deallocate"
+    );
+    let s = m.stats();
+    assert_eq!((s.blocks, s.block_bytes), (0, 0));
+    assert_eq!(s.spare_bytes, s.page_bytes);
+    m.validate().unwrap();
+    assert_eq!(m.release_spare(), s.page_bytes);
+    assert_eq!(m.stats().page_bytes, 0);
+}
