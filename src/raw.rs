@@ -202,6 +202,22 @@ pub trait RawAllocator {
     fn collect_spare(&mut self) -> usize {
         0
     }
+
+    /// For an allocator of mapped pages ([`pages::Mapped`](crate::pages::Mapped)):
+    /// its page figures, which a [`DecayingPool`](crate::DecayingPool)'s
+    /// [`Stats`](crate::Stats) carry (pages created and released, maps,
+    /// unmaps, spare bytes). `None` (the default) for any other allocator.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use decaying_pool::{RawAllocator, SystemAllocator};
+    /// assert_eq!(SystemAllocator::new().pages(), None);
+    /// ```
+    #[inline]
+    fn pages(&self) -> Option<crate::pages::MappedStats> {
+        None
+    }
 }
 
 /// Implements [`RawAllocator`] for a pointer type to an allocator by
@@ -237,6 +253,10 @@ macro_rules! forward_raw_allocator {
             #[inline]
             fn collect_spare(&mut self) -> usize {
                 (**self).collect_spare()
+            }
+            #[inline]
+            fn pages(&self) -> Option<crate::pages::MappedStats> {
+                (**self).pages()
             }
 
             #[inline]

@@ -924,6 +924,10 @@ impl<B: PageBackend, C: Clock> RawAllocator for Mapped<B, C> {
         now.checked_sub(self.ttl)
             .map_or(0, |before| self.release_before(before))
     }
+
+    fn pages(&self) -> Option<MappedStats> {
+        Some(self.stats())
+    }
 }
 
 impl<B: PageBackend, C: Clock> Packable for Mapped<B, C> {
