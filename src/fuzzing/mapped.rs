@@ -171,6 +171,10 @@ pub enum PageCall {
     Map,
     /// [`PageBackend::unmap`].
     Unmap,
+    /// [`PageBackend::fence`].
+    Fence,
+    /// [`PageBackend::wait`].
+    Wait,
     /// [`PageBackend::release_page`].
     ReleasePage,
     /// [`PageBackend::release_range`].
@@ -178,11 +182,13 @@ pub enum PageCall {
 }
 
 /// Every [`PageCall`], in the order of [`MappedOp::Fail`]'s selector.
-pub const PAGE_CALLS: [PageCall; 6] = [
+pub const PAGE_CALLS: [PageCall; 8] = [
     PageCall::Reserve,
     PageCall::Create,
     PageCall::Map,
     PageCall::Unmap,
+    PageCall::Fence,
+    PageCall::Wait,
     PageCall::ReleasePage,
     PageCall::ReleaseRange,
 ];
@@ -233,6 +239,11 @@ pub enum PageEvent {
         address: usize,
         /// Its length in bytes.
         len: usize,
+    },
+    /// A wait on a fence's ticket ([`PageBackend::wait`]).
+    Waited {
+        /// The ticket (`u64::MAX`: all the work queued).
+        ticket: u64,
     },
     /// A call refused, by an injected failure or by the model.
     Failed {
@@ -357,6 +368,11 @@ impl SharedModel {
     /// Takes the log of the calls made since the last time.
     pub fn take_log(&self) -> Vec<PageEvent> {
         core::mem::take(&mut self.state.borrow_mut().log)
+    }
+
+    /// [`ModelPages::queue_work`] on the model.
+    pub fn queue_work(&self, address: usize, len: usize) {
+        self.state.borrow_mut().pages.queue_work(address, len);
     }
 
     /// Runs `f` on the model.
@@ -500,6 +516,18 @@ impl PageBackend for SharedModel {
             address: range.address() + offset,
             count,
         })
+    }
+
+    fn fence(&mut self) -> Result<u64, SharedModelError> {
+        self.enter(PageCall::Fence)?;
+        let r = self.state.borrow_mut().pages.fence();
+        r.map_err(SharedModelError::Model)
+    }
+
+    fn wait(&mut self, ticket: u64) -> Result<(), SharedModelError> {
+        self.enter(PageCall::Wait)?;
+        let r = self.state.borrow_mut().pages.wait(ticket);
+        self.log(PageCall::Wait, r, |()| PageEvent::Waited { ticket })
     }
 }
 
@@ -769,6 +797,8 @@ struct Effects {
     failed: Vec<(PageCall, SharedModelError)>,
     /// Pages mapped by this operation that were live before it.
     remapped: u64,
+    /// Waits on fences.
+    waits: u64,
 }
 
 impl Effects {
@@ -918,6 +948,7 @@ impl Harness {
                         self.slot_of.remove(&p);
                     }
                 }
+                PageEvent::Waited { .. } => fx.waits += 1,
                 PageEvent::Failed { call, error } => fx.failed.push((call, error)),
             }
         }
@@ -970,7 +1001,7 @@ impl Harness {
                         "step {step} ({what:?}): page {p} given back before its time-to-live"
                     );
                 }
-                if !fx.failed(PageCall::Unmap) {
+                if !fx.failed(PageCall::Unmap) && !fx.failed(PageCall::Wait) {
                     let left: Vec<_> = spare.iter().filter(|&&(_, t)| t <= cutoff).collect();
                     assert!(
                         left.is_empty(),
@@ -980,7 +1011,7 @@ impl Harness {
                 }
             }
             Release::All => {
-                if !fx.failed(PageCall::Unmap) {
+                if !fx.failed(PageCall::Unmap) && !fx.failed(PageCall::Wait) {
                     assert!(
                         spare.is_empty(),
                         "step {step} ({what:?}): spare pages left after release_spare: {spare:?}"
@@ -1256,8 +1287,12 @@ impl Harness {
             _ => Release::None,
         };
         let due = self.due(rule);
+        // Work queued on the modelled device uses the block until the
+        // fence its release takes has been waited on: the model refuses
+        // (and `check` reports) an unmap of its pages before that.
+        self.backend.queue_work(h.block, h.len);
         // SAFETY: `h.block` was handed out by `allocate(h.size)` and is
-        // given back once; nothing uses its addresses.
+        // given back once; the host uses its addresses no more.
         unsafe { self.mapped.deallocate(h.block, h.size) };
         let fx = self.sync();
         self.note_decay(&fx, rule);
@@ -1366,7 +1401,7 @@ impl Harness {
             MappedOp::Collect => self.collect(&op),
             MappedOp::ReleaseSpare => self.release_spare(&op),
             MappedOp::Fail { call, n } => {
-                let call = PAGE_CALLS[usize::from(call) % 4];
+                let call = PAGE_CALLS[usize::from(call) % 6];
                 self.backend.fail_next(call, u32::from(n));
             }
             MappedOp::DeallocateAlternate(offset) => {

@@ -7,11 +7,12 @@
 //! an `unsafe` block that says what it relies on.
 
 use core::fmt;
+use std::collections::VecDeque;
 use std::sync::Arc;
 
-use cudarc::driver::CudaContext;
 use cudarc::driver::result::DriverError;
 use cudarc::driver::sys::{self, CUdeviceptr, CUmemGenericAllocationHandle, CUresult};
+use cudarc::driver::{CudaContext, CudaEvent, CudaStream};
 use fixedbitset::FixedBitSet;
 
 use super::slots::Slots;
@@ -54,9 +55,16 @@ const ENTRY_POINTS: [&str; 8] = [
 /// [`release_range`](PageBackend::release_range) and
 /// [`release_page`](PageBackend::release_page) are `unsafe`: besides the
 /// host's rules, no kernel or copy queued on any stream may still touch the
-/// addresses. `cuMemUnmap` does not wait for the device: record an event
-/// when the last user releases the memory, and synchronise on that event
-/// before unmapping.
+/// addresses. `cuMemUnmap` does not wait for the device: the backend's
+/// [`fence`](PageBackend::fence) records an event on its stream (set with
+/// [`on_stream`](Self::on_stream)) when a block is given back, and
+/// [`wait`](PageBackend::wait) synchronises on that event, not on the
+/// device, before [`Mapped`](super::Mapped) unmaps the block's pages.
+/// Without a stream, a fence is a number and a wait synchronises the
+/// context (`cuCtxSynchronize`): safe for work on any stream, and what
+/// PyTorch's expandable segments do before they unmap. Work on another
+/// stream than the backend's is the caller's to order before a release
+/// (as PyTorch's `record_stream` asks).
 ///
 /// The backend checks the caller's side of the contract where it can: a
 /// page released while mapped is refused (and kept, never reused).
@@ -126,6 +134,17 @@ pub struct CudaPages {
     mapped: FixedBitSet,
     /// Indices released, to reuse.
     free: Vec<u32>,
+    /// The stream fences record their events on (none: waits synchronise
+    /// the context).
+    stream: Option<Arc<CudaStream>>,
+    /// The last fence ticket handed out.
+    tickets: u64,
+    /// Every ticket up to this one is done.
+    done: u64,
+    /// Events recorded and not seen done, oldest first, with their tickets.
+    pending: VecDeque<(u64, CudaEvent)>,
+    /// Events done, to record again.
+    spare_events: Vec<CudaEvent>,
 }
 
 /// A page of a [`CudaPages`]: one `cuMemCreate` handle.
@@ -479,6 +498,11 @@ impl CudaPages {
             live: FixedBitSet::new(),
             mapped: FixedBitSet::new(),
             free: Vec::new(),
+            stream: None,
+            tickets: 0,
+            done: 0,
+            pending: VecDeque::new(),
+            spare_events: Vec::new(),
         };
         let flags = sys::CUmemAllocationGranularity_flags::CU_MEM_ALLOC_GRANULARITY_MINIMUM;
         b.minimum = b.query_granularity(flags)?;
@@ -619,6 +643,51 @@ impl CudaPages {
     /// ```
     pub fn counts(&self) -> PageCounts {
         self.counts
+    }
+
+    /// Fences on `stream`: each [`fence`](PageBackend::fence) records an
+    /// event there (events are reused once done), and a
+    /// [`wait`](PageBackend::wait) synchronises on the event of its ticket
+    /// (`u64::MAX`: on the stream). Give the stream the blocks' work runs
+    /// on; work queued on other streams is the caller's to order before a
+    /// block is given back.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use decaying_pool::{cuda, pages::{CudaPages, PageBackend}};
+    /// if cuda::available() {
+    ///     let ctx = cudarc::driver::CudaContext::new(0)?;
+    ///     let mut b = CudaPages::with_context(ctx.clone())?.on_stream(ctx.new_stream()?);
+    ///     let t = b.fence()?;
+    ///     b.wait(t)?;
+    ///     assert_eq!(b.counts().fences, 1);
+    /// }
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    #[must_use]
+    pub fn on_stream(mut self, stream: Arc<CudaStream>) -> Self {
+        self.stream = Some(stream);
+        self
+    }
+
+    /// The stream fences record on, if one was set.
+    pub fn stream(&self) -> Option<&Arc<CudaStream>> {
+        self.stream.as_ref()
+    }
+
+    /// Retires the pending events that are done, oldest first, so the
+    /// queue holds only the events in flight.
+    fn retire(&mut self) {
+        while let Some((t, e)) = self.pending.front() {
+            if !matches!(e.try_is_complete(), Ok(true)) {
+                break;
+            }
+            self.done = self.done.max(*t);
+            if let Some((_, e)) = self.pending.pop_front() {
+                self.spare_events.push(e);
+            }
+        }
     }
 
     fn own_range(&self, range: &CudaRange) -> Result<(), PageError> {
@@ -949,5 +1018,90 @@ impl PageBackend for CudaPages {
             self.counts.unmap_calls += 1;
         }
         failed.map_or(Ok(()), Err)
+    }
+
+    fn fence(&mut self) -> Result<u64, CudaPageError> {
+        self.counts.fences += 1;
+        let Some(stream) = self.stream.clone() else {
+            // No stream: a number, and `wait` synchronises the context.
+            self.tickets += 1;
+            return Ok(self.tickets);
+        };
+        self.retire();
+        let event = match self.spare_events.pop() {
+            Some(e) => e,
+            None => self
+                .ctx
+                .new_event(None)
+                .map_err(|error| CudaPageError::Driver {
+                    call: "cuEventCreate",
+                    error,
+                })?,
+        };
+        if let Err(error) = event.record(&stream) {
+            self.spare_events.push(event);
+            return Err(CudaPageError::Driver {
+                call: "cuEventRecord",
+                error,
+            });
+        }
+        self.tickets += 1;
+        self.pending.push_back((self.tickets, event));
+        Ok(self.tickets)
+    }
+
+    fn wait(&mut self, ticket: u64) -> Result<(), CudaPageError> {
+        if ticket <= self.done {
+            return Ok(());
+        }
+        self.counts.waits += 1;
+        let Some(stream) = self.stream.clone() else {
+            let tickets = self.tickets;
+            self.ctx
+                .synchronize()
+                .map_err(|error| CudaPageError::Driver {
+                    call: "cuCtxSynchronize",
+                    error,
+                })?;
+            self.done = if ticket == u64::MAX {
+                tickets
+            } else {
+                ticket.min(tickets)
+            };
+            return Ok(());
+        };
+        if ticket == u64::MAX {
+            stream
+                .synchronize()
+                .map_err(|error| CudaPageError::Driver {
+                    call: "cuStreamSynchronize",
+                    error,
+                })?;
+            self.done = self.tickets;
+            self.spare_events
+                .extend(self.pending.drain(..).map(|(_, e)| e));
+            return Ok(());
+        }
+        // The newest pending event at or before `ticket`: the events before
+        // it on the same stream are done when it is.
+        let Some(k) = self.pending.iter().rposition(|&(t, _)| t <= ticket) else {
+            // Every event at or before `ticket` was retired: done.
+            self.done = self.done.max(ticket.min(self.tickets));
+            return Ok(());
+        };
+        self.pending[k]
+            .1
+            .synchronize()
+            .map_err(|error| CudaPageError::Driver {
+                call: "cuEventSynchronize",
+                error,
+            })?;
+        self.done = self.done.max(self.pending[k].0);
+        for _ in 0..=k {
+            if let Some((_, e)) = self.pending.pop_front() {
+                self.spare_events.push(e);
+            }
+        }
+        Ok(())
     }
 }

@@ -215,6 +215,9 @@ struct Slot<P> {
     users: u32,
     /// When the slot's page last became spare (clock nanoseconds).
     since: u64,
+    /// The backend's fence ticket taken when the slot last became free:
+    /// waited on before its page is unmapped.
+    fence: u64,
 }
 
 /// A [`RawAllocator`] whose blocks are carved from reserved virtual ranges,
@@ -270,6 +273,10 @@ pub struct Mapped<B: PageBackend, C: Clock = MonotonicClock> {
     ttl: u64,
     /// When spare pages were last swept.
     swept: u64,
+    /// The largest fence ticket taken (`u64::MAX` once one failed).
+    fenced: u64,
+    /// The largest ticket waited on (never `u64::MAX`).
+    waited: u64,
     page: usize,
     align: usize,
     reservation: usize,
@@ -342,6 +349,8 @@ impl<B: PageBackend, C: Clock> Mapped<B, C> {
             clock,
             ttl: duration_nanos(DEFAULT_SPARE_TTL),
             swept: now,
+            fenced: 0,
+            waited: 0,
             page,
             align: DEFAULT_ALIGN.min(largest_power_of_two_dividing(page)),
             reservation: default_reservation(page),
@@ -597,6 +606,7 @@ impl<B: PageBackend, C: Clock> Mapped<B, C> {
             page: None,
             users: 0,
             since: 0,
+            fence: 0,
         });
         let i = self.arenas.len();
         self.arenas.push(Arena {
@@ -638,11 +648,19 @@ impl<B: PageBackend, C: Clock> Mapped<B, C> {
 
     /// Unmaps slots `first..end` of arena `a` (free mapped ones) into `idle`.
     fn unmap_run(&mut self, a: usize, first: usize, end: usize) -> Result<(), B::Error> {
+        let fence = self.arenas[a].slots[first..end]
+            .iter()
+            .map(|s| s.fence)
+            .max()
+            .unwrap_or(0);
+        self.wait_for(fence)?;
         let arena = &mut self.arenas[a];
         let range = arena.range.as_mut().expect("a live arena");
         // SAFETY: no block handed out touches these slots (their users are
-        // zero), and every block that did was given back, which promises
-        // that nothing uses its addresses any more.
+        // zero); every block that did was given back, which promises that
+        // the host uses its addresses no more, and the fence taken when the
+        // last of them went back has been waited on, so no work queued
+        // before that may still use them.
         unsafe { self.backend.unmap(range, first * self.page, end - first)? };
         self.stats.mapped_bytes -= (end - first) * self.page;
         for s in first..end {
@@ -653,6 +671,19 @@ impl<B: PageBackend, C: Clock> Mapped<B, C> {
             self.free_mapped.remove(a, s);
         }
         self.stats.unmaps += 1;
+        Ok(())
+    }
+
+    /// Waits on the backend until the work marked by `ticket` is done
+    /// (nothing when that wait was made already).
+    fn wait_for(&mut self, ticket: u64) -> Result<(), B::Error> {
+        if ticket <= self.waited {
+            return Ok(());
+        }
+        self.backend.wait(ticket)?;
+        if ticket != u64::MAX {
+            self.waited = ticket;
+        }
         Ok(())
     }
 
@@ -871,11 +902,30 @@ impl<B: PageBackend, C: Clock> RawAllocator for Mapped<B, C> {
         let read = std::panic::catch_unwind(AssertUnwindSafe(|| clock.now_nanos()));
         let now = *read.as_ref().unwrap_or(&self.swept);
         let (first, end) = self.slot_span(arena, block, n);
+        // The slots that become free take a fence: work queued before this
+        // release may still use them, and their pages may be unmapped
+        // later. A fence that fails (or panics) stands for all the work
+        // queued.
+        let fence = if self.arenas[arena].slots[first..end]
+            .iter()
+            .any(|s| s.users == 1)
+        {
+            let backend = &mut self.backend;
+            let t = std::panic::catch_unwind(AssertUnwindSafe(|| backend.fence()))
+                .ok()
+                .and_then(Result::ok)
+                .unwrap_or(u64::MAX);
+            self.fenced = self.fenced.max(t);
+            t
+        } else {
+            0
+        };
         for s in first..end {
             let slot = &mut self.arenas[arena].slots[s];
             slot.users -= 1;
             if slot.users == 0 {
                 slot.since = now;
+                slot.fence = fence;
                 if slot.page.is_some() {
                     self.free_mapped.insert(arena, s);
                 }
@@ -953,11 +1003,18 @@ impl<B: PageBackend, C: Clock> Drop for Mapped<B, C> {
             // ranges are leaked, never unmapped under them.
             return;
         }
+        if self.wait_for(self.fenced).is_err() {
+            // Work queued before a release may still use the ranges: they
+            // and their pages are leaked, never unmapped under it.
+            return;
+        }
         for arena in &mut self.arenas {
             if let Some(range) = arena.range.take() {
-                // SAFETY: no block is handed out, so nothing uses the
-                // range; pages a refused unmap left mapped are unmapped
-                // with it, then leaked below (never released while mapped).
+                // SAFETY: no block is handed out, so the host uses the range
+                // no more, and every fence taken has been waited on, so no
+                // queued work does; pages a refused unmap left mapped are
+                // unmapped with it, then leaked below (never released while
+                // mapped).
                 let _ = unsafe { self.backend.release_range(range) };
             }
             for s in &mut arena.slots {

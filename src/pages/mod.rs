@@ -251,6 +251,49 @@ pub trait PageBackend {
         offset: usize,
         count: usize,
     ) -> Result<(), Self::Error>;
+
+    /// Marks the work queued so far on the memory's users and returns a
+    /// ticket for it: [`Mapped`] takes one when a block is given back and
+    /// [`wait`](Self::wait)s on the ticket before it unmaps a page the
+    /// block touched, so that no page is unmapped while work queued before
+    /// the release may still use it. Tickets grow: waiting on one covers
+    /// every earlier one.
+    ///
+    /// The default returns 0, for memory whose users are done with a block
+    /// when they give it back (host memory). The CUDA backend records an
+    /// event on its stream (`cuEventRecord`).
+    ///
+    /// # Errors
+    ///
+    /// The platform's refusal; [`Mapped`] then waits for all the work
+    /// queued (`wait(u64::MAX)`) before it unmaps the block's pages.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use decaying_pool::pages::{ModelPages, PageBackend};
+    /// let mut b = ModelPages::new(4096)?;
+    /// assert_eq!(b.fence()?, 0);
+    /// b.wait(0)?;
+    /// # Ok::<(), decaying_pool::pages::PageError>(())
+    /// ```
+    #[inline]
+    fn fence(&mut self) -> Result<u64, Self::Error> {
+        Ok(0)
+    }
+
+    /// Returns once the work marked by `ticket` (a [`fence`](Self::fence)'s
+    /// ticket, or any smaller number) is done; `u64::MAX` waits for all the
+    /// work queued. The default returns at once.
+    ///
+    /// # Errors
+    ///
+    /// The platform's refusal; [`Mapped`] then leaves the pages mapped.
+    #[inline]
+    fn wait(&mut self, ticket: u64) -> Result<(), Self::Error> {
+        let _ = ticket;
+        Ok(())
+    }
 }
 
 /// Why a page call was refused: the checks every backend makes (the
@@ -318,6 +361,14 @@ pub enum PageError {
     },
     /// More pages than the backend can number (2³² − 1 at once).
     TooManyPages,
+    /// Unmapping addresses that work queued on the modelled device may
+    /// still use ([`ModelPages::queue_work`]): no fence taken after the
+    /// work has been waited on. On a real device this would be undefined
+    /// behaviour; the model refuses it and counts it.
+    QueuedWork {
+        /// The first address the work and the unmapped slots share.
+        address: usize,
+    },
 }
 
 impl fmt::Display for PageError {
@@ -350,6 +401,10 @@ impl fmt::Display for PageError {
                 )
             }
             PageError::TooManyPages => f.write_str("too many pages to number"),
+            PageError::QueuedWork { address } => write!(
+                f,
+                "unmapping {address:#x}, which work queued before the last fence waited on may still use"
+            ),
         }
     }
 }
@@ -395,6 +450,11 @@ pub struct PageCounts {
     pub reserves: u64,
     /// Reservations freed (`cuMemAddressFree`).
     pub range_frees: u64,
+    /// Fences taken ([`PageBackend::fence`]: `cuEventRecord`).
+    pub fences: u64,
+    /// Waits that had to wait ([`PageBackend::wait`]: `cuEventSynchronize`,
+    /// or a stream or context synchronised).
+    pub waits: u64,
 }
 
 impl PageCounts {
@@ -439,7 +499,7 @@ impl fmt::Display for PageCounts {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "created {}, released {}, maps {}, unmaps {}, set_access {}, unmap_calls {}, reserves {}, range_frees {}",
+            "created {}, released {}, maps {}, unmaps {}, set_access {}, unmap_calls {}, reserves {}, range_frees {}, fences {}, waits {}",
             self.created,
             self.released,
             self.maps,
@@ -447,7 +507,9 @@ impl fmt::Display for PageCounts {
             self.set_access,
             self.unmap_calls,
             self.reserves,
-            self.range_frees
+            self.range_frees,
+            self.fences,
+            self.waits
         )
     }
 }

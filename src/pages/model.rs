@@ -63,6 +63,13 @@ pub struct ModelPages {
     /// Slots mapped over all live ranges.
     mapped_slots: usize,
     next_address: usize,
+    /// The modelled stream: fences taken so far (the last ticket).
+    tickets: u64,
+    /// Work queued on the modelled stream and not waited on:
+    /// `(address, len, ticket)`, done once a wait covers `ticket`.
+    queued: Vec<(usize, usize, u64)>,
+    /// Unmaps refused because queued work could still use the addresses.
+    unsafe_unmaps: u64,
 }
 
 /// A page of a [`ModelPages`]: a number.
@@ -181,6 +188,9 @@ impl ModelPages {
             live_ranges: 0,
             mapped_slots: 0,
             next_address: FIRST_ADDRESS,
+            tickets: 0,
+            queued: Vec::new(),
+            unsafe_unmaps: 0,
         })
     }
 
@@ -251,6 +261,58 @@ impl ModelPages {
         self.costs.charge(&self.counts)
     }
 
+    /// Models work queued on the device that uses `len` bytes from
+    /// `address` (a kernel writing a block): it is done once a
+    /// [`wait`](PageBackend::wait) covers the next [`fence`](PageBackend::fence)
+    /// taken, and until then an [`unmap`](PageBackend::unmap) (or a
+    /// [`release_range`](PageBackend::release_range)) of any of those
+    /// addresses is refused with [`PageError::QueuedWork`] and counted as an
+    /// error of the caller's (see [`validate`](Self::validate)). This is how
+    /// the tests check that [`Mapped`](super::Mapped) never unmaps a page
+    /// that work queued before its block's release may still use.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use decaying_pool::pages::{ModelPages, PageBackend, PageError};
+    /// let mut b = ModelPages::new(4096)?;
+    /// let mut r = b.reserve(4096)?;
+    /// let p = b.create_page()?;
+    /// b.map(&mut r, 0, core::slice::from_ref(&p))?;
+    /// b.queue_work(r.address(), 100); // a kernel writes the page
+    /// let t = b.fence()?; // the block is given back
+    /// // SAFETY: the model checks it (and refuses): the work is not done.
+    /// let e = unsafe { b.unmap(&mut r, 0, 1) }.unwrap_err();
+    /// assert_eq!(e, PageError::QueuedWork { address: r.address() });
+    /// assert!(b.validate().is_err());
+    /// b.wait(t)?;
+    /// // SAFETY: the work before the fence is done.
+    /// unsafe { b.unmap(&mut r, 0, 1)?; b.release_range(r)?; b.release_page(p)? };
+    /// # Ok::<(), PageError>(())
+    /// ```
+    pub fn queue_work(&mut self, address: usize, len: usize) {
+        self.queued.push((address, len, self.tickets + 1));
+    }
+
+    /// Refuses an unmap of `len` bytes from `address` that queued work may
+    /// still use.
+    fn check_queued(&mut self, address: usize, len: usize) -> Result<(), PageError> {
+        let end = address.saturating_add(len);
+        let hit = self
+            .queued
+            .iter()
+            .filter(|&&(a, l, _)| a < end && address < a.saturating_add(l))
+            .map(|&(a, ..)| a.max(address))
+            .min();
+        match hit {
+            Some(address) => {
+                self.unsafe_unmaps += 1;
+                Err(PageError::QueuedWork { address })
+            }
+            None => Ok(()),
+        }
+    }
+
     /// The bytes of live pages (created, not released).
     ///
     /// # Examples
@@ -312,6 +374,10 @@ impl ModelPages {
             (
                 c.released <= c.created && c.unmaps <= c.maps,
                 "more released or unmapped than created or mapped",
+            ),
+            (
+                self.unsafe_unmaps == 0,
+                "an unmap of addresses that queued work may still use",
             ),
         ];
         match checks.iter().find(|(ok, _)| !ok) {
@@ -411,6 +477,7 @@ impl PageBackend for ModelPages {
         self.own_range(&range)?;
         let n = range.slots.mapped_count();
         if n > 0 {
+            self.check_queued(range.address, range.len())?;
             let mapped = &mut self.mapped;
             range
                 .slots
@@ -506,6 +573,9 @@ impl PageBackend for ModelPages {
         self.own_range(range)?;
         let first = range.slots.run(offset, count)?;
         range.slots.check_mapped(first, count)?;
+        if !self.queued.is_empty() {
+            self.check_queued(range.address + offset, count * self.granularity)?;
+        }
         let mapped = &mut self.mapped;
         range
             .slots
@@ -513,6 +583,20 @@ impl PageBackend for ModelPages {
         self.mapped_slots -= count;
         self.counts.unmaps += count as u64;
         self.counts.unmap_calls += 1;
+        Ok(())
+    }
+
+    fn fence(&mut self) -> Result<u64, PageError> {
+        self.counts.fences += 1;
+        self.tickets += 1;
+        Ok(self.tickets)
+    }
+
+    fn wait(&mut self, ticket: u64) -> Result<(), PageError> {
+        if self.queued.iter().any(|&(.., t)| t <= ticket) {
+            self.counts.waits += 1;
+            self.queued.retain(|&(.., t)| t > ticket);
+        }
         Ok(())
     }
 }

@@ -720,3 +720,49 @@ fn mapped_device_pages_keep_block_bytes_while_pages_move() {
     let c = pool.allocator().backend().counts();
     assert_eq!((c.live_pages(), c.mapped_pages()), (0, 0), "{c}");
 }
+
+/// The mapped layer's fences on a stream: a block written by an
+/// asynchronous memset queued on the backend's stream is given back at
+/// once, with the work in flight; the fence its release records is waited
+/// on before its pages are unmapped (`release_spare`). Without a stream,
+/// the backend's wait synchronises the context instead.
+#[test]
+fn mapped_device_pages_wait_on_the_release_event_before_unmapping() {
+    use cudarc::driver::sys;
+    use decaying_pool::RawAllocator;
+    use decaying_pool::pages::{CudaPages, Mapped, PageBackend};
+
+    if skip("mapped_device_pages_wait_on_the_release_event_before_unmapping") {
+        return;
+    }
+    let ctx = cudarc::driver::CudaContext::new(0).unwrap();
+    let stream = ctx.new_stream().unwrap();
+    let backend = CudaPages::with_context(ctx.clone())
+        .unwrap()
+        .on_stream(stream.clone());
+    let g = backend.granularity();
+    let mut m = Mapped::new(backend).with_spare_ttl(None);
+    let size = 64 * g;
+    let b = m.allocate(size).unwrap();
+    ctx.bind_to_thread().unwrap();
+    // SAFETY: `b` is a block of `size` bytes, mapped read-write; the memset
+    // is queued on the backend's stream, which the release's fence covers.
+    let r = unsafe { sys::cuMemsetD8Async(b as u64, 0x5A, size, stream.cu_stream()) };
+    assert_eq!(r, sys::CUresult::CUDA_SUCCESS);
+    // SAFETY: `b` came from `allocate(size)`, given back once; the host
+    // uses it no more, and the queued memset is the fence's to wait for.
+    unsafe { m.deallocate(b, size) };
+    assert_eq!(m.backend().counts().fences, 1);
+    assert_eq!(m.release_spare(), size);
+    let c = m.backend().counts();
+    assert_eq!((c.waits, c.unmaps), (1, 64), "{c}");
+    m.validate().unwrap();
+    // Without a stream: a fence is a number, a wait synchronises.
+    let mut plain = Mapped::new(CudaPages::with_context(ctx.clone()).unwrap());
+    let b = plain.allocate(g).unwrap();
+    // SAFETY: as above; nothing was queued on `b`.
+    unsafe { plain.deallocate(b, g) };
+    assert_eq!(plain.release_spare(), g);
+    let c = plain.backend().counts();
+    assert_eq!((c.fences, c.waits), (1, 1), "{c}");
+}

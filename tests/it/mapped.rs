@@ -1436,3 +1436,47 @@ fn a_panicking_clock_in_deallocate_loses_no_block() {
     assert_eq!(m.release_spare(), s.page_bytes);
     assert_eq!(m.stats().page_bytes, 0);
 }
+
+/// A page is never unmapped while work queued before its block's release
+/// may still use it: the release takes a fence, and the unmap waits on it
+/// first (the modelled device refuses, and `validate` reports, an unmap of
+/// addresses with work in flight). A refused wait leaves the pages mapped
+/// and spare, for a later try; a refused fence makes the unmap wait for
+/// all the work queued.
+#[test]
+fn mapped_waits_on_the_release_fence_before_unmapping() {
+    let g = 4 * KIB;
+    let (mut m, backend, _clock) = manual(ModelPages::new(g).unwrap());
+    let a = m.allocate(3 * g).unwrap();
+    backend.queue_work(a, 3 * g);
+    // SAFETY: `a` came from `allocate(3 * g)`, given back once; the host
+    // uses it no more (the modelled device may).
+    unsafe { m.deallocate(a, 3 * g) };
+    backend.fail_next(PageCall::Wait, 1);
+    assert_eq!(m.release_spare(), 0, "a refused wait unmaps nothing");
+    assert_eq!(m.stats().spare_bytes, 3 * g);
+    assert_eq!(m.release_spare(), 3 * g);
+    backend.with_pages(|p| {
+        p.validate().unwrap();
+        assert_eq!((p.counts().fences, p.counts().waits), (1, 1));
+    });
+    // A second block on the same pages, its release's fence refused.
+    let b = m.allocate(g).unwrap();
+    backend.queue_work(b, g);
+    backend.fail_next(PageCall::Fence, 1);
+    // SAFETY: as above.
+    unsafe { m.deallocate(b, g) };
+    backend.take_log();
+    assert_eq!(m.release_spare(), g);
+    let waited: Vec<_> = backend
+        .take_log()
+        .into_iter()
+        .filter_map(|e| match e {
+            harness::PageEvent::Waited { ticket } => Some(ticket),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(waited, [u64::MAX], "a failed fence stands for all the work");
+    drop(m);
+    backend.with_pages(|p| p.validate_released()).unwrap();
+}

@@ -457,6 +457,8 @@ fn modelled_calls_are_counted_and_charged() {
         unmap_calls: 2,
         reserves: 1,
         range_frees: 1,
+        fences: 0,
+        waits: 0,
     };
     assert_eq!(c, want);
     // cca_sim.py's VMM_* constants, in microseconds.
