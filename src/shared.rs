@@ -1300,6 +1300,11 @@ impl<A: RawAllocator, P: Policy, C: Clock> Inner<A, P, C> {
         // cache lock could not read it: `Cache::make_room` checked the
         // figure the last miss left).
         let mut capacity = None;
+        // Memory that moves between blocks (pages): while the allocator's
+        // spare memory is short of the class, idle blocks' memory goes
+        // back, oldest first, before new memory is made (as
+        // `DecayingPool`'s miss does).
+        let mut remap = true;
         loop {
             let first = attempt == 0;
             let outcome = self.alloc(|alloc| {
@@ -1309,10 +1314,36 @@ impl<A: RawAllocator, P: Policy, C: Clock> Inner<A, P, C> {
                         return None;
                     }
                 }
+                if remap {
+                    if let Some(spare) = alloc.spare().filter(|&spare| spare < class) {
+                        return Some(Err(Err(class - spare)));
+                    }
+                }
                 // What is free is read only after a failure, for the ladder.
-                Some(alloc.allocate(class).map_err(|e| (e, alloc.available())))
+                Some(
+                    alloc
+                        .allocate(class)
+                        .map_err(|e| Ok((e, alloc.available()))),
+                )
             });
             let (err, available) = match outcome {
+                Some(Err(Err(short))) => {
+                    // Cached blocks of at least `short` bytes, oldest first.
+                    remap = self.slot_then_free(|cache, _, free| {
+                        let freed = core::cell::Cell::new(0usize);
+                        let mut count = |block, class: usize| {
+                            freed.set(freed.get().saturating_add(class));
+                            free(block, class);
+                        };
+                        while freed.get() < short
+                            && cache.trim_oldest(now, Reason::Remapped, &mut count)
+                        {
+                        }
+                        freed.get() > 0
+                    });
+                    continue;
+                }
+                Some(Err(Ok(failed))) => failed,
                 Some(Ok(block)) => {
                     core::mem::forget(booking);
                     self.slot(|cache, lending| {
@@ -1322,7 +1353,6 @@ impl<A: RawAllocator, P: Policy, C: Clock> Inner<A, P, C> {
                     });
                     return Ok(block);
                 }
-                Some(Err(failed)) => failed,
                 // No backing call can serve it: refused, the cache kept.
                 None => {
                     core::mem::forget(booking);

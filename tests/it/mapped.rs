@@ -1480,3 +1480,38 @@ fn mapped_waits_on_the_release_fence_before_unmapping() {
     drop(m);
     backend.with_pages(|p| p.validate_released()).unwrap();
 }
+
+/// The same through a [`SharedPool`]: its miss, with too little spare
+/// memory for the class, gives the oldest cached block back first, under
+/// the cache lock, and the freed pages serve the request.
+#[test]
+fn a_shared_pool_miss_takes_the_pages_of_the_oldest_cached_block() {
+    use decaying_pool::{FixedTime, SharedPool};
+    let mapped = Mapped::new(ModelPages::new(2 * MIB).unwrap());
+    let pool = SharedPool::new(DecayingPool::new(
+        mapped,
+        FixedTime::new(Duration::from_secs(3600)),
+    ));
+    let (a, b) = (
+        pool.allocate(10 * MIB).unwrap(),
+        pool.allocate(6 * MIB).unwrap(),
+    );
+    drop((a, b));
+    type Pool = SharedPool<Mapped<ModelPages>, FixedTime>;
+    let pages = |pool: &Pool| pool.with(|p| p.allocator().stats());
+    let s = pages(&pool);
+    assert_eq!(
+        (s.pages_created, s.spare_bytes),
+        (8, 0),
+        "both cached: {s:?}"
+    );
+    // 8 MiB: no cached block of its class, no spare page: the oldest
+    // cached block (10 MiB) goes back, and its pages serve it.
+    let c = pool.allocate(8 * MIB).unwrap();
+    let s = pages(&pool);
+    assert_eq!(s.pages_created, 8, "no page made for the miss: {s:?}");
+    assert_eq!(s.blocks, 2, "{s:?}");
+    assert_eq!(pool.stats().evictions, 1);
+    drop(c);
+    pool.validate();
+}
