@@ -822,6 +822,13 @@ impl<B, P: Policy, C: Clock> Cache<B, P, C> {
                     .saturating_add(c.bytes_from_backing)
                     .saturating_sub(c.waste)
             },
+            // The backing allocator's page figures: the cache has no
+            // allocator (`DecayingPool::stats` fills them in).
+            pages_created: 0,
+            pages_released: 0,
+            page_maps: 0,
+            page_unmaps: 0,
+            bytes_spare: 0,
         }
     }
 

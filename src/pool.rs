@@ -881,6 +881,11 @@ impl<A: RawAllocator, P: Policy, C: Clock> DecayingPool<A, P, C> {
 
     /// A snapshot of the pool's counters.
     ///
+    /// Over an allocator of mapped pages ([`pages::Mapped`](crate::pages::Mapped),
+    /// [`RawAllocator::pages`]) the page figures come with them
+    /// (`pages_created`, `pages_released`, `page_maps`, `page_unmaps`,
+    /// `bytes_spare`); over any other allocator they are zero.
+    ///
     /// # Examples
     ///
     /// ```
@@ -893,8 +898,28 @@ impl<A: RawAllocator, P: Policy, C: Clock> DecayingPool<A, P, C> {
     /// # Ok(())
     /// # }
     /// ```
+    ///
+    /// Over mapped pages:
+    ///
+    /// ```
+    /// use decaying_pool::pages::{Mapped, ModelPages};
+    /// use decaying_pool::{DecayingPool, FixedCapacity};
+    ///
+    /// let mut pool = DecayingPool::builder(Mapped::new(ModelPages::new(2 << 20)?))
+    ///     .policy(FixedCapacity::new(0)) // the free pages are the only cache
+    ///     .build();
+    /// let b = pool.allocate(3 << 20)?;
+    /// // SAFETY: `b` came from `allocate(3 << 20)` and is not used again.
+    /// unsafe { pool.release(b, 3 << 20) };
+    /// let s = pool.stats();
+    /// assert_eq!(s.pages_created, 2);
+    /// assert_eq!(s.bytes_spare, pool.allocator().stats().spare_bytes);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn stats(&self) -> Stats {
-        self.cache.stats()
+        let mut s = self.cache.stats();
+        s.set_pages(self.alloc.pages());
+        s
     }
 
     /// Changes the byte limit (`None`: no limit); returns the bytes freed.

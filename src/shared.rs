@@ -39,6 +39,7 @@ use crate::error::PoolError;
 use crate::local::HostMemory;
 use crate::observe::{Reason, Request, RequestHook};
 use crate::packing::{Packable, PackedPool, PackingStats};
+use crate::pages::MappedStats;
 use crate::policy::{FixedTime, Policy, Reuse};
 use crate::pool::DecayingPool;
 use crate::raw::{RawAllocator, SendBlock};
@@ -212,6 +213,10 @@ struct Inner<A: RawAllocator, P: Policy, C: Clock> {
     /// The request hook taken over from the pool (see
     /// [`DecayingPool::log_requests`]), told of the callers' requests.
     requests: Option<Box<Mutex<RequestHook<A::Block>>>>,
+    /// The allocator's page figures as `stats` last read them: `stats`
+    /// does not wait for a miss inside the backing allocator, and answers
+    /// with these while one is.
+    pages: Mutex<Option<MappedStats>>,
 }
 
 /// The settings the thread caches of a pool work with, read without the
@@ -634,7 +639,26 @@ impl<A: RawAllocator, P: Policy, C: Clock> Inner<A, P, C> {
             handles: AtomicUsize::new(1),
             tc,
             requests: requests.map(|hook| Box::new(Mutex::new(hook))),
+            pages: Mutex::new(None),
         }
+    }
+
+    /// The allocator's page figures: read now, or, while the allocator's
+    /// lock is held (a miss inside the backing allocator), the last ones
+    /// read.
+    fn pages(&self) -> Option<MappedStats> {
+        let mut last = recover(self.pages.lock());
+        let now = match self.alloc.try_lock() {
+            Ok(guard) => Some(guard.as_ref().and_then(RawAllocator::pages)),
+            Err(std::sync::TryLockError::Poisoned(p)) => {
+                Some(p.into_inner().as_ref().and_then(RawAllocator::pages))
+            }
+            Err(std::sync::TryLockError::WouldBlock) => None,
+        };
+        if let Some(now) = now {
+            *last = now;
+        }
+        *last
     }
 
     /// Runs `f` on the packing layer under its lock, if the pool is packed.
@@ -1789,7 +1813,10 @@ impl<A: RawAllocator, P: Policy, C: Clock> SharedPool<A, P, C> {
         Ok(pooled)
     }
 
-    /// A snapshot of the pool's counters ([`DecayingPool::stats`]).
+    /// A snapshot of the pool's counters ([`DecayingPool::stats`]). It
+    /// waits for no miss inside the backing allocator: while one is, the
+    /// page figures of an allocator of mapped pages are those of the last
+    /// snapshot that could read them.
     ///
     /// # Examples
     ///
@@ -1809,11 +1836,15 @@ impl<A: RawAllocator, P: Policy, C: Clock> SharedPool<A, P, C> {
         if let Some(stats) = self.inner.packed(|p| p.stats()) {
             return stats;
         }
-        self.inner.slot(|cache, lending| {
+        let mut s = self.inner.slot(|cache, lending| {
             let mut s = cache.stats();
             lending.add_mag_stats(&mut s);
             s
-        })
+        });
+        // The page figures, without waiting for a miss inside the backing
+        // allocator (the cache lock released first).
+        s.set_pages(self.inner.pages());
+        s
     }
 
     /// Runs the policy now ([`DecayingPool::collect`]); returns the number

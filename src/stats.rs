@@ -77,9 +77,46 @@ pub struct Stats {
     /// calls: `bytes_from_pool + bytes_from_backing - bytes_requested` is
     /// what rounding to size classes wasted.
     pub bytes_requested: usize,
+    /// Pages the backing allocator created ([`MappedStats::pages_created`](crate::pages::MappedStats::pages_created)).
+    /// Zero unless the backing allocator maps pages
+    /// ([`pages::Mapped`](crate::pages::Mapped)).
+    pub pages_created: u64,
+    /// Pages the backing allocator released, their memory given back
+    /// ([`MappedStats::pages_released`](crate::pages::MappedStats::pages_released)).
+    /// Zero unless the backing allocator maps pages
+    /// ([`pages::Mapped`](crate::pages::Mapped)).
+    pub pages_released: u64,
+    /// Runs of pages the backing allocator mapped
+    /// ([`MappedStats::maps`](crate::pages::MappedStats::maps)).
+    /// Zero unless the backing allocator maps pages
+    /// ([`pages::Mapped`](crate::pages::Mapped)).
+    pub page_maps: u64,
+    /// Runs of pages the backing allocator unmapped
+    /// ([`MappedStats::unmaps`](crate::pages::MappedStats::unmaps)).
+    /// Zero unless the backing allocator maps pages
+    /// ([`pages::Mapped`](crate::pages::Mapped)).
+    pub page_unmaps: u64,
+    /// Bytes of the backing allocator's pages that no block touches, mapped
+    /// or not ([`MappedStats::spare_bytes`](crate::pages::MappedStats::spare_bytes)):
+    /// memory held below the pool, counted in neither `bytes_in_use` nor
+    /// `bytes_cached`. Zero unless the backing allocator maps pages
+    /// ([`pages::Mapped`](crate::pages::Mapped)).
+    pub bytes_spare: usize,
 }
 
 impl Stats {
+    /// Fills the page figures from an allocator's
+    /// [`pages`](crate::RawAllocator::pages) (nothing for `None`).
+    pub(crate) fn set_pages(&mut self, pages: Option<crate::pages::MappedStats>) {
+        if let Some(p) = pages {
+            self.pages_created = p.pages_created;
+            self.pages_released = p.pages_released;
+            self.page_maps = p.maps;
+            self.page_unmaps = p.unmaps;
+            self.bytes_spare = p.spare_bytes;
+        }
+    }
+
     /// The fraction of successful allocations served from the cache, or 0
     /// when nothing was allocated.
     ///
@@ -162,7 +199,8 @@ impl fmt::Display for HumanBytes {
 /// A summary a person reads, in the manner of
 /// `torch.cuda.memory_summary()`: current and peak bytes with binary
 /// units, block counts, hits and misses, class bytes served beside the
-/// bytes requested (the rounding waste), and the backing calls.
+/// bytes requested (the rounding waste), the backing calls, and, over an
+/// allocator of mapped pages, a line of page figures.
 ///
 /// # Examples
 ///
@@ -247,7 +285,19 @@ impl fmt::Display for Stats {
             f,
             "  backing calls: {} allocs, {} deallocs, {} failures",
             self.backing_allocs, self.backing_deallocs, self.backing_failures
-        )
+        )?;
+        if self.pages_created > 0 {
+            write!(
+                f,
+                "\n  pages: {} created, {} released, {} runs mapped, {} unmapped, {} spare",
+                self.pages_created,
+                self.pages_released,
+                self.page_maps,
+                self.page_unmaps,
+                h(self.bytes_spare)
+            )?;
+        }
+        Ok(())
     }
 }
 

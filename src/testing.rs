@@ -641,6 +641,26 @@ impl<A: RawAllocator> RawAllocator for FailingAllocator<A> {
         let own = self.reported().map(|c| c.saturating_sub(self.used()));
         min_known(own, self.inner.available())
     }
+
+    /// The inner allocator's figure.
+    fn spare(&self) -> Option<usize> {
+        self.inner.spare()
+    }
+
+    /// Passed on to the inner allocator.
+    fn release_spare(&mut self) -> usize {
+        self.inner.release_spare()
+    }
+
+    /// Passed on to the inner allocator.
+    fn collect_spare(&mut self) -> usize {
+        self.inner.collect_spare()
+    }
+
+    /// The inner allocator's figures.
+    fn pages(&self) -> Option<crate::pages::MappedStats> {
+        self.inner.pages()
+    }
 }
 
 /// The smaller of two bounds, either of which may be unknown.
@@ -894,6 +914,26 @@ impl<A: RawAllocator> RawAllocator for PanickingAllocator<A> {
     /// The inner allocator's figure (no panic switch).
     fn available(&self) -> Option<usize> {
         self.inner.available()
+    }
+
+    /// The inner allocator's figure.
+    fn spare(&self) -> Option<usize> {
+        self.inner.spare()
+    }
+
+    /// Passed on to the inner allocator.
+    fn release_spare(&mut self) -> usize {
+        self.inner.release_spare()
+    }
+
+    /// Passed on to the inner allocator.
+    fn collect_spare(&mut self) -> usize {
+        self.inner.collect_spare()
+    }
+
+    /// The inner allocator's figures.
+    fn pages(&self) -> Option<crate::pages::MappedStats> {
+        self.inner.pages()
     }
 }
 

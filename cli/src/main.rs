@@ -80,8 +80,10 @@ struct ReplayArgs {
     /// instead of the tables.
     #[arg(long)]
     json: bool,
-    /// Write the pool counters over time as an SVG chart (with several
-    /// workloads, the workload's name is added to the file name).
+    /// Write the pool counters over time as an SVG chart, in bands: live
+    /// bytes, free space in segments, the rest of in use, cached, spare
+    /// pages (with several workloads, the workload's name is added to the
+    /// file name).
     #[arg(long, value_name = "OUT.svg")]
     svg: Option<PathBuf>,
     /// Write the pool counters over time as a Chrome/Perfetto trace.

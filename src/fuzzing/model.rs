@@ -427,6 +427,12 @@ impl Model {
                 .from_pool
                 .saturating_add(self.from_backing)
                 .saturating_sub(self.waste),
+            // The model's allocators map no pages.
+            pages_created: 0,
+            pages_released: 0,
+            page_maps: 0,
+            page_unmaps: 0,
+            bytes_spare: 0,
         }
     }
 

@@ -272,9 +272,12 @@ pub trait PageBackend {
     ///
     /// ```
     /// use decaying_pool::pages::{ModelPages, PageBackend};
+    /// // The modelled device numbers its fences (a real one's tickets grow too).
     /// let mut b = ModelPages::new(4096)?;
-    /// assert_eq!(b.fence()?, 0);
-    /// b.wait(0)?;
+    /// let (t1, t2) = (b.fence()?, b.fence()?);
+    /// assert!(t1 < t2);
+    /// b.wait(t2)?; // covers t1
+    /// assert_eq!(b.counts().fences, 2);
     /// # Ok::<(), decaying_pool::pages::PageError>(())
     /// ```
     #[inline]
@@ -428,7 +431,7 @@ impl std::error::Error for PageError {}
 /// let c = PageCounts { created: 2, maps: 2, set_access: 1, ..PageCounts::default() };
 /// assert_eq!(
 ///     c.to_string(),
-///     "created 2, released 0, maps 2, unmaps 0, set_access 1, unmap_calls 0, reserves 0, range_frees 0"
+///     "created 2, released 0, maps 2, unmaps 0, set_access 1, unmap_calls 0, reserves 0, range_frees 0, fences 0, waits 0"
 /// );
 /// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]

@@ -263,6 +263,26 @@ where
         self.inner.available()
     }
 
+    /// The inner allocator's figure.
+    fn spare(&self) -> Option<usize> {
+        self.inner.spare()
+    }
+
+    /// Passed on to the inner allocator.
+    fn release_spare(&mut self) -> usize {
+        self.inner.release_spare()
+    }
+
+    /// Passed on to the inner allocator.
+    fn collect_spare(&mut self) -> usize {
+        self.inner.collect_spare()
+    }
+
+    /// The inner allocator's figures.
+    fn pages(&self) -> Option<crate::pages::MappedStats> {
+        self.inner.pages()
+    }
+
     fn allocate(&mut self, size: usize) -> Result<Self::Block, Self::Error> {
         let block = self.inner.allocate(size)?;
         let now = self.clock.now();

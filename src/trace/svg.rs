@@ -1,10 +1,11 @@
 //! An SVG chart of reserved, cached and in-use bytes over time, one panel
-//! per configuration.
+//! per configuration, in bands: live, free inside segments, the rest of
+//! in use, cached, spare pages.
 
 use core::fmt::Write as _;
 use std::io::{self, Write};
 
-use super::{InstantKind, StatsTimeline, human_bytes};
+use super::{InstantKind, Sample, StatsTimeline, human_bytes};
 
 const WIDTH: f64 = 960.0;
 const LEFT: f64 = 78.0;
@@ -13,17 +14,67 @@ const TOP: f64 = 86.0;
 const PANEL: f64 = 110.0;
 const PANEL_GAP: f64 = 30.0;
 const BOTTOM: f64 = 44.0;
+/// Bytes in use, or the part of them the live blocks requested.
 const IN_USE: &str = "#3b6fb6";
+/// Free space inside segments (a part of in use).
+const FREE_IN_SEGMENTS: &str = "#8fb4e8";
+/// The rest of in use: rounding to classes and units.
+const IN_USE_REST: &str = "#c8d2de";
 const CACHED: &str = "#f2a541";
+/// Spare pages of the backing allocator.
+const SPARE: &str = "#5fae5a";
 const RESERVED: &str = "#7a4a00";
 
+/// The tops of a sample's bands, bottom to top, each clamped at the one
+/// under it and at the bytes reserved: the live bytes (in use when they are
+/// not known), free inside segments, in use, cached, spare; and the bytes
+/// reserved.
+fn band_tops(x: &Sample) -> [f64; BANDS + 1] {
+    let reserved = x.bytes_reserved;
+    let in_use = x.bytes_in_use.min(reserved);
+    let (live, free) = if x.bytes_live == 0 {
+        // Not known (a timeline recorded with `record`): in use is one band.
+        (in_use, in_use)
+    } else {
+        let live = x.bytes_live.min(in_use);
+        (
+            live,
+            live.saturating_add(x.bytes_free_in_segments).min(in_use),
+        )
+    };
+    let cached = in_use.saturating_add(x.bytes_cached).min(reserved);
+    let spare = cached.saturating_add(x.bytes_spare).min(reserved);
+    [live, free, in_use, cached, spare, reserved].map(|b| b as f64)
+}
+
+/// The number of bands: live, free in segments, the rest of in use,
+/// cached, spare.
+const BANDS: usize = 5;
+
 /// Writes an SVG chart of `recorders`: one panel per recorder, stacked,
-/// on one time axis and one byte scale. In each panel the blue area is the
-/// bytes in use, the orange band above it the bytes idle in the cache, and
-/// its dark top edge the bytes reserved from the backing allocator. Ticks
-/// under a panel mark evictions (grey), trims (purple) and backing failures
-/// (red). Long recordings are reduced to one column per pixel, keeping each
-/// column's maximum, so peaks show.
+/// on one time axis and one byte scale. In each panel, stacked from the
+/// bottom (each band clamped at the bytes reserved):
+///
+/// - blue: the bytes the live blocks requested ([`Sample::bytes_live`]);
+///   where they are not known (0 with bytes in use, as in a timeline
+///   recorded with [`StatsTimeline::record`]), the bytes in use, drawn as
+///   one band;
+/// - light blue: free space inside the segments of a packed pool
+///   ([`Sample::bytes_free_in_segments`]), a part of the bytes in use;
+/// - pale blue-grey: the rest of the bytes in use (rounding to size classes
+///   and packing units);
+/// - orange: the cached (idle) blocks ([`Sample::bytes_cached`]);
+/// - green: spare pages of the backing allocator, touched by no block
+///   ([`Sample::bytes_spare`]);
+///
+/// and a dark line, the bytes reserved from the backing allocator, on top.
+/// Over mapped pages the bytes reserved are the pages': free space inside
+/// pages that some block touches is in no band, and shows white under the
+/// line. The legend names the bands that some
+/// panel draws. Ticks under a panel mark evictions (grey), trims (purple)
+/// and backing failures (red). Long recordings are reduced to one column
+/// per pixel, keeping each column's maximum of every band's top, so peaks
+/// show.
 ///
 /// # Errors
 ///
@@ -92,13 +143,71 @@ pub fn write_svg<W: Write>(mut out: W, title: &str, recorders: &[StatsTimeline])
         r#"<text x="{LEFT}" y="20" font-size="15" font-weight="bold">{}</text>"#,
         xml_escape(title)
     );
+    // One column per pixel, each the maximum of every band's top over
+    // the samples that fall in it (the state before carried in).
+    let cols = plot_w as usize;
+    let columns: Vec<(Vec<[f64; BANDS + 1]>, usize)> = recorders
+        .iter()
+        .map(|rec| {
+            let samples = rec.samples();
+            let mut tops = vec![[0f64; BANDS + 1]; cols];
+            let mut j = 0;
+            let mut carry = [0f64; BANDS + 1];
+            let end_t = samples.last().map_or(0.0, |x| x.time.as_secs_f64());
+            let last_col = ((end_t / t_max * cols as f64) as usize).min(cols.saturating_sub(1));
+            for (c, col) in tops.iter_mut().enumerate().take(last_col + 1) {
+                let c_end = (c + 1) as f64 / cols as f64 * t_max;
+                let mut m = carry;
+                while j < samples.len() && samples[j].time.as_secs_f64() < c_end {
+                    carry = band_tops(&samples[j]);
+                    for (m, t) in m.iter_mut().zip(carry) {
+                        *m = m.max(t);
+                    }
+                    j += 1;
+                }
+                *col = m;
+            }
+            (tops, last_col)
+        })
+        .collect();
+    // Which bands some panel draws: a band shows where its top is above
+    // the one under it.
+    let mut shown = [false; BANDS];
+    let mut live_known = false;
+    for (rec, (tops, _)) in recorders.iter().zip(&columns) {
+        live_known |= rec.samples().iter().any(|x| x.bytes_live > 0);
+        for t in tops {
+            shown[0] |= t[0] > 0.0;
+            for b in 1..BANDS {
+                shown[b] |= t[b] > t[b - 1];
+            }
+        }
+    }
+    let labels: [(&str, &str); BANDS] = [
+        (
+            IN_USE,
+            if live_known {
+                "live (requested)"
+            } else {
+                "in use"
+            },
+        ),
+        (FREE_IN_SEGMENTS, "free in segments"),
+        (IN_USE_REST, "rest of in use (rounding)"),
+        (CACHED, "cached (idle)"),
+        (SPARE, "spare pages"),
+    ];
     // legend
     let mut lx = LEFT;
-    for (color, label, line) in [
-        (IN_USE, "in use", false),
-        (CACHED, "cached (idle)", false),
-        (RESERVED, "reserved = in use + cached", true),
-    ] {
+    let entries = labels
+        .iter()
+        .zip(shown)
+        .enumerate()
+        // The in-use and cached entries always show, as before.
+        .filter(|&(b, (_, shown))| shown || b == 0 || b == 3)
+        .map(|(_, (&(color, label), _))| (color, label, false))
+        .chain([(RESERVED, "reserved", true)]);
+    for (color, label, line) in entries {
         if line {
             let _ = writeln!(
                 s,
@@ -119,8 +228,8 @@ pub fn write_svg<W: Write>(mut out: W, title: &str, recorders: &[StatsTimeline])
         r##"<text x="{LEFT}" y="60" fill="#555">ticks under a panel: evictions (grey), trims (purple), backing failures (red)</text>"##
     );
 
-    let cols = plot_w as usize;
-    for (i, rec) in recorders.iter().enumerate() {
+    for (i, (rec, (tops, last_col))) in recorders.iter().zip(&columns).enumerate() {
+        let last_col = *last_col;
         let y0 = TOP + i as f64 * (PANEL + PANEL_GAP);
         let base = y0 + PANEL;
         let ys = |b: f64| base - b / y_max * PANEL;
@@ -172,27 +281,6 @@ pub fn write_svg<W: Write>(mut out: W, title: &str, recorders: &[StatsTimeline])
                 r##"<line x1="{x:.1}" y1="{y0:.1}" x2="{x:.1}" y2="{base:.1}" stroke="#eeeeee"/>"##
             );
         }
-        // columns: max in use and max reserved per pixel
-        let samples = rec.samples();
-        let mut in_use = vec![0f64; cols];
-        let mut reserved = vec![0f64; cols];
-        let mut j = 0;
-        let mut carry = (0f64, 0f64);
-        let end_t = samples.last().map_or(0.0, |x| x.time.as_secs_f64());
-        let last_col = ((end_t / t_max * cols as f64) as usize).min(cols.saturating_sub(1));
-        for c in 0..=last_col {
-            let c_end = (c + 1) as f64 / cols as f64 * t_max;
-            let (mut u, mut r) = carry;
-            while j < samples.len() && samples[j].time.as_secs_f64() < c_end {
-                let x = &samples[j];
-                carry = (x.bytes_in_use as f64, x.bytes_reserved as f64);
-                u = u.max(carry.0);
-                r = r.max(carry.1);
-                j += 1;
-            }
-            in_use[c] = u;
-            reserved[c] = r;
-        }
         let px = |c: usize| LEFT + c as f64 * plot_w / cols as f64;
         // Step paths with H/V commands, a point only where the value changes.
         let steps = |vals: &[f64]| -> String {
@@ -208,13 +296,24 @@ pub fn write_svg<W: Write>(mut out: W, title: &str, recorders: &[StatsTimeline])
             let _ = write!(d, "H{:.1}", px(last_col + 1));
             d
         };
-        for (vals, fill) in [(&reserved, CACHED), (&in_use, IN_USE)] {
+        // Each band is the area from the base to its top, painted from the
+        // top band down. The new bands (free in segments, the rest of in
+        // use, spare) are drawn only where their top is somewhere above the
+        // one under them; in use (or live) and cached always are.
+        let band = |b: usize| -> Vec<f64> { tops.iter().map(|t| t[b]).collect() };
+        for b in (0..BANDS).rev() {
+            if b != 0 && b != 3 && !tops.iter().any(|t| t[b] > t[b - 1]) {
+                continue;
+            }
+            let vals = band(b);
             let _ = writeln!(
                 s,
-                r#"<path d="M{LEFT:.1},{base:.1}{}V{base:.1}Z" fill="{fill}" stroke="none"/>"#,
-                steps(vals)
+                r#"<path d="M{LEFT:.1},{base:.1}{}V{base:.1}Z" fill="{}" stroke="none"/>"#,
+                steps(&vals),
+                labels[b].0
             );
         }
+        let reserved = band(BANDS);
         let first = ys(reserved.first().copied().unwrap_or(0.0));
         let _ = writeln!(
             s,
@@ -316,4 +415,124 @@ fn xml_escape(s: &str) -> String {
         .replace('<', "&lt;")
         .replace('>', "&gt;")
         .replace('"', "&quot;")
+}
+
+#[cfg(test)]
+mod tests {
+    use core::time::Duration;
+
+    use super::*;
+    use crate::Stats;
+    use crate::trace::Sample;
+
+    fn svg(recs: &[StatsTimeline]) -> String {
+        let mut out = Vec::new();
+        write_svg(&mut out, "t", recs).unwrap();
+        String::from_utf8(out).unwrap()
+    }
+
+    fn fills(svg: &str) -> Vec<&str> {
+        svg.lines()
+            .filter(|l| l.starts_with("<path") && l.contains(" fill=\"#"))
+            .filter_map(|l| l.split(" fill=\"").nth(1)?.split('"').next())
+            .collect()
+    }
+
+    #[test]
+    fn the_bands_show_live_free_in_segments_rest_cached_and_spare() {
+        let mut rec = StatsTimeline::new("bands");
+        for ms in 0..4u64 {
+            rec.record_sample(Sample {
+                time: Duration::from_millis(ms),
+                bytes_live: 1000 + ms as usize,
+                bytes_free_in_segments: 2000,
+                bytes_in_use: 4096,
+                bytes_cached: 1024,
+                bytes_spare: 2048,
+                bytes_reserved: 4096 + 1024 + 2048,
+                ..Default::default()
+            });
+        }
+        let text = svg(&[rec]);
+        roxmltree::Document::parse(&text).unwrap();
+        // Painted from the top band down, each once.
+        assert_eq!(
+            fills(&text),
+            [SPARE, CACHED, IN_USE_REST, FREE_IN_SEGMENTS, IN_USE],
+            "{text}"
+        );
+        for label in [
+            "live (requested)",
+            "free in segments",
+            "rest of in use (rounding)",
+            "cached (idle)",
+            "spare pages",
+        ] {
+            assert!(text.contains(&format!(">{label}</text>")), "{label}");
+        }
+    }
+
+    #[test]
+    fn a_timeline_recorded_from_stats_draws_in_use_as_one_band() {
+        let mut rec = StatsTimeline::new("stats");
+        for (ms, in_use, cached) in [(0, 0, 0), (1, 4096, 0), (2, 1024, 3072)] {
+            let s = Stats {
+                bytes_in_use: in_use,
+                bytes_cached: cached,
+                bytes_reserved: in_use + cached,
+                ..Default::default()
+            };
+            rec.record(Duration::from_millis(ms), &s);
+        }
+        let text = svg(&[rec]);
+        assert_eq!(fills(&text), [CACHED, IN_USE], "{text}");
+        for colour in [FREE_IN_SEGMENTS, IN_USE_REST, SPARE] {
+            assert!(!text.contains(colour), "{colour} in\n{text}");
+        }
+        assert!(text.contains(">in use</text>"));
+    }
+
+    #[test]
+    fn bands_are_clamped_at_the_bytes_reserved() {
+        let x = Sample {
+            bytes_live: 5000, // more than in use
+            bytes_free_in_segments: 5000,
+            bytes_in_use: 4096,
+            bytes_cached: 4096,
+            bytes_spare: 4096,
+            bytes_reserved: 6000,
+            ..Default::default()
+        };
+        assert_eq!(
+            band_tops(&x),
+            [4096.0, 4096.0, 4096.0, 6000.0, 6000.0, 6000.0]
+        );
+        let unknown = Sample {
+            bytes_in_use: 100,
+            bytes_free_in_segments: 50,
+            bytes_reserved: 100,
+            ..Default::default()
+        };
+        assert_eq!(band_tops(&unknown)[..3], [100.0; 3]);
+    }
+
+    #[test]
+    fn downsampling_keeps_each_bands_maximum() {
+        // Many samples in one pixel's time: the column keeps the peak of
+        // every band, the spare band's too.
+        let mut rec = StatsTimeline::new("dense");
+        for us in 0..10_000u64 {
+            let spare = if us == 5 { 8192 } else { 0 };
+            rec.record_sample(Sample {
+                time: Duration::from_micros(us),
+                bytes_live: 100,
+                bytes_in_use: 200,
+                bytes_spare: spare,
+                bytes_reserved: 200 + spare,
+                ..Default::default()
+            });
+        }
+        let text = svg(&[rec]);
+        assert!(fills(&text).contains(&SPARE), "{text}");
+    }
 }

@@ -7,6 +7,12 @@ use crate::Stats;
 
 /// The counters of one moment, as a [`StatsTimeline`] keeps them.
 ///
+/// [`Sample::from_stats`] fills the figures a pool's [`Stats`] has; the
+/// bands that need more than the pool knows (`bytes_live`,
+/// `bytes_free_in_segments`) are zero there, and whoever knows them sets
+/// them and records the sample with [`StatsTimeline::record_sample`] or
+/// [`StatsTimeline::record_with`] (the replayer does).
+///
 /// # Examples
 ///
 /// ```
@@ -19,7 +25,7 @@ pub struct Sample {
     pub time: Duration,
     /// [`Stats::bytes_in_use`].
     pub bytes_in_use: usize,
-    /// [`Stats::bytes_cached`].
+    /// [`Stats::bytes_cached`]: the cached blocks.
     pub bytes_cached: usize,
     /// [`Stats::bytes_reserved`].
     pub bytes_reserved: usize,
@@ -27,10 +33,36 @@ pub struct Sample {
     pub bytes_from_pool: usize,
     /// [`Stats::bytes_from_backing`] (cumulative).
     pub bytes_from_backing: usize,
+    /// Bytes the live blocks' requests asked for (a part of
+    /// `bytes_in_use`: the rest is rounding and free space inside
+    /// segments); 0 when not known, as [`Sample::from_stats`] leaves it.
+    pub bytes_live: usize,
+    /// Free space inside the segments a packed pool holds
+    /// ([`PackingStats::free_segment_bytes`](crate::PackingStats::free_segment_bytes)),
+    /// a part of `bytes_in_use` when the counters are the exact pool's,
+    /// where a segment is one block in use; 0 for a plain pool, and as
+    /// [`Sample::from_stats`] leaves it.
+    pub bytes_free_in_segments: usize,
+    /// [`Stats::bytes_spare`]: pages of the backing allocator that no block
+    /// touches, counted in neither `bytes_in_use` nor `bytes_cached`.
+    pub bytes_spare: usize,
 }
 
 impl Sample {
-    fn of(time: Duration, s: &Stats) -> Self {
+    /// The sample of `stats` at `time`: the figures [`Stats`] has, with
+    /// `bytes_live` and `bytes_free_in_segments` 0 (not known).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use core::time::Duration;
+    /// use decaying_pool::{trace::Sample, Stats};
+    /// let stats = Stats { bytes_in_use: 4096, bytes_reserved: 4096, bytes_spare: 512, ..Default::default() };
+    /// let s = Sample::from_stats(Duration::from_millis(3), &stats);
+    /// assert_eq!((s.bytes_in_use, s.bytes_reserved, s.bytes_spare), (4096, 4096, 512));
+    /// assert_eq!((s.bytes_live, s.bytes_free_in_segments), (0, 0));
+    /// ```
+    pub fn from_stats(time: Duration, s: &Stats) -> Self {
         Sample {
             time,
             bytes_in_use: s.bytes_in_use,
@@ -38,21 +70,26 @@ impl Sample {
             bytes_reserved: s.bytes_reserved,
             bytes_from_pool: s.bytes_from_pool,
             bytes_from_backing: s.bytes_from_backing,
+            bytes_live: 0,
+            bytes_free_in_segments: 0,
+            bytes_spare: s.bytes_spare,
         }
     }
 
     fn same_values(&self, o: &Sample) -> bool {
-        (
-            self.bytes_in_use,
-            self.bytes_cached,
-            self.bytes_from_pool,
-            self.bytes_from_backing,
-        ) == (
-            o.bytes_in_use,
-            o.bytes_cached,
-            o.bytes_from_pool,
-            o.bytes_from_backing,
-        )
+        let values = |s: &Sample| {
+            (
+                s.bytes_in_use,
+                s.bytes_cached,
+                s.bytes_reserved,
+                s.bytes_from_pool,
+                s.bytes_from_backing,
+                s.bytes_live,
+                s.bytes_free_in_segments,
+                s.bytes_spare,
+            )
+        };
+        values(self) == values(o)
     }
 }
 
@@ -216,7 +253,10 @@ impl StatsTimeline {
         &self.name
     }
 
-    /// Records the pool's `stats` at `time` (times should not go backwards).
+    /// Records the pool's `stats` at `time` (times should not go
+    /// backwards): the instant events their counters' growth tells, and
+    /// their [`Sample::from_stats`] as [`record_sample`](Self::record_sample)
+    /// does.
     ///
     /// # Examples
     ///
@@ -228,6 +268,30 @@ impl StatsTimeline {
     /// assert_eq!(r.samples().len(), 1);
     /// ```
     pub fn record(&mut self, time: Duration, stats: &Stats) {
+        self.record_with(stats, Sample::from_stats(time, stats));
+    }
+
+    /// Records the pool's `stats` with a sample of its own: the instant
+    /// events the counters' growth tells, at `sample.time`, and `sample`
+    /// as [`record_sample`](Self::record_sample) does. For a sample that
+    /// carries what [`Sample::from_stats`] does not know (the live bytes,
+    /// free space inside segments).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use core::time::Duration;
+    /// use decaying_pool::trace::{InstantKind, Sample, StatsTimeline};
+    /// use decaying_pool::Stats;
+    /// let mut r = StatsTimeline::new("p");
+    /// let stats = Stats { bytes_in_use: 4096, bytes_reserved: 4096, evictions: 1, ..Default::default() };
+    /// let t = Duration::from_millis(1);
+    /// r.record_with(&stats, Sample { bytes_live: 3000, ..Sample::from_stats(t, &stats) });
+    /// assert_eq!(r.samples()[0].bytes_live, 3000);
+    /// assert_eq!((r.instants()[0].kind, r.instants()[0].time), (InstantKind::Eviction, t));
+    /// ```
+    pub fn record_with(&mut self, stats: &Stats, sample: Sample) {
+        let time = sample.time;
         let prev = self.prev.unwrap_or_default();
         for (kind, now, before) in [
             (InstantKind::Eviction, stats.evictions, prev.evictions),
@@ -247,7 +311,33 @@ impl StatsTimeline {
             }
         }
         self.prev = Some(*stats);
-        let sample = Sample::of(time, stats);
+        self.record_sample(sample);
+    }
+
+    /// Records `sample` (times should not go backwards): kept when a value
+    /// changed since the last one kept; with a resolution, merged into its
+    /// interval (the interval's peak of bytes reserved and its last state
+    /// survive). It derives no instant events (a sample has no counts of
+    /// evictions): [`record`](Self::record) and
+    /// [`record_with`](Self::record_with) do.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use core::time::Duration;
+    /// use decaying_pool::trace::{Sample, StatsTimeline};
+    /// let mut r = StatsTimeline::new("p");
+    /// let s = Sample { time: Duration::from_millis(1), bytes_in_use: 4096, bytes_reserved: 4096,
+    ///                  bytes_live: 3000, ..Default::default() };
+    /// r.record_sample(s);
+    /// r.record_sample(Sample { time: Duration::from_millis(2), ..s }); // nothing changed
+    /// r.record_sample(Sample { time: Duration::from_millis(3), bytes_live: 2000, ..s });
+    /// assert_eq!(r.samples().len(), 2);
+    /// assert_eq!(r.samples()[1].bytes_live, 2000);
+    /// assert!(r.instants().is_empty());
+    /// ```
+    pub fn record_sample(&mut self, sample: Sample) {
+        let time = sample.time;
         if !self.resolution.is_zero() {
             if let Some(peak) = self.samples.get(self.bucket_start).copied() {
                 if self.same_bucket(peak.time, time) {

@@ -24,7 +24,7 @@
 //! - packing: `packing`, `packing_model`, `packing_robust`,
 //!   `packing_shared`;
 //! - backing allocators: `backends`, `cuda` (feature `cuda`; device tests
-//!   skip without a GPU);
+//!   skip without a GPU); `page_stats` (the page figures of `Stats`);
 //! - trace tooling: `trace`, `trace_input`, `logging`;
 //! - `support`: helpers the modules share.
 //!
@@ -54,6 +54,8 @@ mod packing_corpus;
 mod packing_model;
 mod packing_robust;
 mod packing_shared;
+// Stats' page figures and the replay timeline's bands.
+mod page_stats;
 // The page layer: the host backend's tests are ignored under Miri (FFI).
 mod pages;
 // Writes trace files to the temporary directory: blocked by Miri's isolation.

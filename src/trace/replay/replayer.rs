@@ -7,7 +7,7 @@ use std::collections::{HashMap, HashSet};
 use crate::packing::Packable;
 use crate::pages::{Mapped, MappedStats, ModelPages};
 use crate::policy::Policy;
-use crate::trace::{Event, Op, StatsTimeline};
+use crate::trace::{Event, Op, Sample, StatsTimeline};
 use crate::{DecayingPool, Exponential, FixedCapacity, FixedTime, ManualClock, PackedPool, Stats};
 
 use super::config::{Config, PolicyKind, ReplayOptions};
@@ -25,6 +25,10 @@ trait Sim {
     fn quiet(&self) -> bool;
     fn release_all(&mut self);
     fn stats(&self) -> Stats;
+    /// The counters at `time` with the timeline's bands: `stats()` as the
+    /// sample's base, the live bytes, free space inside segments, and on
+    /// pages the spare bytes apart from the cached blocks.
+    fn sample(&self, stats: &Stats, time: Duration) -> Sample;
     fn state(&mut self) -> &mut SimState;
     /// The counters, the modelled backing seconds, the hits, the pages.
     fn report(&mut self) -> (Stats, f64, u64, Option<MappedStats>);
@@ -45,15 +49,12 @@ struct SimState {
 }
 
 /// What a [`PoolSim`] needs of its backing allocator: the modelled
-/// allocator, or pages mapped on the modelled page backend.
+/// allocator, or pages mapped on the modelled page backend (whose page
+/// figures come from [`RawAllocator::pages`](crate::RawAllocator::pages)).
 trait SimBacking: Packable + 'static {
     fn id(block: Self::Block) -> u64;
     fn block(id: u64) -> Self::Block;
     fn modelled_seconds(&self) -> f64;
-    /// The page figures, on pages.
-    fn pages(&self) -> Option<MappedStats> {
-        None
-    }
     /// The pool's counters as the backing allocator sees them: on pages,
     /// the bytes reserved are the pages', the spare pages count as cached,
     /// the backing calls are pages created and times pages went back.
@@ -85,9 +86,6 @@ impl SimBacking for Mapped<ModelPages, ManualClock> {
     fn modelled_seconds(&self) -> f64 {
         self.backend().modelled_time().as_secs_f64()
     }
-    fn pages(&self) -> Option<MappedStats> {
-        Some(self.stats())
-    }
     fn backing_view(&self, mut stats: Stats) -> Stats {
         let p = self.stats();
         stats.bytes_reserved = p.page_bytes;
@@ -113,6 +111,9 @@ trait SimPool {
     fn hits(&self) -> u64;
     fn modelled_seconds(&self) -> f64;
     fn pages(&self) -> Option<MappedStats>;
+    /// Free space inside the segments a packed pool holds (0 for a plain
+    /// pool): a part of the bytes in use of `stats()`, the exact pool's.
+    fn free_segment_bytes(&self) -> usize;
 }
 
 impl<A: SimBacking, P: Policy> SimPool for DecayingPool<A, P, ManualClock> {
@@ -137,6 +138,9 @@ impl<A: SimBacking, P: Policy> SimPool for DecayingPool<A, P, ManualClock> {
     }
     fn pages(&self) -> Option<MappedStats> {
         self.allocator().pages()
+    }
+    fn free_segment_bytes(&self) -> usize {
+        0
     }
 }
 
@@ -165,6 +169,9 @@ impl<A: SimBacking, P: Policy> SimPool for PackedPool<A, P, ManualClock> {
     }
     fn pages(&self) -> Option<MappedStats> {
         self.pool().allocator().pages()
+    }
+    fn free_segment_bytes(&self) -> usize {
+        self.packing_stats().free_segment_bytes
     }
 }
 
@@ -229,6 +236,19 @@ impl<T: SimPool> Sim for PoolSim<T> {
 
     fn stats(&self) -> Stats {
         self.pool.stats()
+    }
+
+    fn sample(&self, stats: &Stats, time: Duration) -> Sample {
+        let mut sample = Sample::from_stats(time, stats);
+        sample.bytes_live = self.st.live_bytes;
+        sample.bytes_free_in_segments = self.pool.free_segment_bytes();
+        if let Some(p) = self.pool.pages() {
+            // `backing_view` counts the spare pages as cached (for the
+            // tables); the timeline draws them as a band of their own.
+            sample.bytes_cached = stats.bytes_cached.saturating_sub(p.spare_bytes);
+            sample.bytes_spare = p.spare_bytes;
+        }
+        sample
     }
 
     fn state(&mut self) -> &mut SimState {
@@ -572,8 +592,9 @@ impl Replayer {
         let t = Duration::from_nanos(self.now);
         for s in &mut self.sims {
             let stats = s.stats();
+            let sample = s.sample(&stats, t);
             if let Some(r) = s.state().recorder.as_mut() {
-                r.record(t, &stats);
+                r.record_with(&stats, sample);
             }
         }
     }
