@@ -864,6 +864,12 @@ impl<B, P: Policy, C: Clock> Cache<B, P, C> {
         self.reuse
     }
 
+    /// The bytes counted against the limit: handed out, booked by misses
+    /// under way, and cached.
+    pub(crate) fn held_bytes(&self) -> usize {
+        self.bytes_in_use() + self.pending + self.store.bytes()
+    }
+
     pub(crate) fn limit(&self) -> Option<usize> {
         self.limit
     }

@@ -932,6 +932,15 @@ impl<A: RawAllocator, P: Policy, C: Clock> DecayingPool<A, P, C> {
     /// blocks released meanwhile are cached (hits still work), and the
     /// next miss that needs the room frees them.
     ///
+    /// Over an allocator with spare memory ([`RawAllocator::spare`]: pages
+    /// of [`pages::Mapped`](crate::pages::Mapped) that no block touches)
+    /// the limit covers it too: setting the limit, and a miss, give the
+    /// spare memory back ([`RawAllocator::release_spare`]) when it would
+    /// keep the bytes held past the limit. Tell `Mapped` the same capacity
+    /// ([`Mapped::with_capacity`](crate::pages::Mapped::with_capacity)) to
+    /// have it move spare pages under a new block instead, which makes no
+    /// page.
+    ///
     /// # Examples
     ///
     /// ```
@@ -956,7 +965,15 @@ impl<A: RawAllocator, P: Policy, C: Clock> DecayingPool<A, P, C> {
         let Self { alloc, cache, .. } = self;
         let now = cache.now();
         // SAFETY: only the cache calls it, as its free callback (`backing_free`'s contract).
-        cache.set_limit(limit, now, &mut unsafe { backing_free(alloc) })
+        let freed = cache.set_limit(limit, now, &mut unsafe { backing_free(alloc) });
+        // The allocator's spare memory counts against the limit too.
+        let spare = match (limit, alloc.spare()) {
+            (Some(limit), Some(spare)) if cache.held_bytes().saturating_add(spare) > limit => {
+                alloc.release_spare()
+            }
+            _ => 0,
+        };
+        freed.saturating_add(spare)
     }
 
     /// Sets every peak ([`Stats::peak_bytes_reserved`],
@@ -1268,6 +1285,15 @@ impl<A: RawAllocator, P: Policy, C: Clock> DecayingPool<A, P, C> {
             let free = &mut unsafe { backing_free(alloc) };
             if !booking.cache.trim_oldest(now, Reason::Remapped, free) {
                 break;
+            }
+        }
+        // The limit covers that memory too: where the spare memory, kept
+        // beside what the miss takes, would pass it, it goes back first
+        // (an allocator that moves its spare memory rather than make more,
+        // such as `Mapped` told the same capacity, makes this rare).
+        if let (Some(limit), Some(spare)) = (booking.cache.limit(), alloc.spare()) {
+            if spare > 0 && booking.cache.held_bytes().saturating_add(spare) > limit {
+                alloc.release_spare();
             }
         }
         let mut attempt = 0;

@@ -218,3 +218,39 @@ fn a_shared_pool_over_mapped_pages_reports_their_figures() {
     let s = pool.stats();
     assert_eq!((s.pages_released, s.bytes_spare), (2, 0), "{s:?}");
 }
+
+/// The pool's limit covers the spare pages of `Mapped`: lowering it gives
+/// them back, and a miss that would keep them past it gives them back
+/// before new pages are made, so the pages stay within the limit.
+#[test]
+fn the_limit_covers_the_spare_pages() {
+    use decaying_pool::pages::{Mapped, ModelPages};
+    use decaying_pool::{DecayingPool, FixedCapacity};
+    const MIB: usize = 1 << 20;
+    let mapped = Mapped::new(ModelPages::new(2 * MIB).unwrap()).with_reservation(64 * MIB);
+    let mut pool = DecayingPool::builder(mapped)
+        .policy(FixedCapacity::new(0))
+        .limit(16 * MIB)
+        .build();
+    // 10 MiB given back: its five pages stay mapped, spare.
+    let a = pool.allocate(10 * MIB).unwrap();
+    let b = pool.allocate(4 * MIB).unwrap();
+    // SAFETY: from this pool with its size, released once.
+    unsafe { pool.release(a, 10 * MIB) };
+    assert_eq!(pool.stats().bytes_spare, 10 * MIB);
+    // 12 MiB more: held 4 + 12, and the spare 10 beside it would pass 16.
+    let c = pool.allocate(12 * MIB).unwrap();
+    let p = pool.allocator().stats();
+    assert!(p.page_bytes <= 16 * MIB, "pages past the limit: {p:?}");
+    // Lowering the limit gives the spare pages back.
+    // SAFETY: as above.
+    unsafe { pool.release(c, 12 * MIB) };
+    assert!(pool.stats().bytes_spare >= 12 * MIB);
+    let freed = pool.set_limit(Some(8 * MIB));
+    assert!(freed >= 12 * MIB, "{freed}");
+    let s = pool.stats();
+    assert_eq!(s.bytes_spare, 0, "{s:?}");
+    assert_eq!(pool.allocator().stats().page_bytes, 4 * MIB);
+    // SAFETY: as above.
+    unsafe { pool.release(b, 4 * MIB) };
+}
