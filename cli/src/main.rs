@@ -135,6 +135,11 @@ struct ReplayArgs {
     /// default `mapped` row has 20 MiB pages).
     #[arg(long, value_name = "SIZE,...", value_delimiter = ',', value_parser = parse_pages)]
     pages: Vec<Pages>,
+    /// On pages (the `mapped` row, `--pages` rows): how long a page no
+    /// block touches is kept before it goes back to the device (a time:
+    /// 1s, 500ms; `never`); default 1s.
+    #[arg(long, value_name = "TIME|never", value_parser = parse_spare_ttl)]
+    spare_ttl: Option<Duration>,
     /// Sweep: size-class rules: exact, pow2, pow2/K (K divisions per power
     /// of two, as PyTorch's roundup_power2_divisions), xSIZE (multiples of
     /// a size with a unit: x512B, x2MiB).
@@ -305,6 +310,14 @@ fn parse_limit(s: &str) -> Result<Limit, String> {
 /// A `--gc-threshold` value (`None`: no threshold).
 #[derive(Clone, Copy, Debug)]
 struct GcThreshold(Option<f64>);
+
+/// A `--spare-ttl` value: a time, or `never` (`Duration::MAX`).
+fn parse_spare_ttl(s: &str) -> Result<Duration, String> {
+    if s.trim() == "never" {
+        return Ok(Duration::MAX);
+    }
+    parse_duration("--spare-ttl", s)
+}
 
 /// A `--pages` value: a page size, or `None` for off.
 #[derive(Clone, Copy, Debug)]
@@ -637,8 +650,19 @@ struct Outcome {
     read: Option<ReadStats>,
 }
 
-/// The configurations to replay: the defaults, or the sweep.
+/// The configurations to replay: the defaults, or the sweep; those on
+/// pages with `--spare-ttl`'s time.
 fn configs(a: &ReplayArgs) -> Vec<Config> {
+    let mut v = configs_unset(a);
+    if let Some(ttl) = a.spare_ttl {
+        for c in v.iter_mut().filter(|c| c.pages.is_some()) {
+            c.spare_ttl = Some(ttl);
+        }
+    }
+    v
+}
+
+fn configs_unset(a: &ReplayArgs) -> Vec<Config> {
     let sweep = !(a.ttl.is_empty()
         && a.half_life.is_empty()
         && a.slots.is_empty()

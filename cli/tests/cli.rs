@@ -86,6 +86,7 @@ fn help_exits_zero_and_documents_every_option_and_the_exit_codes() {
         "--size-class",
         "--gc-threshold",
         "--packing",
+        "--spare-ttl",
         "--budget",
         "--costs",
         "--device",
@@ -817,4 +818,34 @@ fn unknown_options_are_usage_errors() {
     let o = run(&["replay", "--frobnicate"]);
     assert_eq!(o.status.code(), Some(2));
     assert!(stderr(&o).contains("--frobnicate"));
+}
+
+/// `--spare-ttl` on the mapped row: two passes of the training trace with
+/// 3 s between them; with the default 1 s its pages go back in the gap and
+/// are made again, with `never` (or 10s, longer than the gap) none goes
+/// back; a bad time is refused.
+#[test]
+fn spare_ttl_sets_how_long_the_mapped_rows_pages_are_kept() {
+    let training = shipped().replace("inference.csv", "training.csv");
+    let released = |extra: &[&str]| {
+        let mut args = vec![
+            "replay", &training, "--json", "--repeat", "2", "--gap", "3s",
+        ];
+        args.extend_from_slice(extra);
+        let o = run(&args);
+        assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+        let out = stdout(&o);
+        (
+            json_field(&out, "mapped", "pages_created"),
+            json_field(&out, "mapped", "pages_released"),
+        )
+    };
+    let (made, gone) = released(&[]);
+    assert!(gone > 0.0 && made > gone, "{made} made, {gone} released");
+    let (made_never, gone_never) = released(&["--spare-ttl", "never"]);
+    assert_eq!(gone_never, 0.0);
+    assert_eq!(made_never, made - gone, "the pages of one pass, made once");
+    assert_eq!(released(&["--spare-ttl", "10s"]).1, 0.0);
+    let o = run(&["replay", &training, "--spare-ttl", "soon"]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
 }

@@ -99,6 +99,11 @@ pub struct Config {
     /// are pages created, backing frees the times pages went back, the
     /// peak reserved the most bytes of pages at once.
     pub pages: Option<PageSize>,
+    /// On pages: how long a spare page is kept before it goes back
+    /// ([`Mapped::with_spare_ttl`](crate::pages::Mapped::with_spare_ttl));
+    /// `None` (the default) for [`DEFAULT_SPARE_TTL`](crate::pages::DEFAULT_SPARE_TTL),
+    /// `Some(Duration::MAX)` for never.
+    pub spare_ttl: Option<Duration>,
 }
 
 /// The page size of a [`Config::pages`] configuration.
@@ -155,6 +160,7 @@ impl Config {
             limit: None,
             gc_threshold: None,
             pages: None,
+            spare_ttl: None,
         }
     }
 
@@ -196,6 +202,22 @@ impl Config {
             .packing(Packing::mapped())
             .with_pages(PageSize::ForDevice)
             .named("mapped")
+    }
+
+    /// The same with spare pages kept `ttl` before they go back
+    /// ([`Duration::MAX`]: never); see [`spare_ttl`](Self::spare_ttl).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use core::time::Duration;
+    /// use decaying_pool::trace::Config;
+    /// let c = Config::mapped().with_spare_ttl(Duration::MAX);
+    /// assert_eq!(c.spare_ttl, Some(Duration::MAX));
+    /// ```
+    pub fn with_spare_ttl(mut self, ttl: Duration) -> Self {
+        self.spare_ttl = Some(ttl);
+        self
     }
 
     /// The same on pages of that size (see [`pages`](Self::pages)).

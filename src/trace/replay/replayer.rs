@@ -281,6 +281,9 @@ fn sim<P: Policy + 'static>(
         if let Some(capacity) = options.cost.capacity() {
             alloc = alloc.with_capacity(capacity);
         }
+        if let Some(ttl) = config.spare_ttl {
+            alloc = alloc.with_spare_ttl((ttl != Duration::MAX).then_some(ttl));
+        }
         return sim_on(alloc, policy, config, clock, options);
     }
     let mut alloc = ModelledAllocator::new(options.cost.clone());
