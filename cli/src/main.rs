@@ -137,7 +137,7 @@ struct ReplayArgs {
     pages: Vec<Pages>,
     /// On pages (the `mapped` row, `--pages` rows): how long a page no
     /// block touches is kept before it goes back to the device (a time:
-    /// 1s, 500ms; `never`); default 1s.
+    /// 1s, 500ms; `never`); default 10s (`pages::DEFAULT_SPARE_TTL`).
     #[arg(long, value_name = "TIME|never", value_parser = parse_spare_ttl)]
     spare_ttl: Option<Duration>,
     /// Sweep: size-class rules: exact, pow2, pow2/K (K divisions per power
