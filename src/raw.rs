@@ -220,6 +220,38 @@ pub trait RawAllocator {
     }
 }
 
+/// The provided [`RawAllocator`] methods for spare memory and pages
+/// ([`spare`](RawAllocator::spare), [`release_spare`](RawAllocator::release_spare),
+/// [`collect_spare`](RawAllocator::collect_spare), [`pages`](RawAllocator::pages)),
+/// passed on to the allocator in field `$inner`: for the wrappers that
+/// hand out their inner allocator's blocks unchanged.
+#[cfg(any(feature = "trace", feature = "testing"))]
+macro_rules! forward_spare {
+    ($inner:ident) => {
+        #[inline]
+        fn spare(&self) -> Option<usize> {
+            self.$inner.spare()
+        }
+
+        #[inline]
+        fn release_spare(&mut self) -> usize {
+            self.$inner.release_spare()
+        }
+
+        #[inline]
+        fn collect_spare(&mut self) -> usize {
+            self.$inner.collect_spare()
+        }
+
+        #[inline]
+        fn pages(&self) -> Option<crate::pages::MappedStats> {
+            self.$inner.pages()
+        }
+    };
+}
+#[cfg(any(feature = "trace", feature = "testing"))]
+pub(crate) use forward_spare;
+
 /// Implements [`RawAllocator`] for a pointer type to an allocator by
 /// forwarding every method to the allocator it points to.
 macro_rules! forward_raw_allocator {

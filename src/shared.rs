@@ -560,7 +560,14 @@ type Frees<B> = Vec<(B, usize)>;
 /// What the cache decided for an `allocate`.
 enum Step<B> {
     Hit(B),
-    Miss { size: usize, class: usize, now: u64 },
+    /// `room`: with a limit, the bytes it leaves beside those held
+    /// (the miss's booked), for the allocator's spare memory.
+    Miss {
+        size: usize,
+        class: usize,
+        now: u64,
+        room: Option<usize>,
+    },
 }
 
 /// Runs `f` on the cache and the lent blocks' count under `lock`.
@@ -1265,7 +1272,15 @@ impl<A: RawAllocator, P: Policy, C: Clock> Inner<A, P, C> {
                 return Ok(Step::Hit(block));
             }
             cache.make_room(size, class, now, free)?;
-            Ok(Step::Miss { size, class, now })
+            let room = cache
+                .limit()
+                .map(|limit| limit.saturating_sub(cache.held_bytes()));
+            Ok(Step::Miss {
+                size,
+                class,
+                now,
+                room,
+            })
         }));
         let freed = catch_unwind(AssertUnwindSafe(|| self.deallocate(frees)));
         let step = match step {
@@ -1294,7 +1309,12 @@ impl<A: RawAllocator, P: Policy, C: Clock> Inner<A, P, C> {
         }
         match step? {
             Step::Hit(block) => Ok(block),
-            Step::Miss { size, class, now } => self.miss(this, size, class, now),
+            Step::Miss {
+                size,
+                class,
+                now,
+                room,
+            } => self.miss(this, size, class, now, room),
         }
     }
 
@@ -1307,6 +1327,7 @@ impl<A: RawAllocator, P: Policy, C: Clock> Inner<A, P, C> {
         size: usize,
         class: usize,
         now: u64,
+        mut room: Option<usize>,
     ) -> Result<A::Block, PoolError<A::Error>> {
         /// Drops the booking if the backing allocator panics.
         struct Booking<'a, A: RawAllocator, P: Policy, C: Clock> {
@@ -1343,6 +1364,13 @@ impl<A: RawAllocator, P: Policy, C: Clock> Inner<A, P, C> {
                         return Some(Err(Err(class - spare)));
                     }
                 }
+                // The limit covers the spare memory too: what would keep
+                // it past the limit goes back first (as in `DecayingPool`).
+                if let (Some(room), Some(spare)) = (room, alloc.spare()) {
+                    if spare > room {
+                        alloc.release_spare();
+                    }
+                }
                 // What is free is read only after a failure, for the ladder.
                 Some(
                     alloc
@@ -1353,7 +1381,7 @@ impl<A: RawAllocator, P: Policy, C: Clock> Inner<A, P, C> {
             let (err, available) = match outcome {
                 Some(Err(Err(short))) => {
                     // Cached blocks of at least `short` bytes, oldest first.
-                    remap = self.slot_then_free(|cache, _, free| {
+                    let freed = self.slot_then_free(|cache, _, free| {
                         let freed = core::cell::Cell::new(0usize);
                         let mut count = |block, class: usize| {
                             freed.set(freed.get().saturating_add(class));
@@ -1363,8 +1391,11 @@ impl<A: RawAllocator, P: Policy, C: Clock> Inner<A, P, C> {
                             && cache.trim_oldest(now, Reason::Remapped, &mut count)
                         {
                         }
-                        freed.get() > 0
+                        freed.get()
                     });
+                    remap = freed > 0;
+                    // The cached bytes given back leave the limit that room.
+                    room = room.map(|r| r.saturating_add(freed));
                     continue;
                 }
                 Some(Err(Ok(failed))) => failed,
@@ -1480,7 +1511,7 @@ impl<A: RawAllocator, P: Policy, C: Clock> Inner<A, P, C> {
         if let Some(n) = self.packed(|p| p.set_limit(limit)) {
             return n;
         }
-        self.slot_then_free(|cache, lending, free| {
+        let freed = self.slot_then_free(|cache, lending, free| {
             let now = cache.now();
             if limit.is_some() {
                 // Blocks idle in thread caches count against the limit:
@@ -1488,7 +1519,15 @@ impl<A: RawAllocator, P: Policy, C: Clock> Inner<A, P, C> {
                 lending.flush_mags(cache, now, free);
             }
             cache.set_limit(limit, now, free)
-        })
+        });
+        // The allocator's spare memory counts against the limit too.
+        let Some(limit) = limit else { return freed };
+        let held = self.cache(|cache| cache.held_bytes());
+        let spare = self.alloc(|alloc| match alloc.spare() {
+            Some(spare) if held.saturating_add(spare) > limit => alloc.release_spare(),
+            _ => 0,
+        });
+        freed.saturating_add(spare)
     }
 
     fn trim(&self) -> usize {

@@ -642,25 +642,7 @@ impl<A: RawAllocator> RawAllocator for FailingAllocator<A> {
         min_known(own, self.inner.available())
     }
 
-    /// The inner allocator's figure.
-    fn spare(&self) -> Option<usize> {
-        self.inner.spare()
-    }
-
-    /// Passed on to the inner allocator.
-    fn release_spare(&mut self) -> usize {
-        self.inner.release_spare()
-    }
-
-    /// Passed on to the inner allocator.
-    fn collect_spare(&mut self) -> usize {
-        self.inner.collect_spare()
-    }
-
-    /// The inner allocator's figures.
-    fn pages(&self) -> Option<crate::pages::MappedStats> {
-        self.inner.pages()
-    }
+    crate::raw::forward_spare!(inner);
 }
 
 /// The smaller of two bounds, either of which may be unknown.
@@ -916,25 +898,7 @@ impl<A: RawAllocator> RawAllocator for PanickingAllocator<A> {
         self.inner.available()
     }
 
-    /// The inner allocator's figure.
-    fn spare(&self) -> Option<usize> {
-        self.inner.spare()
-    }
-
-    /// Passed on to the inner allocator.
-    fn release_spare(&mut self) -> usize {
-        self.inner.release_spare()
-    }
-
-    /// Passed on to the inner allocator.
-    fn collect_spare(&mut self) -> usize {
-        self.inner.collect_spare()
-    }
-
-    /// The inner allocator's figures.
-    fn pages(&self) -> Option<crate::pages::MappedStats> {
-        self.inner.pages()
-    }
+    crate::raw::forward_spare!(inner);
 }
 
 /// Wraps a clock (a [`ManualClock`] by default); every read goes through a

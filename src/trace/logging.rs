@@ -263,25 +263,7 @@ where
         self.inner.available()
     }
 
-    /// The inner allocator's figure.
-    fn spare(&self) -> Option<usize> {
-        self.inner.spare()
-    }
-
-    /// Passed on to the inner allocator.
-    fn release_spare(&mut self) -> usize {
-        self.inner.release_spare()
-    }
-
-    /// Passed on to the inner allocator.
-    fn collect_spare(&mut self) -> usize {
-        self.inner.collect_spare()
-    }
-
-    /// The inner allocator's figures.
-    fn pages(&self) -> Option<crate::pages::MappedStats> {
-        self.inner.pages()
-    }
+    crate::raw::forward_spare!(inner);
 
     fn allocate(&mut self, size: usize) -> Result<Self::Block, Self::Error> {
         let block = self.inner.allocate(size)?;

@@ -254,3 +254,38 @@ fn the_limit_covers_the_spare_pages() {
     // SAFETY: as above.
     unsafe { pool.release(b, 4 * MIB) };
 }
+
+/// The same through a [`SharedPool`](decaying_pool::SharedPool): its limit
+/// covers the spare pages (on its miss and on `set_limit`).
+#[test]
+fn a_shared_pools_limit_covers_the_spare_pages() {
+    use decaying_pool::pages::{Mapped, ModelPages};
+    use decaying_pool::{DecayingPool, FixedCapacity, SharedPool};
+    const MIB: usize = 1 << 20;
+    let mapped = Mapped::new(ModelPages::new(2 * MIB).unwrap()).with_reservation(64 * MIB);
+    let pool = SharedPool::new(
+        DecayingPool::builder(mapped)
+            .policy(FixedCapacity::new(0))
+            .limit(16 * MIB)
+            .build(),
+    );
+    let page_bytes = |pool: &SharedPool<Mapped<ModelPages>, FixedCapacity>| {
+        pool.with(|p| p.allocator().stats().page_bytes)
+    };
+    let a = pool.allocate(10 * MIB).unwrap();
+    let b = pool.allocate(4 * MIB).unwrap();
+    drop(a);
+    assert_eq!(pool.stats().bytes_spare, 10 * MIB);
+    let c = pool.allocate(12 * MIB).unwrap();
+    assert!(
+        page_bytes(&pool) <= 16 * MIB,
+        "{} MiB of pages",
+        page_bytes(&pool) >> 20
+    );
+    drop(c);
+    assert!(pool.stats().bytes_spare >= 12 * MIB);
+    assert!(pool.set_limit(Some(8 * MIB)) >= 12 * MIB);
+    assert_eq!(pool.stats().bytes_spare, 0);
+    assert_eq!(page_bytes(&pool), 4 * MIB);
+    drop(b);
+}
