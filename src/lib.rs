@@ -15,7 +15,59 @@
 //!
 //! With [`Builder::packing`], a [`PackedPool`] carves small and medium
 //! requests from segments (blocks of the pool) in O(1), so they share
-//! backing allocations, while large requests stay exact blocks.
+//! backing allocations, while large requests stay exact blocks. Where the
+//! large sizes change every step (serving, a growing key/value cache),
+//! [`pages::Mapped`] under [`Packing::mapped`] maps equal physical pages
+//! into reserved address space, so a freed block's pages serve the next
+//! block of any size. [`SharedPool`] shares a pool between threads, with
+//! per-thread caches and a [`Reaper`] that decays idle blocks on a timer.
+//!
+//! # Choosing a configuration
+//!
+//! | your workload | use |
+//! |---|---|
+//! | the same few sizes every step | [`DecayingPool::new`] with [`FixedTime`] |
+//! | many small and medium sizes (training) | [`Builder::packing`] with [`Packing::default`] |
+//! | large sizes that change every step | [`pages::Mapped`] under [`Packing::mapped`] |
+//! | a memory budget | [`Builder::limit`], [`DecayingPool::set_limit`] |
+//! | several threads | [`SharedPool::with_thread_caches`], [`SharedPool::packed`] |
+//!
+//! The command-line tool of the repository (`cli/`) replays a recorded
+//! trace (a PyTorch snapshot, an RMM log, or this crate's own) through every
+//! configuration and recommends one:
+//! `cargo run --release -p decaying-pool-cli -- replay TRACE`.
+//!
+//! # Guides
+//!
+//! The repository's `docs/` holds one guide a topic, each example a doc test
+//! of this crate:
+//! [the pool and its policies](https://github.com/decaying-pool/decaying-pool/blob/main/docs/pool.md),
+//! [packing and page-mapped blocks](https://github.com/decaying-pool/decaying-pool/blob/main/docs/packing.md),
+//! [threads](https://github.com/decaying-pool/decaying-pool/blob/main/docs/threads.md),
+//! [CUDA](https://github.com/decaying-pool/decaying-pool/blob/main/docs/cuda.md),
+//! [the replay tool](https://github.com/decaying-pool/decaying-pool/blob/main/docs/replay.md),
+//! [Python and C](https://github.com/decaying-pool/decaying-pool/blob/main/docs/python.md),
+//! [how the crate is verified](https://github.com/decaying-pool/decaying-pool/blob/main/docs/verification.md);
+//! [performance](https://github.com/decaying-pool/decaying-pool/blob/main/docs/PERFORMANCE.md)
+//! has one table per claim with its command, and
+//! [the architecture](https://github.com/decaying-pool/decaying-pool/blob/main/docs/ARCHITECTURE.md)
+//! the invariants and every `unsafe` block's argument.
+//!
+//! # Features
+//!
+//! None is on by default; docs.rs documents them all, each item marked with
+//! the feature it needs.
+//!
+//! | feature | adds |
+//! |---|---|
+//! | `cuda` | CUDA backing allocators through `cudarc`, loading libcuda at run time (builds and tests pass without CUDA): module `cuda`, `cuda::SlicePool`, `pages::CudaPages` |
+//! | `trace` | module `trace`: trace readers and writers, the replayer and its cost model, request recording, Chrome-trace and SVG output, built-in workloads |
+//! | `pickle` | PyTorch snapshot pickles in `trace` (implies `trace`) |
+//! | `serde` | `Serialize`/`Deserialize` for [`Stats`], [`ClassStats`], [`Event`], [`Reason`] and, with `trace`, the replay reports |
+//! | `testing` | module `testing`: test doubles (checking, failing, panicking allocators, clocks, policies) and `validate()` |
+//! | `fuzzing` | internal, not covered by semver: module `fuzzing`, the model-checking harness behind the fuzz targets |
+//!
+//! Minimum supported Rust: 1.85, and 1.88 with `cuda`.
 //!
 //! # Examples
 //!
@@ -114,3 +166,7 @@ pub use stats::{ClassStats, HumanBytes, Stats};
 #[cfg(doctest)]
 #[doc = include_str!("../README.md")]
 struct ReadmeDoctests;
+
+// The guides' examples likewise (`docs/*.md`).
+#[cfg(doctest)]
+mod guides;

@@ -500,20 +500,30 @@ fn costs_host_charges_the_measured_mmap_figures() {
     );
 }
 
-/// Every `replay <path>` of the README's command lines names a file of
-/// the repository, so that the commands run in a fresh clone.
+/// Every `replay <path>` of the README's and the guides' command lines
+/// names a file of the repository, so that the commands run in a fresh
+/// clone.
 #[test]
 fn every_readme_replay_path_exists_in_the_repository() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let mut checked = 0;
-    for doc in [
-        "README.md",
-        "docs/ARCHITECTURE.md",
-        "docs/PERFORMANCE.md",
-        "benches/README.md",
-    ] {
+    let Ok(guides) = std::fs::read_dir(root.join("docs")) else {
+        // The packaged tool crate has no repository around it.
+        eprintln!("skipped: docs/ is absent (not in a checkout)");
+        return;
+    };
+    // The front page, the benches' notes and every guide of `docs/`.
+    let mut docs = vec!["README.md".to_owned(), "benches/README.md".to_owned()];
+    let mut guides: Vec<String> = guides
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|n| n.ends_with(".md"))
+        .map(|n| format!("docs/{n}"))
+        .collect();
+    guides.sort();
+    assert!(guides.len() >= 4, "docs/ holds {guides:?}");
+    docs.extend(guides);
+    for doc in &docs {
         let Ok(text) = std::fs::read_to_string(root.join(doc)) else {
-            // The packaged tool crate has no repository around it.
             eprintln!("skipped: {doc} is absent (not in a checkout)");
             return;
         };

@@ -30,8 +30,8 @@ const MIB: usize = 1 << 20;
 ///   can hold is an exact block, and so is one whose segment the pool
 ///   cannot supply.
 ///
-/// The defaults were chosen on real training and inference traces (see the
-/// README's Packing section for the figures and the grid tried).
+/// The defaults were chosen on real training and inference traces (see
+/// `docs/packing.md` for the figures and the grid tried).
 ///
 /// # Examples
 ///

@@ -1,7 +1,7 @@
 //! Tests: limit_retry.
 //!
 //! The byte limit and the out-of-memory retry ladder (docs/ARCHITECTURE.md,
-//! "Rules every pool keeps"; the README's Pool section), through the public
+//! "Rules every pool keeps"; `docs/pool.md`), through the public
 //! API: when a request is refused, which cached blocks are freed
 //! and in what order, how many backing attempts are made, and that the
 //! statistics stay true and no block is lost on any path.

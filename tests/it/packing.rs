@@ -759,8 +759,8 @@ fn a_packed_pool_stacks_over_a_pool_and_as_an_allocator() {
     alloc.assert_all_freed();
 }
 
-/// The README's claims on the shared traces, through the replay's
-/// `packed` row: fewer backing allocations than PyTorch's allocator (280 on
+/// The packing guide's claims (`docs/packing.md`) on the shared traces,
+/// through the replay's `packed` row: fewer backing allocations than PyTorch's allocator (280 on
 /// training, 5 on inference), peak reserved within 1.10x PyTorch's + 64
 /// MiB, and no failed request on a device of 1.10x or 1.05x peak live.
 #[cfg(not(miri))]

@@ -1,7 +1,7 @@
 //! Tests: semantics.
 //!
-//! The pool's rules (docs/ARCHITECTURE.md, "Rules every pool keeps"; the
-//! README's Pool section), through the public API only: hit and miss, the statistics, reuse order, fixed-time decay, lazy
+//! The pool's rules (docs/ARCHITECTURE.md, "Rules every pool keeps";
+//! `docs/pool.md`), through the public API only: hit and miss, the statistics, reuse order, fixed-time decay, lazy
 //! eviction on every call, `collect`, `trim`, drop, stacked pools and the
 //! zero-size error. The backing calls are checked exactly through
 //! [`CheckingAllocator::calls`].
