@@ -16,7 +16,7 @@
 # with the map of vectors' median from the same runs beside it.
 #
 # The patches are diffs against the commit that added them (see
-# docs/PERFORMANCE.md, "Batches"); one that no longer applies is
+# docs/PERFORMANCE.md, "Where a batch's time goes"); one that no longer applies is
 # reported and skipped. Each build lives in a folder of one name length,
 # so that where the loader puts the stack does not differ between them.
 set -euo pipefail

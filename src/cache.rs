@@ -76,8 +76,8 @@ pub(crate) struct Cache<B, P: Policy, C> {
     /// `size_class` as shifts, when its steps are powers of two: the
     /// inlined hit path's rounding, without a `match`. (A release rounds
     /// with `SizeClass::round`: with these shifts, batches of releases
-    /// took 25.8 ns a block against 20.2, for fewer instructions; see
-    /// `docs/PERFORMANCE.md`.)
+    /// took 25.8 ns a block against 20.2, for fewer instructions;
+    /// `docs/PERFORMANCE.md`, "Tried and dropped".)
     steps: Option<Steps>,
     /// The size of the last request that `allocate` rounded on its inlined
     /// path, and its class (`round_remembered`): a release of that size

@@ -21,8 +21,9 @@ pub const DEFAULT_ALIGN: usize = 512;
 /// The page size the replay's `mapped` row uses, and the one recommended
 /// for device memory: 20 MiB, the page of PyTorch's expandable segments
 /// for large blocks (a multiple of CUDA's 2 MiB granularity). Each page
-/// created is a backing call, so pages much smaller make more calls; see
-/// the figures in `docs/PERFORMANCE.md`.
+/// created is a backing call, so pages much smaller make more calls (2 MiB
+/// pages: ten times the modelled seconds on a serving trace;
+/// `docs/PERFORMANCE.md`, "Tried and dropped").
 pub const RECOMMENDED_PAGE: usize = 20 << 20;
 
 /// The page size for a device of `capacity` bytes: [`RECOMMENDED_PAGE`],
