@@ -31,7 +31,8 @@ use core::sync::atomic::{AtomicBool, Ordering};
 use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
 use std::sync::Mutex;
 
-use super::{Frees, PackedLayer, Ready, recover};
+use super::packed_layer::{PackedLayer, Ready};
+use super::{Frees, recover};
 use crate::clock::Clock;
 use crate::error::PoolError;
 use crate::packing::{Packable, PackedPool, PackingStats};
