@@ -125,8 +125,8 @@ pub(super) const MISSES_BEFORE_SKIP: u32 = 2 * MAGAZINE as u32;
 /// none: the processor mispredicts whether a call hits there (over 100
 /// classes in a random order, one thread through a magazine that served
 /// about two calls in three took twice the time of one through the shared
-/// cache alone, and two threads more than the shared cache's time too:
-/// `docs/PERFORMANCE.md`).
+/// cache alone, and two threads more than the shared cache's time too;
+/// `docs/PERFORMANCE.md`, "Tried and dropped").
 pub(super) const MISS_WEIGHT: u32 = 8;
 
 /// How many of its owner's operations pass a magazine by, once its count

@@ -86,8 +86,7 @@
 //! then touches the two neighbours' records, each a line of its own. (Kept
 //! in an array of their own until 2026-11-28, the links were a line apart
 //! from the entry: at 4096 × 4 a round trip missed the first-level cache
-//! 5.7 times against 4.6, and took 16.9 against 15.2–15.5 ns; see
-//! docs/PERFORMANCE.md.) The chain
+//! 5.7 times against 4.6, and took 16.9 against 15.2–15.5 ns.) The chain
 //! links are a third array (4 bytes a slot), read and written only off the
 //! round trip's path (a release through the hint keeps its slot's link: the
 //! block released there takes the place of the block the hit took). A slot
