@@ -312,3 +312,27 @@ mod mmap {
         pool.validate();
     }
 }
+
+/// A logging adaptor forwards every call to the allocator it wraps and
+/// gives each block back exactly once (in memory, so Miri runs it: the
+/// `logging` tests write files).
+#[test]
+fn a_logging_adaptor_forwards_every_call() {
+    use decaying_pool::testing::CheckingAllocator;
+    use decaying_pool::trace::LoggingAllocator;
+    let checking = CheckingAllocator::new();
+    let mut logged = LoggingAllocator::new(checking.clone(), Vec::new()).unwrap();
+    let a = logged.allocate(64).unwrap();
+    let b = logged.allocate(4096).unwrap();
+    assert_eq!(checking.live(), 2);
+    // SAFETY: each block came from `logged.allocate` with this size and is
+    // given back once.
+    unsafe {
+        logged.deallocate(a, 64);
+        logged.deallocate(b, 4096);
+    }
+    let (_inner, log) = logged.finish().unwrap();
+    checking.assert_all_freed();
+    let text = String::from_utf8(log).unwrap();
+    assert!(text.lines().count() >= 4, "four calls logged:\n{text}");
+}

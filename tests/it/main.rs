@@ -48,6 +48,8 @@ mod limit_retry;
 #[cfg(not(miri))]
 mod logging;
 mod mapped;
+// Every file with unsafe code has tests that Miri runs (`.ci/miri-coverage`).
+mod miri_coverage;
 mod model;
 mod packing;
 mod packing_corpus;
