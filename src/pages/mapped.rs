@@ -211,7 +211,42 @@ struct Arena<B: PageBackend> {
     /// `None` once given back (at drop).
     range: Option<B::Range>,
     base: usize,
+    /// Slots in the reservation.
+    count: usize,
+    /// The state of slots `0..slots.len()`, made when a block first
+    /// reaches them (`made`): the slots past it were never touched (no
+    /// page, no user, no stamp, no fence). A reservation is 32 768 slots
+    /// of 2 MiB by default, and what is made, walked and dropped follows
+    /// the slots blocks used, not the address space reserved.
     slots: Vec<Slot<B::Page>>,
+}
+
+impl<B: PageBackend> Arena<B> {
+    /// Makes the state of slots `..end`. `false` when the table cannot
+    /// grow (the allocation failed).
+    fn made(&mut self, end: usize) -> bool {
+        debug_assert!(end <= self.count);
+        let len = self.slots.len();
+        if end <= len {
+            return true;
+        }
+        if self.slots.try_reserve(end - len).is_err() {
+            return false;
+        }
+        self.slots.resize_with(end, || Slot {
+            page: None,
+            users: 0,
+            since: 0,
+            fence: 0,
+        });
+        true
+    }
+
+    /// The slots of `first..end` whose state was made.
+    fn made_in(&self, first: usize, end: usize) -> &[Slot<B::Page>] {
+        let len = self.slots.len();
+        &self.slots[first.min(len)..end.min(len)]
+    }
 }
 
 struct Slot<P> {
@@ -469,7 +504,7 @@ impl<B: PageBackend, C: Clock> Mapped<B, C> {
                 return Err(format!("free extent {start:#x} missing by length"));
             }
             let a = self.arenas.get(arena).ok_or("free extent of no arena")?;
-            if start < a.base || start + len > a.base + a.slots.len() * self.page {
+            if start < a.base || start + len > a.base + a.count * self.page {
                 return Err(format!("free extent {start:#x} outside its arena"));
             }
             if let Some((s, l, ar)) = last {
@@ -482,7 +517,7 @@ impl<B: PageBackend, C: Clock> Mapped<B, C> {
             last = Some((start, len, arena));
             free_bytes += len;
         }
-        let total: usize = self.arenas.iter().map(|a| a.slots.len() * self.page).sum();
+        let total: usize = self.arenas.iter().map(|a| a.count * self.page).sum();
         if total - free_bytes != self.stats.block_bytes {
             return Err(format!(
                 "{} bytes not free against {} bytes of blocks",
@@ -493,9 +528,8 @@ impl<B: PageBackend, C: Clock> Mapped<B, C> {
         let mut mapped = 0usize;
         for (ai, a) in self.arenas.iter().enumerate() {
             // The arena's free extents in address order, swept along its
-            // slots: one pass, not a search per slot (an arena holds
-            // 32 768 slots of 2 MiB by default).
-            let end = a.base + a.slots.len() * self.page;
+            // slots: one pass, not a search per slot.
+            let end = a.base + a.count * self.page;
             let mut extents = self.free.range(a.base..end).map(|(&s, &(l, _))| (s, s + l));
             let mut extent = extents.next();
             for (si, s) in a.slots.iter().enumerate() {
@@ -518,6 +552,30 @@ impl<B: PageBackend, C: Clock> Mapped<B, C> {
                 }
                 if (s.page.is_some() && s.users == 0) != self.free_mapped.contains(ai, si) {
                     return Err(format!("slot {si} of arena {ai}: free-mapped index wrong"));
+                }
+            }
+            // The slots never made: no user (one free extent covers them
+            // all, to the arena's end) and no page.
+            let made = a.slots.len();
+            if made < a.count {
+                let lo = a.base + made * self.page;
+                while extent.is_some_and(|(_, e)| e <= lo) {
+                    extent = extents.next();
+                }
+                if !extent.is_some_and(|(s, e)| s <= lo && e >= end) {
+                    return Err(format!(
+                        "arena {ai}: slots {made}.. were never made, yet a block touches them"
+                    ));
+                }
+                if let Some(si) = self
+                    .free_mapped
+                    .next_from((ai, made))
+                    .filter(|&(x, _)| x == ai)
+                {
+                    return Err(format!(
+                        "slot {} of arena {ai}: never made, yet spare mapped",
+                        si.1
+                    ));
                 }
             }
         }
@@ -547,7 +605,7 @@ impl<B: PageBackend, C: Clock> Mapped<B, C> {
     /// The arena holding `addr`.
     fn arena_of(&self, addr: usize) -> Option<usize> {
         let (&base, &i) = self.by_base.range(..=addr).next_back()?;
-        (addr < base + self.arenas[i].slots.len() * self.page).then_some(i)
+        (addr < base + self.arenas[i].count * self.page).then_some(i)
     }
 
     /// Slots `first..end` of arena `a` that `start..start + n` touches.
@@ -560,10 +618,10 @@ impl<B: PageBackend, C: Clock> Mapped<B, C> {
 
     fn unmapped_in(&self, a: usize, start: usize, n: usize) -> usize {
         let (first, end) = self.slot_span(a, start, n);
-        self.arenas[a].slots[first..end]
-            .iter()
-            .filter(|s| s.page.is_none())
-            .count()
+        let made = self.arenas[a].made_in(first, end);
+        // The slots never made hold no page.
+        let never = (end - first) - made.len();
+        made.iter().filter(|s| s.page.is_none()).count() + never
     }
 
     fn remove_free(&mut self, start: usize) -> (usize, usize) {
@@ -606,23 +664,20 @@ impl<B: PageBackend, C: Clock> Mapped<B, C> {
             .checked_next_multiple_of(self.page)
             .ok_or(MappedError::TooLarge { requested: n })?;
         let count = bytes / self.page;
-        let mut slots = Vec::new();
-        slots
-            .try_reserve_exact(count)
+        // The spare-slot bitset is made whole (a bit a slot); the slots'
+        // state only as blocks reach them (`Arena::made`).
+        let mut bits: Vec<usize> = Vec::new();
+        bits.try_reserve_exact(count.div_ceil(usize::BITS as usize))
             .map_err(|_| MappedError::TooLarge { requested: n })?;
+        drop(bits);
         let range = self.backend.reserve(bytes).map_err(MappedError::Backend)?;
         let base = self.backend.range_address(&range);
-        slots.resize_with(count, || Slot {
-            page: None,
-            users: 0,
-            since: 0,
-            fence: 0,
-        });
         let i = self.arenas.len();
         self.arenas.push(Arena {
             range: Some(range),
             base,
-            slots,
+            count,
+            slots: Vec::new(),
         });
         self.by_base.insert(base, i);
         self.free_mapped.grow(count);
@@ -658,7 +713,8 @@ impl<B: PageBackend, C: Clock> Mapped<B, C> {
 
     /// Unmaps slots `first..end` of arena `a` (free mapped ones) into `idle`.
     fn unmap_run(&mut self, a: usize, first: usize, end: usize) -> Result<(), B::Error> {
-        let fence = self.arenas[a].slots[first..end]
+        let fence = self.arenas[a]
+            .made_in(first, end)
             .iter()
             .map(|s| s.fence)
             .max()
@@ -855,6 +911,9 @@ impl<B: PageBackend, C: Clock> RawAllocator for Mapped<B, C> {
             }
         };
         let (first, end) = self.slot_span(arena, start, n);
+        if !self.arenas[arena].made(end) {
+            return Err(MappedError::TooLarge { requested: size });
+        }
         if need == 0 {
             self.stats.reused += 1;
         } else {

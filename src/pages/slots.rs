@@ -13,8 +13,12 @@ const EMPTY: u32 = u32::MAX;
 pub(super) struct Slots {
     /// Bit `i`: slot `i` is mapped.
     mapped: FixedBitSet,
-    /// The page (its backend's index) each slot shows, `EMPTY` if none.
+    /// The page (its backend's index) each slot shows, `EMPTY` if none;
+    /// made as far as the last slot ever mapped (a reservation is tens of
+    /// thousands of slots, most never used).
     page: Vec<u32>,
+    /// How many slots.
+    count: usize,
     granularity: usize,
 }
 
@@ -22,14 +26,15 @@ impl Slots {
     pub(super) fn new(count: usize, granularity: usize) -> Self {
         Slots {
             mapped: FixedBitSet::with_capacity(count),
-            page: vec![EMPTY; count],
+            page: Vec::new(),
+            count,
             granularity,
         }
     }
 
     /// The length in bytes.
     pub(super) fn len_bytes(&self) -> usize {
-        self.page.len() * self.granularity
+        self.count * self.granularity
     }
 
     /// How many slots are mapped.
@@ -51,10 +56,7 @@ impl Slots {
             });
         }
         let first = offset / g;
-        if first
-            .checked_add(count)
-            .is_none_or(|end| end > self.page.len())
-        {
+        if first.checked_add(count).is_none_or(|end| end > self.count) {
             return Err(PageError::OutOfRange {
                 offset,
                 count,
@@ -87,6 +89,9 @@ impl Slots {
     /// Records `pages` in the slots from `first` on.
     pub(super) fn set(&mut self, first: usize, pages: impl IntoIterator<Item = u32>) {
         for (i, p) in pages.into_iter().enumerate() {
+            if first + i >= self.page.len() {
+                self.page.resize(first + i + 1, EMPTY);
+            }
             self.mapped.insert(first + i);
             self.page[first + i] = p;
         }
@@ -95,7 +100,8 @@ impl Slots {
     /// Clears slots `first..first + count` and calls `f` with each page they
     /// showed.
     pub(super) fn clear(&mut self, first: usize, count: usize, mut f: impl FnMut(u32)) {
-        for s in first..first + count {
+        let made = self.page.len();
+        for s in first..(first + count).min(made) {
             let p = core::mem::replace(&mut self.page[s], EMPTY);
             if p != EMPTY {
                 f(p);
@@ -106,7 +112,7 @@ impl Slots {
 
     /// How many slots.
     pub(super) fn count(&self) -> usize {
-        self.page.len()
+        self.count
     }
 
     /// The runs of consecutive mapped slots, as `(offset in bytes, count)`.
