@@ -222,6 +222,64 @@ impl CheckingAllocator {
         self.state().calls.clone()
     }
 
+    /// How many calls [`calls`](Self::calls) would return, without copying
+    /// the log: a mark to pass to [`calls_since`](Self::calls_since).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use decaying_pool::{testing::CheckingAllocator, RawAllocator};
+    /// let mut a = CheckingAllocator::new();
+    /// let b = a.allocate(8).unwrap();
+    /// unsafe { a.deallocate(b, 8) };
+    /// assert_eq!(a.calls_len(), 2);
+    /// ```
+    pub fn calls_len(&self) -> usize {
+        self.state().calls.len()
+    }
+
+    /// The calls after the first `mark` ones, in order: what happened since
+    /// [`calls_len`](Self::calls_len) returned `mark`. Empty when `mark` is
+    /// at or past the end. Copies only those calls, so a check that runs
+    /// after every operation stays cheap however long the log grows.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use decaying_pool::{testing::{Call, CheckingAllocator}, RawAllocator};
+    /// let mut a = CheckingAllocator::new();
+    /// a.allocate(8).unwrap();
+    /// let mark = a.calls_len();
+    /// let b = a.allocate(16).unwrap();
+    /// unsafe { a.deallocate(b, 16) };
+    /// assert_eq!(a.calls_since(mark), vec![
+    ///     Call::Allocate { block: 2, size: 16 },
+    ///     Call::Deallocate { block: 2, size: 16 },
+    /// ]);
+    /// assert_eq!(a.calls_since(99), vec![]);
+    /// ```
+    pub fn calls_since(&self, mark: usize) -> Vec<Call> {
+        let s = self.state();
+        s.calls.get(mark..).map_or_else(Vec::new, <[Call]>::to_vec)
+    }
+
+    /// Runs `f` on the whole call log, in order, without copying it. The
+    /// allocator is locked meanwhile: `f` must not call it (or a pool over
+    /// it), or it deadlocks.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use decaying_pool::{testing::{Call, CheckingAllocator}, RawAllocator};
+    /// let mut a = CheckingAllocator::new();
+    /// a.allocate(8).unwrap();
+    /// let want = [Call::Allocate { block: 1, size: 8 }];
+    /// assert!(a.with_calls(|calls| calls == want));
+    /// ```
+    pub fn with_calls<R>(&self, f: impl FnOnce(&[Call]) -> R) -> R {
+        f(&self.state().calls)
+    }
+
     /// The size `block` was allocated with, if it is live.
     ///
     /// # Examples

@@ -43,10 +43,19 @@ use crate::shared::{Pooled, SharedPool};
 use super::input::{Common, Config, Kind, MAX_OPS, SharedOp, pick, ticks};
 use super::model::model_round;
 use super::shared::Held;
-use super::{Clock, DropOrder, Injecting, Parts, Summary, new_parts};
+use super::{Clock, DropOrder, FULL_CHECK_EVERY, Injecting, Parts, Summary, new_parts};
 
 type Shared = SharedPool<Injecting, FixedTime, Clock>;
 type Block = Pooled<Injecting, FixedTime, Clock>;
+
+/// The stack of each short-lived thread: ample for its few pool calls
+/// (under AddressSanitizer too), and an eighth of the default 2 MiB. The
+/// fuzz targets' AddressSanitizer maps, shadows and clears memory for each
+/// thread in proportion to its stack (its fake stacks), and with a thread
+/// for every `AllocateViaBlock` that system time was a large share of a
+/// thread-cached run: this stack cut the `shared_ops` target's system time
+/// by a fifth.
+const THREAD_STACK: usize = 256 << 10;
 
 /// A live block of the run.
 type Holder = super::shared::Holder<FixedTime>;
@@ -71,6 +80,11 @@ struct CachedHarness {
     served: Served,
     /// The most bytes in use seen.
     peak_in_use: usize,
+    /// The classes of the blocks the harness holds, summed as they come
+    /// and go (every [`FULL_CHECK_EVERY`] steps and at the end, recounted).
+    in_use: usize,
+    /// The step of the last recount.
+    full_at: usize,
     step: usize,
 }
 
@@ -79,11 +93,26 @@ impl CachedHarness {
         model_round(self.cfg.size_class, size).expect("a block's size has a class")
     }
 
+    /// The bytes in use, recounted from the blocks held.
     fn live_bytes(&self) -> usize {
         self.held
             .slots
             .iter()
             .fold(0usize, |sum, h| sum.saturating_add(self.class(h.size())))
+    }
+
+    /// Holds one more block.
+    fn push_slot(&mut self, holder: Holder) {
+        self.in_use = self.in_use.saturating_add(self.class(holder.size()));
+        self.held.slots.push(holder);
+    }
+
+    /// Lets go of the i-th block held.
+    fn remove_slot(&mut self, i: usize) -> Holder {
+        let holder = self.held.slots.remove(i);
+        // Exact unless the sum saturated, which the recount then shows.
+        self.in_use = self.in_use.saturating_sub(self.class(holder.size()));
+        holder
     }
 
     fn handle(&self) -> Option<&Shared> {
@@ -98,8 +127,18 @@ impl CachedHarness {
         self.served.sizes = self.served.sizes.saturating_add(size);
     }
 
-    fn check(&mut self, what: &dyn fmt::Debug) {
-        let in_use = self.live_bytes();
+    /// The checks after every step; every [`FULL_CHECK_EVERY`] steps and
+    /// when `force`d, the bytes in use recounted too.
+    fn check_at(&mut self, what: &dyn fmt::Debug, force: bool) {
+        if force || self.step >= self.full_at + FULL_CHECK_EVERY {
+            self.full_at = self.step;
+            assert_eq!(
+                self.in_use,
+                self.live_bytes(),
+                "the bytes in use, as kept and recounted"
+            );
+        }
+        let in_use = self.in_use;
         self.peak_in_use = self.peak_in_use.max(in_use);
         let Some(pool) = self.handle() else {
             return;
@@ -205,7 +244,7 @@ impl CachedHarness {
         };
         if let Ok(holder) = got {
             self.serve(size);
-            self.held.slots.push(holder);
+            self.push_slot(holder);
         } else if size == 0 {
             assert!(matches!(got, Err(PoolError::ZeroSize)));
         }
@@ -213,7 +252,7 @@ impl CachedHarness {
 
     /// Gives back the i-th live block on this thread; returns its size.
     fn release(&mut self, i: usize, how: u8) -> usize {
-        let holder = self.held.slots.remove(i);
+        let holder = self.remove_slot(i);
         let size = holder.size();
         match holder {
             Holder::Pooled(p) => drop(p),
@@ -247,14 +286,14 @@ impl CachedHarness {
                 .slots
                 .iter()
                 .rposition(|s| matches!(s, Holder::Pooled(_)));
-            last.map(|i| self.held.slots.remove(i))
+            last.map(|i| self.remove_slot(i))
         } else {
             None
         };
         let palette = self.cfg.palette.clone();
         let pool = self.held.handles[0].clone();
         let n = 1 + usize::from(b / 2) % 4;
-        let main_bytes = self.live_bytes();
+        let main_bytes = self.in_use;
         let rule = self.cfg.size_class;
         let class = move |size| model_round(rule, size).expect("a class");
         /// The thread's allocations: what it holds, the sizes served, the
@@ -275,8 +314,9 @@ impl CachedHarness {
             }
         }
         let (kept, served, most) = std::thread::scope(|scope| {
-            scope
-                .spawn(move || {
+            std::thread::Builder::new()
+                .stack_size(THREAD_STACK)
+                .spawn_scoped(scope, move || {
                     drop(give);
                     let mut run = Run {
                         held: Vec::new(),
@@ -295,6 +335,7 @@ impl CachedHarness {
                     }
                     (first, run.served, run.most)
                 })
+                .expect("a thread spawns")
                 .join()
                 .expect("the thread's steps do not panic")
         });
@@ -303,7 +344,7 @@ impl CachedHarness {
         }
         self.peak_in_use = self.peak_in_use.max(main_bytes.saturating_add(most));
         if let Some(p) = kept {
-            self.held.slots.push(Holder::Pooled(p));
+            self.push_slot(Holder::Pooled(p));
         }
     }
 
@@ -375,7 +416,7 @@ impl CachedHarness {
             SharedOp::CloneHandle => self.held.clone_handle(),
             SharedOp::DropHandle(i) => self.held.drop_handle(i),
         }
-        self.check(&op);
+        self.check_at(&op, false);
     }
 }
 
@@ -405,15 +446,18 @@ pub(super) fn run_thread_cached(cfg: Config, ops: &[SharedOp]) -> Summary {
         busy_at: 0,
         served: Served::default(),
         peak_in_use: 0,
+        in_use: 0,
+        full_at: 0,
         step: 0,
     };
-    h.check(&"a new pool");
+    h.check_at(&"a new pool", true);
     for &op in ops.iter().take(MAX_OPS) {
         h.step += 1;
         h.apply(op);
     }
     h.parts.failing.fail_next(0);
     h.held.all_pooled();
+    h.check_at(&"the end: every block in a Pooled", true);
     let stats = h.held.handles[0].stats();
     if trim_before_drop {
         h.step += 1;
@@ -431,9 +475,9 @@ pub(super) fn run_thread_cached(cfg: Config, ops: &[SharedOp]) -> Summary {
         if k < handles {
             drop(h.held.handles.remove(k));
         } else {
-            drop(h.held.slots.remove(k - handles));
+            drop(h.remove_slot(k - handles));
         }
-        h.check(&"the end: a drop");
+        h.check_at(&"the end: a drop", total == 2);
     }
     h.parts.checking.assert_all_freed();
     assert_eq!(h.parts.failing.used(), 0);

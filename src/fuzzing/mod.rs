@@ -28,12 +28,28 @@
 //! operations. Each is run against the real pool over
 //! [`FailingAllocator`]`<`[`CheckingAllocator`]`>` next to a reference model
 //! of the documented contract (plain `Vec`s, linear scans; the rules are
-//! listed in `docs/ARCHITECTURE.md` and below). After every step
-//! the harness checks the block handed out (or the exact error), the whole
-//! [`Stats`], the backing call log, the failing allocator's counters, and
-//! runs `validate()`; at the end every block goes back and the pool is
-//! dropped, after which every backing block must have been freed exactly
-//! once.
+//! listed in `docs/ARCHITECTURE.md` and below).
+//!
+//! After every step the harness checks, each in O(1) amortised (the
+//! model keeps its totals as it goes): the block handed out (or the exact
+//! error), the whole [`Stats`], the backing calls made since the last
+//! check against the model's, the failing allocator's counters (failures,
+//! bytes outstanding), and that the policy gave no answer the model did
+//! not take; `shared_ops` also compares the stats read through `with`, the
+//! number of live blocks, and the live blocks the step handed out or
+//! touched against the model's. The whole-pool checks, O(n) each, follow
+//! every [`FULL_CHECK_EVERY`] steps, every step in which an injected panic
+//! fired or a backing call failed, and at the end of a run (`pool_ops`:
+//! once every block is back, and after the final trim; `shared_ops`: once
+//! every block is in a `Pooled` again, after the final trim, and at the
+//! last check before the pool's drop): `validate()`, the whole backing call
+//! log against the model's, the model's recount of the totals it keeps
+//! and, in `shared_ops`, every live block against the model's. Then the
+//! pool is dropped, the whole call log compared once more, and every
+//! backing block must have been freed exactly once. (A thread-cached
+//! `shared_ops` run checks what [`run_shared`] lists after every step; it
+//! keeps the bytes in use as they go and recounts them on the same
+//! schedule.)
 //!
 //! # Injected panics
 //!
@@ -44,15 +60,16 @@
 //! [`PanickingPolicy`](crate::testing::PanickingPolicy)) panics on the
 //! n-th such call from then on. The harness catches the panic around the
 //! pool operation; the model counts the same calls, so it says which
-//! operation must panic and what that leaves, and the usual checks (the
-//! whole [`Stats`], the backing call log, `validate()`, which holds
-//! `bytes_reserved + pending <= limit`) follow. What the model expects is
-//! the pool's documented behaviour under panics: a release's block is
-//! cached, or freed (counted trimmed) when the clock panicked; a miss's
-//! booking against the limit is dropped; blocks freed on the way count as
-//! freed; a policy hook that panics changes nothing; a `SharedPool` handle
-//! operation finishes its cache step and offers every block it let go before
-//! passing the panic on; dropping the pool offers every block. A fault may
+//! operation must panic and what that leaves, and the usual checks follow,
+//! the whole-pool ones included (the whole [`Stats`], the whole backing
+//! call log, `validate()`, which holds `bytes_reserved + pending <=
+//! limit`). What the model expects is the pool's documented behaviour
+//! under panics: a release's block is cached, or freed (counted trimmed)
+//! when the clock panicked; a miss's booking against the limit is dropped;
+//! blocks freed on the way count as freed; a policy hook that panics
+//! changes nothing; a `SharedPool` handle operation finishes its cache
+//! step and offers every block it let go before passing the panic on;
+//! dropping the pool offers every block. A fault may
 //! stay armed through the final releases, trim and drop of a `pool_ops` run.
 //! A panic that is not injected (a failed check, a double free) is never
 //! caught. See [`SHARED_ALLOCATE_DEALLOCATE_PANICS`] for the one fault held
@@ -387,16 +404,72 @@ fn quiet_injected_panics() {
     });
 }
 
-/// Checks shared by both harnesses: stats, calls, failing counters.
-fn check_common(stats: Stats, model: &Model, parts: &Parts, what: &dyn fmt::Debug, step: usize) {
+/// Steps between two whole-pool checks in `pool_ops` and `shared_ops`
+/// (besides the ones after a step with an injected panic or a failed
+/// backing call, and at the end of a run): `validate()`, the whole backing
+/// call log against the model's, the model's recount of the totals it
+/// keeps, and in `shared_ops` every live block against the model's.
+///
+/// Why 32: each of those checks walks the whole pool or the whole log,
+/// O(n) in the blocks and calls of the run so far. Run after every step
+/// (as they once were, with the per-step checks then O(n) too) they made a
+/// run of n steps cost O(n²): the fuzz targets ran at about 530 and 280
+/// inputs a second, and profiles showed the checks as the harness's
+/// largest cost. Every 32 steps the whole checks take about 3 % of a
+/// `pool_ops` fuzzing run (`validate()` most of it), and more than half of
+/// them are the ones after a panic or a failure, which the period does not
+/// change: every 16 steps would add about 1 %, every 64 save about half
+/// that. The fuzzer's inputs run up to a few hundred steps (at most
+/// [`MAX_OPS`]), so 32 still gives each several whole checks besides the
+/// ones at its end. And little waits for them: the per-step checks (the
+/// stats, the new backing calls, the failing allocator's counters) catch
+/// most departures at the step that makes them; what only a whole check
+/// sees (an internal structure that `validate()` walks, say) shows at most
+/// 32 steps later, and at once where a panic or a failure struck, the
+/// paths most likely to break one.
+pub const FULL_CHECK_EVERY: usize = 32;
+
+/// Where the checks of a run stand: what the last one covered.
+#[derive(Debug, Default)]
+struct Checked {
+    /// Backing calls already compared with the model's.
+    calls: usize,
+    /// The step of the last whole-pool check.
+    full_at: usize,
+    /// Injected panics fired, all faults together, as of the last check.
+    injected: u64,
+    /// Failed backing calls as of the last check.
+    failures: u64,
+}
+
+/// Checks shared by both harnesses, every step: answers taken, stats,
+/// the backing calls since the last check, the failing allocator's
+/// counters. Also the whole call log and the model's recount when a
+/// whole-pool check is due (`force`, every [`FULL_CHECK_EVERY`] steps, or
+/// after an injected panic or a failed backing call since the last check);
+/// returns whether it was, for the caller to run `validate()` and its own
+/// whole checks.
+fn check_common(
+    stats: Stats,
+    model: &Model,
+    parts: &mut Parts,
+    what: &dyn fmt::Debug,
+    step: usize,
+    force: bool,
+) -> bool {
     let (checking, failing) = (&parts.checking, &parts.failing);
     model.assert_answers_taken();
     assert_eq!(stats, model.stats(), "stats after step {step}: {what:?}");
-    assert_eq!(
-        checking.calls(),
-        model.calls,
-        "backing calls after step {step}: {what:?}"
-    );
+    let from = parts.checked.calls;
+    let new_calls = &model.calls()[from..];
+    // Compared in place; copied out only to report a difference.
+    if !checking.with_calls(|calls| calls.get(from..) == Some(new_calls)) {
+        panic!(
+            "backing calls from call {from} on, after step {step}: {what:?}\n  \
+             got: {:?}\n want: {new_calls:?}",
+            checking.calls_since(from)
+        );
+    }
     assert_eq!(
         failing.failures(),
         model.backing_failures,
@@ -413,6 +486,27 @@ fn check_common(stats: Stats, model: &Model, parts: &Parts, what: &dyn fmt::Debu
             "more blocks than slots"
         );
     }
+    let injected = model.injected.iter().sum();
+    let c = &mut parts.checked;
+    let full = force
+        || step >= c.full_at + FULL_CHECK_EVERY
+        || injected != c.injected
+        || model.backing_failures != c.failures;
+    c.calls = model.calls().len();
+    c.injected = injected;
+    c.failures = model.backing_failures;
+    if full {
+        c.full_at = step;
+        checking.with_calls(|calls| {
+            assert_eq!(
+                calls,
+                model.calls(),
+                "the whole backing call log after step {step}: {what:?}"
+            );
+        });
+        model.assert_consistent();
+    }
+    full
 }
 
 /// The seeded order in which the end of a run gives back what it holds:
@@ -441,6 +535,7 @@ struct Parts {
     backing: Injecting,
     clock: Clock,
     switches: Switches,
+    checked: Checked,
 }
 
 fn new_parts(cfg: &Config, policy: PolicySwitches) -> Parts {
@@ -465,6 +560,7 @@ fn new_parts(cfg: &Config, policy: PolicySwitches) -> Parts {
         backing,
         clock,
         switches,
+        checked: Checked::default(),
     }
 }
 

@@ -61,6 +61,65 @@ pub fn model_round(rule: SizeClass, size: usize) -> Option<usize> {
     }
 }
 
+/// A block the model holds, counted by its class.
+pub(super) trait Classed {
+    fn class(&self) -> usize;
+}
+
+/// A `Vec` of the model's blocks that keeps the sum of their classes as it
+/// changes, so the byte totals every step's check reads cost O(1) (the
+/// periodic check recounts them: [`Model::assert_consistent`]). Reads go
+/// through the slice; every change goes through a method here.
+#[derive(Clone, Debug)]
+pub(super) struct Blocks<T> {
+    items: Vec<T>,
+    bytes: usize,
+}
+
+impl<T: Classed> Blocks<T> {
+    fn new() -> Self {
+        Blocks {
+            items: Vec::new(),
+            bytes: 0,
+        }
+    }
+
+    fn push(&mut self, block: T) {
+        self.bytes += block.class();
+        self.items.push(block);
+    }
+
+    fn remove(&mut self, i: usize) -> T {
+        let block = self.items.remove(i);
+        self.bytes -= block.class();
+        block
+    }
+
+    fn pop(&mut self) -> Option<T> {
+        let block = self.items.pop()?;
+        self.bytes -= block.class();
+        Some(block)
+    }
+
+    /// The sum of the classes, as kept.
+    fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    /// The sum of the classes, recounted.
+    fn recount(&self) -> usize {
+        self.items.iter().map(T::class).sum()
+    }
+}
+
+impl<T> core::ops::Deref for Blocks<T> {
+    type Target = [T];
+
+    fn deref(&self) -> &[T] {
+        &self.items
+    }
+}
+
 #[derive(Clone, Copy, Debug)]
 pub(super) struct Idle {
     pub(super) block: u64,
@@ -81,6 +140,18 @@ pub(super) struct Live {
     pub(super) block: u64,
     pub(super) size: usize,
     class: usize,
+}
+
+impl Classed for Idle {
+    fn class(&self) -> usize {
+        self.class
+    }
+}
+
+impl Classed for Live {
+    fn class(&self) -> usize {
+        self.class
+    }
 }
 
 type Outcome = Result<u64, PoolError<TestError>>;
@@ -108,11 +179,16 @@ pub(super) enum Frees {
 pub(super) struct Model {
     pub(super) cfg: Config,
     now: u64,
-    pub(super) idle: Vec<Idle>,
-    pub(super) live: Vec<Live>,
+    pub(super) idle: Blocks<Idle>,
+    pub(super) live: Blocks<Live>,
     issued: u64,
     pub(super) fail_next: u32,
-    pub(super) calls: Vec<Call>,
+    /// The backing calls the pool must have made, in order: push with
+    /// [`record`](Self::record), which counts them.
+    calls: Vec<Call>,
+    /// The `Allocate` and `Deallocate` calls in `calls`.
+    allocs: u64,
+    deallocs: u64,
     /// `Exponential`'s allowance as a share of the bytes cached (the
     /// allowance is `ratio * bytes_cached`), as of tick `allowance_at`.
     ratio: f64,
@@ -164,11 +240,13 @@ impl Model {
         Model {
             cfg,
             now: 0,
-            idle: Vec::new(),
-            live: Vec::new(),
+            idle: Blocks::new(),
+            live: Blocks::new(),
             issued: 0,
             fail_next: 0,
             calls: Vec::new(),
+            allocs: 0,
+            deallocs: 0,
             ratio: 0.0,
             allowance_at: 0,
             hits: 0,
@@ -348,7 +426,7 @@ impl Model {
     fn flush(&mut self) -> Step {
         let mut out = Ok(());
         for (block, size) in core::mem::take(&mut self.deferred) {
-            self.calls.push(Call::Deallocate { block, size });
+            self.record(Call::Deallocate { block, size });
             if self.fire(Fault::Deallocate).is_err() {
                 out = Err(Injected);
             }
@@ -392,11 +470,50 @@ impl Model {
     }
 
     fn bytes_cached(&self) -> usize {
-        self.idle.iter().map(|b| b.class).sum()
+        self.idle.bytes()
     }
 
     fn bytes_in_use(&self) -> usize {
-        self.live.iter().map(|b| b.class).sum()
+        self.live.bytes()
+    }
+
+    /// The backing calls the pool must have made so far, in order.
+    pub(super) fn calls(&self) -> &[Call] {
+        &self.calls
+    }
+
+    /// A backing call the pool must make now.
+    fn record(&mut self, call: Call) {
+        match call {
+            Call::Allocate { .. } => self.allocs += 1,
+            Call::Deallocate { .. } => self.deallocs += 1,
+        }
+        self.calls.push(call);
+    }
+
+    /// Recounts what the model keeps as it goes (the bytes cached and in
+    /// use, the backing calls by kind) from its blocks and its call log:
+    /// O(n), for the periodic whole-pool check.
+    pub(super) fn assert_consistent(&self) {
+        assert_eq!(
+            self.idle.bytes(),
+            self.idle.recount(),
+            "model: bytes cached"
+        );
+        assert_eq!(
+            self.live.bytes(),
+            self.live.recount(),
+            "model: bytes in use"
+        );
+        let count = |f: fn(&Call) -> bool| self.calls.iter().filter(|c| f(c)).count() as u64;
+        assert_eq!(
+            (self.allocs, self.deallocs),
+            (
+                count(|c| matches!(c, Call::Allocate { .. })),
+                count(|c| matches!(c, Call::Deallocate { .. }))
+            ),
+            "model: backing calls by kind"
+        );
     }
 
     pub(super) fn reserved(&self) -> usize {
@@ -404,15 +521,14 @@ impl Model {
     }
 
     pub(super) fn stats(&self) -> Stats {
-        let count = |f: fn(&Call) -> bool| self.calls.iter().filter(|c| f(c)).count() as u64;
         let (in_use, cached) = (self.bytes_in_use(), self.bytes_cached());
         Stats {
             hits: self.hits,
             misses: self.misses,
             evictions: self.evictions,
             trimmed: self.trimmed,
-            backing_allocs: count(|c| matches!(c, Call::Allocate { .. })),
-            backing_deallocs: count(|c| matches!(c, Call::Deallocate { .. })),
+            backing_allocs: self.allocs,
+            backing_deallocs: self.deallocs,
             backing_failures: self.backing_failures,
             blocks_in_use: self.live.len() as u64,
             blocks_cached: self.idle.len() as u64,
@@ -479,7 +595,7 @@ impl Model {
     fn deallocate(&mut self, block: u64, size: usize) -> Step {
         match self.frees {
             Frees::Immediate => {
-                self.calls.push(Call::Deallocate { block, size });
+                self.record(Call::Deallocate { block, size });
                 self.fire(Fault::Deallocate)
             }
             Frees::Deferred => {
@@ -506,7 +622,7 @@ impl Model {
         match used.checked_add(class) {
             Some(total) if total <= capacity => {
                 self.issued += 1;
-                self.calls.push(Call::Allocate {
+                self.record(Call::Allocate {
                     block: self.issued,
                     size: class,
                 });

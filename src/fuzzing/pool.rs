@@ -51,10 +51,22 @@ struct PoolHarness<P: Policy> {
 }
 
 impl<P: Policy> PoolHarness<P> {
+    /// The per-step checks, and the whole-pool ones when due (see
+    /// [`FULL_CHECK_EVERY`](super::FULL_CHECK_EVERY)).
     fn check(&mut self, what: &dyn fmt::Debug) {
+        self.check_at(what, false);
+    }
+
+    /// The per-step checks and the whole-pool ones.
+    fn check_full(&mut self, what: &dyn fmt::Debug) {
+        self.check_at(what, true);
+    }
+
+    fn check_at(&mut self, what: &dyn fmt::Debug, force: bool) {
         let stats = self.pool.stats();
-        check_common(stats, &self.model, &self.parts, what, self.step);
-        self.pool.validate();
+        if check_common(stats, &self.model, &mut self.parts, what, self.step, force) {
+            self.pool.validate();
+        }
     }
 
     /// Allocates; returns whether it panicked.
@@ -86,7 +98,7 @@ impl<P: Policy> PoolHarness<P> {
     /// release panicked.
     fn release(&mut self, i: usize) -> (usize, bool) {
         let Live { block, size, .. } = self.model.live[i];
-        let before = self.model.calls.len();
+        let before = self.parts.checking.calls_len();
         let pool = &mut *self.pool;
         let step = self.step;
         let got = catching(|| {
@@ -101,8 +113,8 @@ impl<P: Policy> PoolHarness<P> {
                 }
             }
         });
-        let calls = self.parts.checking.calls();
-        let want = self.model.release(i, &calls[before.min(calls.len())..]);
+        let observed = self.parts.checking.calls_since(before);
+        let want = self.model.release(i, &observed);
         assert_eq!(got, want, "release(block {block}, {size}) at step {step}");
         self.check(&format_args!(
             "release(block {block}, {size}), panicked: {}",
@@ -168,7 +180,7 @@ fn run_pool_with<P: Policy>(policy: P, probe: Probe, cfg: Config, ops: &[Op]) ->
         model: Model::new(cfg, probe.answers),
         step: 0,
     };
-    h.check(&"a new pool");
+    h.check_full(&"a new pool");
     for &op in ops.iter().take(MAX_OPS) {
         h.step += 1;
         h.apply(op);
@@ -181,6 +193,7 @@ fn run_pool_with<P: Policy>(policy: P, probe: Probe, cfg: Config, ops: &[Op]) ->
         h.step += 1;
         h.release(0);
     }
+    h.check_full(&"every block given back");
     let mut summary = h.model.summary(h.pool.stats(), ops.len().min(MAX_OPS));
     if trim_before_drop {
         h.step += 1;
@@ -188,7 +201,7 @@ fn run_pool_with<P: Policy>(policy: P, probe: Probe, cfg: Config, ops: &[Op]) ->
         let pool = &mut *h.pool;
         let got = catching(|| pool.trim());
         assert_eq!(got, want, "final trim");
-        h.check(&"final trim");
+        h.check_full(&"final trim");
         if got.is_ok() {
             assert_eq!(h.pool.stats().bytes_reserved, 0);
         }
@@ -202,11 +215,9 @@ fn run_pool_with<P: Policy>(policy: P, probe: Probe, cfg: Config, ops: &[Op]) ->
     let got = catching(move || drop(ManuallyDrop::into_inner(pool)));
     let want = model.drop_pool();
     assert_eq!(got, want, "drop");
-    assert_eq!(
-        parts.checking.calls(),
-        model.calls,
-        "backing calls after drop"
-    );
+    parts.checking.with_calls(|calls| {
+        assert_eq!(calls, model.calls(), "backing calls after drop");
+    });
     parts.checking.assert_all_freed();
     assert_eq!(parts.checking.live(), 0);
     assert_eq!(parts.failing.used(), 0);

@@ -175,6 +175,9 @@ struct SharedHarness<P: Policy> {
     parts: Parts,
     model: Model,
     step: usize,
+    /// The live block the step turned raw or back into a `Pooled`, for the
+    /// next check to compare with the model's.
+    touched: Option<usize>,
 }
 
 impl<P: Policy> SharedHarness<P> {
@@ -182,27 +185,55 @@ impl<P: Policy> SharedHarness<P> {
         self.held.handle()
     }
 
+    /// The per-step checks, and the whole-pool ones when due (see
+    /// [`FULL_CHECK_EVERY`](super::FULL_CHECK_EVERY)): with them, every
+    /// live block against the model's; without, the last one (where an
+    /// allocation puts its block) and the one the step touched.
     fn check(&mut self, what: &dyn fmt::Debug) {
-        let Some(pool) = self.handle() else {
+        self.check_at(what, false);
+    }
+
+    /// The per-step checks and the whole-pool ones.
+    fn check_full(&mut self, what: &dyn fmt::Debug) {
+        self.check_at(what, true);
+    }
+
+    fn check_at(&mut self, what: &dyn fmt::Debug, force: bool) {
+        let touched = self.touched.take();
+        let Some(pool) = self.held.handle() else {
             return;
         };
         let stats = pool.stats();
-        check_common(stats, &self.model, &self.parts, what, self.step);
+        let full = check_common(stats, &self.model, &mut self.parts, what, self.step, force);
         pool.with(|p| {
             assert_eq!(p.stats(), stats, "stats through `with`");
-            p.validate();
-        });
-        assert_eq!(self.held.slots.len(), self.model.live.len(), "live blocks");
-        for (slot, live) in self.held.slots.iter().zip(&self.model.live) {
-            match slot {
-                Holder::Pooled(p) => {
-                    assert_eq!((**p, p.size()), (live.block, live.size), "a Pooled");
-                    assert!(p.pool().ptr_eq(pool), "a Pooled's pool");
-                }
-                Holder::Raw(block, size) => {
-                    assert_eq!((*block, *size), (live.block, live.size), "a raw block");
-                }
+            if full {
+                p.validate();
             }
+        });
+        let (slots, live) = (&self.held.slots, &self.model.live);
+        assert_eq!(slots.len(), live.len(), "live blocks");
+        let check_slot = |i: usize| match &slots[i] {
+            Holder::Pooled(p) => {
+                assert_eq!((**p, p.size()), (live[i].block, live[i].size), "a Pooled");
+                assert!(p.pool().ptr_eq(pool), "a Pooled's pool");
+            }
+            Holder::Raw(block, size) => {
+                assert_eq!(
+                    (*block, *size),
+                    (live[i].block, live[i].size),
+                    "a raw block"
+                );
+            }
+        };
+        if full {
+            (0..slots.len()).for_each(check_slot);
+        } else {
+            slots.len().checked_sub(1).into_iter().for_each(check_slot);
+            touched
+                .filter(|&i| i < slots.len())
+                .into_iter()
+                .for_each(check_slot);
         }
     }
 
@@ -269,7 +300,7 @@ impl<P: Policy> SharedHarness<P> {
     /// Gives back the i-th live block; returns its size and whether that
     /// panicked.
     fn release(&mut self, i: usize, how: u8) -> (usize, bool) {
-        let before = self.parts.checking.calls().len();
+        let before = self.parts.checking.calls_len();
         let (size, got) = match self.held.slots.remove(i) {
             Holder::Pooled(p) => {
                 self.model.frees = Frees::Deferred;
@@ -292,8 +323,8 @@ impl<P: Policy> SharedHarness<P> {
                 (size, got)
             }
         };
-        let calls = self.parts.checking.calls();
-        let want = self.model.release(i, &calls[before.min(calls.len())..]);
+        let observed = self.parts.checking.calls_since(before);
+        let want = self.model.release(i, &observed);
         assert_eq!(
             got, want,
             "release #{i} ({size} bytes) at step {}",
@@ -348,11 +379,15 @@ impl<P: Policy> SharedHarness<P> {
             }
             SharedOp::Release { .. } | SharedOp::ReleaseAllocate(_) => {}
             SharedOp::IntoRaw(i) if live > 0 => {
-                self.held.make_raw(usize::from(i) % live);
+                let i = usize::from(i) % live;
+                self.held.make_raw(i);
+                self.touched = Some(i);
                 self.check(&op);
             }
             SharedOp::FromRaw(i) if live > 0 => {
-                self.held.make_pooled(usize::from(i) % live);
+                let i = usize::from(i) % live;
+                self.held.make_pooled(i);
+                self.touched = Some(i);
                 self.check(&op);
             }
             SharedOp::IntoRaw(_) | SharedOp::FromRaw(_) => {}
@@ -397,8 +432,9 @@ fn run_shared_with<P: Policy>(policy: P, probe: Probe, cfg: Config, ops: &[Share
         parts,
         model: Model::new(cfg, probe.answers),
         step: 0,
+        touched: None,
     };
-    h.check(&"a new pool");
+    h.check_full(&"a new pool");
     for &op in ops.iter().take(MAX_OPS) {
         h.step += 1;
         h.apply(op);
@@ -411,6 +447,7 @@ fn run_shared_with<P: Policy>(policy: P, probe: Probe, cfg: Config, ops: &[Share
     h.model.armed = [0; 8];
     h.model.frees = Frees::Deferred;
     h.held.all_pooled();
+    h.check_full(&"the end: every block in a Pooled");
     let summary = h
         .model
         .summary(h.held.handles[0].stats(), ops.len().min(MAX_OPS));
@@ -418,7 +455,7 @@ fn run_shared_with<P: Policy>(policy: P, probe: Probe, cfg: Config, ops: &[Share
         h.step += 1;
         let want = h.model.trim().expect("nothing is armed");
         assert_eq!(h.held.handles[0].trim(), want, "final trim");
-        h.check(&"final trim");
+        h.check_full(&"final trim");
     }
     // Drop handles and blocks in a seeded order; the pool goes with the last.
     let big_table =
@@ -437,14 +474,14 @@ fn run_shared_with<P: Policy>(policy: P, probe: Probe, cfg: Config, ops: &[Share
             k = handles + k % blocks;
         }
         h.step += 1;
-        let before = h.parts.checking.calls().len();
+        let before = h.parts.checking.calls_len();
         if k < handles {
             drop(h.held.handles.remove(k));
             if total == 1 {
                 h.model.drop_pool().expect("nothing is armed");
             } else {
                 assert_eq!(
-                    h.parts.checking.calls().len(),
+                    h.parts.checking.calls_len(),
                     before,
                     "dropping a handle freed"
                 );
@@ -455,20 +492,19 @@ fn run_shared_with<P: Policy>(policy: P, probe: Probe, cfg: Config, ops: &[Share
                 unreachable!("every raw block is a Pooled again")
             };
             drop(p);
-            let calls = h.parts.checking.calls();
-            h.model
-                .release(i, &calls[before..])
-                .expect("nothing is armed");
+            let observed = h.parts.checking.calls_since(before);
+            h.model.release(i, &observed).expect("nothing is armed");
             if total == 1 {
                 h.model.drop_pool().expect("nothing is armed");
             }
         }
         if total == 1 {
-            assert_eq!(
-                h.parts.checking.calls(),
-                h.model.calls,
-                "backing calls after drop"
-            );
+            h.parts.checking.with_calls(|calls| {
+                assert_eq!(calls, h.model.calls(), "backing calls after drop");
+            });
+        } else if total == 2 {
+            // The last check while the pool stands.
+            h.check_full(&"the end: the last drop before the pool's");
         } else {
             h.check(&"the end: a drop");
         }
