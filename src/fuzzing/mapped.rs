@@ -16,19 +16,34 @@
 //! makes of its backend ([`PageEvent`]) and fails the calls the input says.
 //!
 //! From the log the harness keeps its own picture of the backend: the live
-//! reservations, which page each slot shows, the live pages and, for each
-//! page, when it last became spare (the allocator's rule: when the last
-//! block touching its slot went back; a page created and not yet under a
-//! block counts as spare since time zero). After every step it checks:
-//! - [`Mapped::validate`] and [`ModelPages::validate`];
-//! - the blocks held never overlap, are aligned, and lie inside a live
-//!   reservation; every slot a held block touches shows a page, and no
-//!   page shows in two slots;
+//! reservations (and the sum of their lengths), which page each slot
+//! shows, the live pages and, for each page, when it last became spare (the
+//! allocator's rule: when the last block touching its slot went back; a
+//! page created and not yet under a block counts as spare since time zero).
+//! Of the caller it keeps the blocks held (in an ordered map too, and the
+//! sum of their lengths), how many held blocks touch each slot, and the
+//! spare pages ordered by when they became spare. All of it is kept step by
+//! step, each change in `O(log n)`.
+//!
+//! After every step (each allocation of a burst and each deallocation
+//! counts as one) it checks, in `O(1)` or `O(log n)` per block, slot, page
+//! or reservation the step touched:
+//! - the calls read from the log: a reservation aligned to the page and
+//!   overlapping no other; a page created while not live, mapped only while
+//!   live, into an empty slot and into one slot at a time, released once
+//!   and never while mapped; a slot unmapped or a reservation freed only if
+//!   mapped or live;
+//! - the block just handed out: aligned, inside a live reservation,
+//!   overlapping neither neighbour among the blocks held (so none), every
+//!   slot it touches showing a page; every slot of a held block that the
+//!   step unmapped shows a page again by its end, and no held block lies in
+//!   a reservation the step freed unless in a live one;
 //! - every byte is accounted: the allocator's [`MappedStats`] against the
 //!   picture (blocks, block bytes, page bytes, mapped bytes, spare bytes,
-//!   reserved bytes, pages created and released, maps and unmaps) and the
-//!   backend's live bytes against the page bytes (no page leaked, none
-//!   counted that the backend does not hold);
+//!   reserved bytes, pages created and released, maps and unmaps, reserves,
+//!   allocations in place), its spare bytes against the spare pages, and
+//!   the backend's live bytes against the page bytes (no page leaked, none
+//!   counted that the backend does not hold); the device's capacity holds;
 //! - a request of zero bytes fails with [`MappedError::ZeroSize`], one too
 //!   large with [`MappedError::TooLarge`] or the backend's refusal of the
 //!   reservation, and a refused request changes nothing; a request from the
@@ -42,7 +57,19 @@
 //! - decay: `collect_spare` (and the sweep `deallocate` makes at most eight
 //!   times a time-to-live) gives back only pages spare for at least the
 //!   time-to-live, and every such page; `release_spare` every spare page;
-//!   nothing else gives a page back.
+//!   nothing else gives a page back (the due pages are a range of the spare
+//!   pages ordered by time).
+//!
+//! Every 32 steps' checks, after a new allocator, after every step where a
+//! request failed or a backend call failed (an injected failure included),
+//! after the last operation (before the blocks go back) and after the
+//! final decay, the whole check runs too (`O(n log n)` in what is held):
+//! - [`Mapped::validate`] and [`ModelPages::validate`];
+//! - the picture of the caller rebuilt from scratch and compared with the
+//!   one kept: the blocks held sorted and checked for overlaps, each
+//!   aligned and inside a live reservation, the slots they touch and how
+//!   many touch each (every one showing a page), the sums, and the spare
+//!   pages recomputed from the live pages, the slots and the blocks held.
 //!
 //! At the end the failures are disarmed and either every block goes back
 //! (in an order the input chooses), the spare pages go (by
@@ -75,10 +102,13 @@ use core::cell::RefCell;
 use core::fmt;
 use core::mem::ManuallyDrop;
 use core::time::Duration;
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 use std::rc::Rc;
 
 use arbitrary::{Arbitrary, Unstructured};
+// Hashed with foldhash, not SipHash: the harness hashes a slot or a page
+// on every step, and SipHash, instrumented by the fuzzer, cost most of it.
+use hashbrown::HashMap;
 
 use crate::clock::ManualClock;
 use crate::pages::{Mapped, MappedError, MappedStats, ModelPage, ModelPages, ModelRange};
@@ -777,6 +807,21 @@ fn huge_allocations_fail() -> bool {
 
 type Subject = Mapped<SharedModel, ManualClock>;
 
+/// How many steps' checks run between two whole checks.
+///
+/// A whole check ([`Harness::check_whole`]) walks every block held, slot,
+/// page and reservation, both sides' `validate()` included: `O(n log n)`
+/// in what is held, so running it after every step made a run of `n` steps
+/// cost `O(n²)` (`mapped` ran about 830 inputs a second). The checks of one
+/// step ([`Harness::check`]) are `O(1)` or `O(log n)` per block, slot or
+/// page the step touched and catch at once what a step breaks in the
+/// counters or in what it touched; the whole check, once in 32 checks
+/// (besides after every failure and at the end of the run), still catches
+/// what they cannot see (the allocator's inner bookkeeping, a drift of the
+/// incremental picture) within 32 steps of its cause, at about the cost of
+/// the per-step checks.
+const FULL_CHECK_EVERY: usize = 32;
+
 /// A block the caller holds.
 #[derive(Clone, Copy, Debug)]
 struct Held {
@@ -836,8 +881,28 @@ struct Harness {
     align: usize,
     ttl: Option<u64>,
     held: Vec<Held>,
+    /// The blocks held, address → length: a new block's neighbours are
+    /// found in `O(log n)`.
+    spans: BTreeMap<usize, usize>,
+    /// Σ the lengths of the blocks held.
+    block_bytes: usize,
     /// Slots (address / page) touched by held blocks → how many.
     pinned: HashMap<usize, usize>,
+    /// Slots touched by two held blocks or more.
+    shared_slots: usize,
+    /// Σ the lengths of the live reservations.
+    reserved_bytes: usize,
+    /// The spare pages (live, under no held block), by when they became
+    /// spare: the due ones are a range.
+    spare: BTreeSet<(u64, u32)>,
+    /// Slots of held blocks unmapped by this step: each must show a page
+    /// again by its end.
+    unmapped_pinned: Vec<usize>,
+    /// Reservations freed by this step: no block held may lie in one but
+    /// inside a live reservation.
+    freed_ranges: Vec<(usize, usize)>,
+    /// Checks run (per step), for [`FULL_CHECK_EVERY`].
+    checks: usize,
     /// Live reservations: address → length.
     ranges: BTreeMap<usize, usize>,
     /// Mapped slots: address → page.
@@ -887,6 +952,7 @@ impl Harness {
                         assert!(a + l <= address, "reservations overlap");
                     }
                     self.ranges.insert(address, len);
+                    self.reserved_bytes += len;
                     fx.reserves += 1;
                 }
                 PageEvent::Created { page } => {
@@ -894,6 +960,7 @@ impl Harness {
                         self.since.insert(page, 0).is_none(),
                         "page {page} created while live"
                     );
+                    self.respare(page);
                     new.insert(page);
                     fx.created += 1;
                 }
@@ -909,6 +976,11 @@ impl Harness {
                             self.slot_of.insert(p, at).is_none(),
                             "page {p} mapped in two slots"
                         );
+                        // A page shown in no slot was spare; it stays so
+                        // unless its new slot is a held block's.
+                        if self.pinned.contains_key(&(at / g)) {
+                            self.unspare(p);
+                        }
                         if !new.contains(&p) {
                             fx.remapped += 1;
                         }
@@ -917,11 +989,10 @@ impl Harness {
                 }
                 PageEvent::Unmapped { address, count } => {
                     for i in 0..count {
-                        let p = self
-                            .slots
-                            .remove(&(address + i * g))
-                            .expect("an unmapped slot was mapped");
-                        self.slot_of.remove(&p);
+                        assert!(
+                            self.unmap_slot(address + i * g),
+                            "an unmapped slot was mapped"
+                        );
                     }
                     fx.unmaps += 1;
                 }
@@ -930,6 +1001,7 @@ impl Harness {
                         !self.slot_of.contains_key(&page),
                         "page {page} released while mapped"
                     );
+                    self.unspare(page);
                     assert!(
                         self.since.remove(&page).is_some(),
                         "page {page} released twice"
@@ -938,14 +1010,15 @@ impl Harness {
                 }
                 PageEvent::ReleasedRange { address, len } => {
                     assert_eq!(self.ranges.remove(&address), Some(len), "range freed twice");
+                    self.reserved_bytes -= len;
+                    self.freed_ranges.push((address, len));
                     let gone: Vec<usize> = self
                         .slots
                         .range(address..address + len)
                         .map(|(&a, _)| a)
                         .collect();
                     for a in gone {
-                        let p = self.slots.remove(&a).expect("a mapped slot");
-                        self.slot_of.remove(&p);
+                        assert!(self.unmap_slot(a), "a mapped slot");
                     }
                 }
                 PageEvent::Waited { .. } => fx.waits += 1,
@@ -962,13 +1035,57 @@ impl Harness {
         fx
     }
 
+    /// Takes slot `at` out of the picture (unmapped); whether it showed a
+    /// page. A slot of a held block is noted, to be checked at the end of
+    /// the step.
+    fn unmap_slot(&mut self, at: usize) -> bool {
+        let Some(p) = self.slots.remove(&at) else {
+            return false;
+        };
+        self.slot_of.remove(&p);
+        // A page unmapped from a held block's slot becomes spare; from any
+        // other slot, it was spare and stays so.
+        let s = at / self.page();
+        if self.pinned.contains_key(&s) {
+            self.respare(p);
+            self.unmapped_pinned.push(s);
+        }
+        true
+    }
+
+    /// Whether live page `p` is spare: shown in no slot of a held block.
+    fn is_spare(&self, p: u32) -> bool {
+        let g = self.page();
+        self.slot_of
+            .get(&p)
+            .is_none_or(|&at| !self.pinned.contains_key(&(at / g)))
+    }
+
+    /// Takes page `p` out of the spare set, before what makes it spare or
+    /// not changes.
+    fn unspare(&mut self, p: u32) {
+        if let Some(&t) = self.since.get(&p) {
+            self.spare.remove(&(t, p));
+        }
+    }
+
+    /// Puts page `p` back into the spare set if it is live and spare, after
+    /// what makes it spare or not changed.
+    fn respare(&mut self, p: u32) {
+        if let Some(&t) = self.since.get(&p) {
+            if self.is_spare(p) {
+                self.spare.insert((t, p));
+            }
+        }
+    }
+
     /// The spare pages (live, under no held block) and when each became
-    /// spare.
+    /// spare, from scratch.
     fn spare_pages(&self) -> Vec<(u32, u64)> {
         let g = self.page();
         self.since
             .iter()
-            .filter(|(p, _)| {
+            .filter(|&(p, _)| {
                 self.slot_of
                     .get(p)
                     .is_none_or(|&at| !self.pinned.contains_key(&(at / g)))
@@ -987,7 +1104,6 @@ impl Harness {
         rule: Release,
     ) {
         let step = self.step;
-        let spare = self.spare_pages();
         match rule {
             Release::None => assert!(
                 fx.released.is_empty(),
@@ -1002,80 +1118,70 @@ impl Harness {
                     );
                 }
                 if !fx.failed(PageCall::Unmap) && !fx.failed(PageCall::Wait) {
-                    let left: Vec<_> = spare.iter().filter(|&&(_, t)| t <= cutoff).collect();
+                    // The spare set is ordered by time: the first is the
+                    // oldest.
                     assert!(
-                        left.is_empty(),
+                        self.spare.first().is_none_or(|&(t, _)| t > cutoff),
                         "step {step} ({what:?}): spare pages past their time-to-live left \
-                         (cutoff {cutoff}): {left:?}"
+                         (cutoff {cutoff}): {:?}",
+                        self.spare.range(..=(cutoff, u32::MAX)).collect::<Vec<_>>()
                     );
                 }
             }
             Release::All => {
                 if !fx.failed(PageCall::Unmap) && !fx.failed(PageCall::Wait) {
                     assert!(
-                        spare.is_empty(),
-                        "step {step} ({what:?}): spare pages left after release_spare: {spare:?}"
+                        self.spare.is_empty(),
+                        "step {step} ({what:?}): spare pages left after release_spare: {:?}",
+                        self.spare
                     );
                 }
             }
         }
     }
 
-    /// The checks after every step.
-    fn check(&mut self, what: &dyn fmt::Debug) {
+    /// The checks after a step: `O(1)`, plus `O(log n)` per slot or
+    /// reservation the step unmapped or freed (see the module
+    /// documentation); the whole check too after an eventful step (a
+    /// failure, an injected one included), and once in
+    /// [`FULL_CHECK_EVERY`] checks.
+    fn check(&mut self, what: &dyn fmt::Debug, eventful: bool) {
         let step = self.step;
         let g = self.page();
-        if let Err(e) = self.mapped.validate() {
-            panic!("step {step} ({what:?}): Mapped::validate: {e}");
-        }
-        if let Err(e) = self.backend.with_pages(ModelPages::validate) {
-            panic!("step {step} ({what:?}): ModelPages::validate: {e}");
-        }
-        // The blocks held: disjoint, aligned, inside a live reservation.
-        let mut blocks: Vec<Held> = self.held.clone();
-        blocks.sort_by_key(|h| h.block);
-        for w in blocks.windows(2) {
+        // The slots of held blocks unmapped by the step show a page again.
+        for s in core::mem::take(&mut self.unmapped_pinned) {
             assert!(
-                w[0].block + w[0].len <= w[1].block,
-                "step {step} ({what:?}): blocks {:?} and {:?} overlap",
-                w[0],
-                w[1]
-            );
-        }
-        for h in &blocks {
-            assert_eq!(
-                h.block % self.align,
-                0,
-                "step {step} ({what:?}): block {h:?} not aligned to {}",
-                self.align
-            );
-            let inside = self
-                .ranges
-                .range(..=h.block)
-                .next_back()
-                .is_some_and(|(&a, &l)| h.block + h.len <= a + l);
-            assert!(
-                inside,
-                "step {step} ({what:?}): block {h:?} outside every reservation"
-            );
-        }
-        // Every slot a held block touches shows a page.
-        let pinned = &self.pinned;
-        for &s in pinned.keys() {
-            assert!(
-                self.slots.contains_key(&(s * g)),
+                !self.pinned.contains_key(&s) || self.slots.contains_key(&(s * g)),
                 "step {step} ({what:?}): slot {:#x} of a held block shows no page",
                 s * g
             );
         }
-        let shared = pinned.values().filter(|&&n| n > 1).count();
-        self.summary.peak_shared_slots = self.summary.peak_shared_slots.max(shared);
+        // No held block lies in a reservation the step freed, unless in a
+        // live one (made again by the step).
+        for (a, len) in core::mem::take(&mut self.freed_ranges) {
+            for (&block, &blen) in self.spans.range(..a + len).rev() {
+                if block + blen <= a {
+                    break;
+                }
+                self.check_inside(block, blen, what);
+            }
+        }
+        self.checks += 1;
+        if eventful || self.checks % FULL_CHECK_EVERY == 0 {
+            self.check_whole(what);
+        }
+        self.summary.peak_shared_slots = self.summary.peak_shared_slots.max(self.shared_slots);
         // Every byte accounted.
         let s: MappedStats = self.mapped.stats();
         let live = self.since.len();
         // The held blocks' slots all show pages, each its own: the rest
         // are spare.
-        let spare = live - pinned.len();
+        let spare = live - self.pinned.len();
+        assert_eq!(
+            self.spare.len(),
+            spare,
+            "step {step} ({what:?}): spare pages against live pages less the held blocks' slots"
+        );
         let expected = (
             s.blocks,
             s.block_bytes,
@@ -1092,11 +1198,11 @@ impl Harness {
         );
         let picture = (
             self.held.len(),
-            self.held.iter().map(|h| h.len).sum::<usize>(),
+            self.block_bytes,
             live * g,
             self.slots.len() * g,
             spare * g,
-            self.ranges.values().sum::<usize>(),
+            self.reserved_bytes,
             self.created,
             self.released,
             self.maps,
@@ -1128,6 +1234,152 @@ impl Harness {
             "step {step} ({what:?}): the peak of page bytes"
         );
         self.summary.peak_blocks = self.summary.peak_blocks.max(self.held.len());
+    }
+
+    /// Checks that the held block of `len` bytes at `block` lies inside a
+    /// live reservation.
+    fn check_inside(&self, block: usize, len: usize, what: &dyn fmt::Debug) {
+        let step = self.step;
+        let inside = self
+            .ranges
+            .range(..=block)
+            .next_back()
+            .is_some_and(|(&a, &l)| block + len <= a + l);
+        assert!(
+            inside,
+            "step {step} ({what:?}): block {block:#x} ({len} bytes) outside every reservation"
+        );
+    }
+
+    /// Checks the block just handed out and adds it to the picture, in
+    /// `O(log n)` per slot it touches: aligned, inside a live reservation,
+    /// overlapping neither neighbour among the blocks held (so none), every
+    /// slot it touches showing a page.
+    fn hold(&mut self, h: Held, what: &dyn fmt::Debug) {
+        let step = self.step;
+        let g = self.page();
+        assert_eq!(
+            h.block % self.align,
+            0,
+            "step {step} ({what:?}): block {h:?} not aligned to {}",
+            self.align
+        );
+        self.check_inside(h.block, h.len, what);
+        if let Some((&b, &l)) = self.spans.range(..=h.block).next_back() {
+            assert!(
+                b + l <= h.block,
+                "step {step} ({what:?}): blocks [{b:#x}, {:#x}) and {h:?} overlap",
+                b + l
+            );
+        }
+        if let Some((&b, &l)) = self.spans.range(h.block + 1..).next() {
+            assert!(
+                h.block + h.len <= b,
+                "step {step} ({what:?}): blocks {h:?} and [{b:#x}, {:#x}) overlap",
+                b + l
+            );
+        }
+        self.spans.insert(h.block, h.len);
+        self.block_bytes += h.len;
+        for s in self.slots_of(h.block, h.len) {
+            let users = self.pinned.entry(s).or_insert(0);
+            *users += 1;
+            match *users {
+                1 => {
+                    // Its page, if any, is under a held block now.
+                    if let Some(&p) = self.slots.get(&(s * g)) {
+                        self.unspare(p);
+                    }
+                }
+                2 => self.shared_slots += 1,
+                _ => {}
+            }
+            assert!(
+                self.slots.contains_key(&(s * g)),
+                "step {step} ({what:?}): slot {:#x} of a held block shows no page",
+                s * g
+            );
+        }
+        self.held.push(h);
+    }
+
+    /// The whole check: both sides' `validate()`, and the picture rebuilt
+    /// from scratch: the blocks held sorted and checked for overlaps, each
+    /// aligned and inside a live reservation, every slot they touch showing
+    /// a page and counted, the sums, and the spare pages. `O(n log n)`.
+    fn check_whole(&mut self, what: &dyn fmt::Debug) {
+        let step = self.step;
+        let g = self.page();
+        if let Err(e) = self.mapped.validate() {
+            panic!("step {step} ({what:?}): Mapped::validate: {e}");
+        }
+        if let Err(e) = self.backend.with_pages(ModelPages::validate) {
+            panic!("step {step} ({what:?}): ModelPages::validate: {e}");
+        }
+        // The blocks held: disjoint, aligned, inside a live reservation.
+        let mut blocks: Vec<Held> = self.held.clone();
+        blocks.sort_by_key(|h| h.block);
+        for w in blocks.windows(2) {
+            assert!(
+                w[0].block + w[0].len <= w[1].block,
+                "step {step} ({what:?}): blocks {:?} and {:?} overlap",
+                w[0],
+                w[1]
+            );
+        }
+        let mut pinned: HashMap<usize, usize> = HashMap::new();
+        for h in &blocks {
+            assert_eq!(
+                h.block % self.align,
+                0,
+                "step {step} ({what:?}): block {h:?} not aligned to {}",
+                self.align
+            );
+            self.check_inside(h.block, h.len, what);
+            for s in self.slots_of(h.block, h.len) {
+                *pinned.entry(s).or_insert(0) += 1;
+            }
+        }
+        assert!(
+            blocks
+                .iter()
+                .map(|h| (h.block, h.len))
+                .eq(self.spans.iter().map(|(&b, &l)| (b, l))),
+            "step {step} ({what:?}): the blocks held against their spans"
+        );
+        assert_eq!(
+            blocks.iter().map(|h| h.len).sum::<usize>(),
+            self.block_bytes,
+            "step {step} ({what:?}): the bytes of the blocks held"
+        );
+        assert_eq!(
+            pinned, self.pinned,
+            "step {step} ({what:?}): the slots of the blocks held"
+        );
+        // Every slot a held block touches shows a page.
+        for &s in pinned.keys() {
+            assert!(
+                self.slots.contains_key(&(s * g)),
+                "step {step} ({what:?}): slot {:#x} of a held block shows no page",
+                s * g
+            );
+        }
+        assert_eq!(
+            pinned.values().filter(|&&n| n > 1).count(),
+            self.shared_slots,
+            "step {step} ({what:?}): the slots shared by held blocks"
+        );
+        assert_eq!(
+            self.ranges.values().sum::<usize>(),
+            self.reserved_bytes,
+            "step {step} ({what:?}): the bytes of the reservations"
+        );
+        let spare: BTreeSet<(u64, u32)> = self
+            .spare_pages()
+            .into_iter()
+            .map(|(p, t)| (t, p))
+            .collect();
+        assert_eq!(spare, self.spare, "step {step} ({what:?}): the spare pages");
     }
 
     /// What `allocate(size)` must fail with before any page call, if
@@ -1222,14 +1474,14 @@ impl Harness {
             },
             (Ok(block), None) => {
                 let len = size.next_multiple_of(self.align);
-                for s in self.slots_of(*block, len) {
-                    *self.pinned.entry(s).or_insert(0) += 1;
-                }
-                self.held.push(Held {
-                    block: *block,
-                    size,
-                    len,
-                });
+                self.hold(
+                    Held {
+                        block: *block,
+                        size,
+                        len,
+                    },
+                    what,
+                );
                 self.summary.allocated += 1;
                 if fx.created == 0 {
                     self.summary.reused += 1;
@@ -1261,22 +1513,30 @@ impl Harness {
                 after.spare_bytes
             );
         }
-        self.check(what);
+        self.check(what, result.is_err() || !fx.failed.is_empty());
     }
 
     /// Gives back held block `i`.
     fn deallocate(&mut self, i: usize, what: &dyn fmt::Debug) {
         let h = self.held.swap_remove(i);
+        assert_eq!(self.spans.remove(&h.block), Some(h.len), "a block held");
+        self.block_bytes -= h.len;
         let now = self.now();
         // The pages under slots no other held block touches become spare.
         let g = self.page();
         for s in self.slots_of(h.block, h.len) {
             let users = self.pinned.get_mut(&s).expect("a pinned slot");
             *users -= 1;
-            if *users == 0 {
-                self.pinned.remove(&s);
-                let p = self.slots[&(s * g)];
-                self.since.insert(p, now);
+            match *users {
+                0 => {
+                    self.pinned.remove(&s);
+                    let p = self.slots[&(s * g)];
+                    self.unspare(p);
+                    self.since.insert(p, now);
+                    self.respare(p);
+                }
+                1 => self.shared_slots -= 1,
+                _ => {}
             }
         }
         let rule = match self.ttl {
@@ -1301,7 +1561,7 @@ impl Harness {
         }
         self.check_releases(what, &fx, &due, rule);
         self.summary.deallocated += 1;
-        self.check(what);
+        self.check(what, !fx.failed.is_empty());
     }
 
     fn note_decay(&mut self, fx: &Effects, rule: Release) {
@@ -1311,17 +1571,17 @@ impl Harness {
     }
 
     /// The pages `rule` lets go, before an operation: for a decay, the
-    /// spare pages spare since its cutoff or earlier.
+    /// spare pages spare since its cutoff or earlier (a range of the spare
+    /// set, ordered by time).
     fn due(&self, rule: Release) -> BTreeSet<u32> {
         let cutoff = match rule {
             Release::None => return BTreeSet::new(),
             Release::Due(cutoff) => cutoff,
             Release::All => u64::MAX,
         };
-        self.spare_pages()
-            .into_iter()
-            .filter(|&(_, t)| t <= cutoff)
-            .map(|(p, _)| p)
+        self.spare
+            .range(..=(cutoff, u32::MAX))
+            .map(|&(_, p)| p)
             .collect()
     }
 
@@ -1345,7 +1605,7 @@ impl Harness {
         );
         self.note_decay(&fx, rule);
         self.check_releases(what, &fx, &due, rule);
-        self.check(what);
+        self.check(what, !fx.failed.is_empty());
     }
 
     fn release_spare(&mut self, what: &dyn fmt::Debug) {
@@ -1364,7 +1624,7 @@ impl Harness {
             );
         }
         self.check_releases(what, &fx, &due, Release::All);
-        self.check(what);
+        self.check(what, !fx.failed.is_empty());
     }
 
     fn apply(&mut self, op: MappedOp) {
@@ -1396,7 +1656,7 @@ impl Harness {
             MappedOp::Advance(ticks) => {
                 self.clock
                     .advance(Duration::from_nanos(u64::from(ticks) * MAPPED_TICK_NS));
-                self.check(&op);
+                self.check(&op, false);
             }
             MappedOp::Collect => self.collect(&op),
             MappedOp::ReleaseSpare => self.release_spare(&op),
@@ -1470,7 +1730,15 @@ pub fn run_mapped(input: &MappedInput) -> MappedSummary {
         align,
         ttl,
         held: Vec::new(),
+        spans: BTreeMap::new(),
+        block_bytes: 0,
         pinned: HashMap::new(),
+        shared_slots: 0,
+        reserved_bytes: 0,
+        spare: BTreeSet::new(),
+        unmapped_pinned: Vec::new(),
+        freed_ranges: Vec::new(),
+        checks: 0,
         ranges: BTreeMap::new(),
         slots: BTreeMap::new(),
         slot_of: HashMap::new(),
@@ -1485,12 +1753,14 @@ pub fn run_mapped(input: &MappedInput) -> MappedSummary {
         summary: MappedSummary::default(),
         cfg,
     };
-    h.check(&"a new allocator");
+    h.check(&"a new allocator", true);
     let ops = &input.ops[..input.ops.len().min(MAX_MAPPED_OPS)];
     for &op in ops {
         h.step += 1;
         h.apply(op);
     }
+    // The whole picture, at the end of the operations.
+    h.check_whole(&"the last operation");
     h.backend.disarm();
     h.summary.ops = ops.len();
 
@@ -1547,6 +1817,7 @@ pub fn run_mapped(input: &MappedInput) -> MappedSummary {
         }
         _ => h.release_spare(&"the final release_spare"),
     }
+    h.check_whole(&"the final decay");
     let s = h.mapped.stats();
     assert_eq!(
         (s.page_bytes, s.mapped_bytes, s.spare_bytes, s.blocks),

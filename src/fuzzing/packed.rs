@@ -18,28 +18,58 @@
 //! is a distinct address range), optionally behind a [`SharedPool`] (the
 //! same checks through [`Pooled`] handles).
 //!
-//! After every step the harness checks, against a model of the blocks the
-//! caller holds (address, size, packed or exact):
-//! - the layer's own `validate()`, and the exact pool's;
-//! - no two live blocks overlap (packed blocks by their size rounded to the
-//!   granularity, exact blocks by their class size);
-//! - every packed block lies inside a live backing block, every exact
-//!   block starts one; the backing blocks that hold packed blocks are all
-//!   counted as segments (`Σ their sizes ≤ segment_bytes`);
-//! - every byte is accounted: `bytes_requested` is the sum of the sizes
-//!   held, `packed_bytes` the sum of their rounded sizes, `packed_blocks`
-//!   their count, `segment_bytes = packed_bytes + free_segment_bytes`,
-//!   `requests = carved + exact + exact_fallbacks`,
-//!   `segments = segments_created − segments_released`;
-//! - every segment is in the exact pool exactly once: the pool's blocks in
-//!   use are the segments plus the exact blocks held, and its bytes in use
-//!   `segment_bytes` plus the exact blocks' class sizes; the backing
-//!   allocator's live blocks are the pool's blocks in use plus cached;
+//! The harness keeps a picture of what the caller holds (each block's
+//! address, size, packed or exact, and the backing block holding it; the
+//! spans held in an ordered map; the segments holding packed blocks with
+//! their counts; running sums of the sizes, extents and oversize bytes) and
+//! of the live backing blocks (from the calls that went through), all kept
+//! step by step. A packed block spans its size rounded to the granularity,
+//! an exact block the backing block it is.
+//!
+//! After every step (each allocation of a burst and each release counts
+//! as one) it checks, in `O(1)` or `O(log n)`:
+//! - the block just handed out: it lies inside a live backing block (an
+//!   exact block is a whole one, of its class or of a larger class it may
+//!   reuse), it overlaps neither neighbour among the spans held (so none),
+//!   it is not an exact block where a segment is nor carved from an exact
+//!   block held; a request above the medium threshold is never carved, and
+//!   one request is counted for it;
+//! - every backing block handed out or freed in the step: handed out once,
+//!   freed once with its size, and holding no block held (so every block
+//!   held stays inside its backing block until it goes back);
+//! - every byte is accounted, against the running sums: `bytes_requested`
+//!   is the sum of the sizes held, `packed_bytes` the sum of their rounded
+//!   sizes, `packed_blocks` their count, `oversize_bytes` the exact blocks'
+//!   bytes beyond their classes, `segment_bytes = packed_bytes +
+//!   free_segment_bytes`, `requests = carved + exact + exact_fallbacks`,
+//!   `segments = segments_created − segments_released`; hits + misses are
+//!   the requests, the caller's misses the pool's, and a miss one backing
+//!   call;
+//! - every segment is in the exact pool exactly once: the backing blocks
+//!   holding packed blocks are as many as the segments (`Σ their sizes ≥
+//!   segment_bytes`, `=` with exact classes); the pool's blocks in use are
+//!   the segments plus the exact blocks held, and its bytes in use those
+//!   segments' bytes plus the exact blocks'; the live backing blocks are
+//!   the pool's blocks in use plus cached, and their bytes its bytes
+//!   reserved;
 //! - with a limit, `bytes_reserved` never exceeds it; with no limit, no
 //!   capacity and no injected failure, no request of a valid size fails;
 //!   with nothing held and no injected failure, a request whose class fits
 //!   under the limit and the capacity succeeds (no fragmentation failure);
-//! - a request above the medium threshold is never carved.
+//!   a failed request changes neither `requests` nor `bytes_requested`.
+//!
+//! Every 32 steps' checks, after a new pool, after every step where a
+//! request failed or an injected failure was consumed, after the last
+//! operation (before the blocks go back) and after the final collect or
+//! trim, the whole-pool check runs too (`O(n log n)` in the blocks held):
+//! - the layer's own `validate()`, and the exact pool's;
+//! - the backing calls seen against the checking allocator's own log, and
+//!   its live blocks against the live backing blocks;
+//! - the picture rebuilt from scratch and compared with the one kept:
+//!   every block held checked again against the live backing blocks (and
+//!   its extent and backing block unchanged), all of them sorted and
+//!   checked for overlaps, the segments and their counts, no segment an
+//!   exact block held, and every running sum.
 //!
 //! At the end every block goes back: no segment is left, the pool holds
 //! nothing in use, and after the period has passed a `collect` (or a
@@ -65,12 +95,13 @@
 //! assert_eq!(summary.carved, 2);
 //! ```
 
+use core::cell::RefCell;
 use core::fmt;
 use core::mem::ManuallyDrop;
 use core::time::Duration;
 use std::collections::BTreeMap;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use arbitrary::{Arbitrary, Unstructured};
 
@@ -386,13 +417,33 @@ pub fn packed_ops(data: &[u8]) -> Option<PackedSummary> {
     Some(run_packed(&input))
 }
 
+/// How many steps' checks run between two whole-pool checks.
+///
+/// A whole-pool check ([`Harness::check_whole`]) walks every block held,
+/// segment and backing block (the pool's `validate()` included): `O(n log
+/// n)` in the blocks held, so running it after every step made a run of `n`
+/// steps cost `O(n²)` (`packed_ops` ran about 76 inputs a second). The
+/// checks of one step ([`Harness::check`]) are `O(1)` or `O(log n)` and
+/// catch at once what a step breaks in the counters or in the block it
+/// touched; the whole-pool check, once in 32 checks (besides after every
+/// failure and at the end of the run), still catches what they cannot see
+/// (the layer's inner bookkeeping, a drift of the incremental picture)
+/// within 32 steps of its cause, at about the cost of the per-step checks.
+const FULL_CHECK_EVERY: usize = 32;
+
 /// The backing allocator: a [`FailingAllocator`] (capacity) over an
 /// addressed [`CheckingAllocator`], with failures injected here so that the
-/// harness knows how many are still pending.
+/// harness knows how many are still pending, and the calls that went
+/// through kept here too, so that a step reads only its own
+/// ([`CheckingAllocator::calls`] copies the whole log; the whole-pool check
+/// compares the two).
 #[derive(Clone, Debug)]
 struct Backing {
     inner: FailingAllocator<CheckingAllocator>,
     pending: Arc<AtomicU32>,
+    /// The calls that reached the checking allocator, since the harness
+    /// last took them.
+    calls: Arc<Mutex<Vec<Call>>>,
 }
 
 impl Backing {
@@ -402,6 +453,16 @@ impl Backing {
 
     fn pending(&self) -> u32 {
         self.pending.load(Ordering::Relaxed)
+    }
+
+    fn log(&self) -> MutexGuard<'_, Vec<Call>> {
+        // A panic inside a check poisons the lock; the log is still whole.
+        self.calls.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Swaps the calls made since the last time into `into` (empty).
+    fn take_calls(&self, into: &mut Vec<Call>) {
+        core::mem::swap(&mut *self.log(), into);
     }
 }
 
@@ -425,12 +486,15 @@ impl RawAllocator for Backing {
                 capacity: 1 << 40,
             });
         }
-        self.inner.allocate(size)
+        let block = self.inner.allocate(size)?;
+        self.log().push(Call::Allocate { block, size });
+        Ok(block)
     }
 
     unsafe fn deallocate(&mut self, block: u64, size: usize) {
         // SAFETY: the caller's contract, passed through unchanged.
-        unsafe { self.inner.deallocate(block, size) }
+        unsafe { self.inner.deallocate(block, size) };
+        self.log().push(Call::Deallocate { block, size });
     }
 }
 
@@ -454,8 +518,38 @@ struct Held {
     size: usize,
     /// Carved from a segment (else an exact block).
     packed: bool,
+    /// The bytes it spans, fixed while it is held: its size rounded to the
+    /// granularity (packed), or the backing block it is (exact).
+    extent: usize,
+    /// The live backing block holding it: its segment, or itself.
+    backing: u64,
+    /// An exact block's bytes beyond its own class (a larger class reused);
+    /// zero for a packed block.
+    oversize: usize,
+    /// Tells apart spans that start and end at one address.
+    id: u64,
     /// The `Pooled` handle, in a shared run.
     handle: Option<Handle>,
+}
+
+/// Sums over the blocks held: kept step by step, rebuilt from scratch by
+/// the whole-pool check.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Tally {
+    /// Σ sizes asked for.
+    requested: usize,
+    /// Packed blocks.
+    packed: u64,
+    /// Σ their extents.
+    packed_bytes: usize,
+    /// Exact blocks.
+    exact: u64,
+    /// Σ their extents.
+    exact_bytes: usize,
+    /// Σ their bytes beyond their classes.
+    oversize: usize,
+    /// Σ the sizes of the backing blocks holding packed blocks.
+    in_segments: usize,
 }
 
 /// The pool under test: a `PackedPool`, or a `SharedPool` holding one.
@@ -474,9 +568,28 @@ struct Harness {
     checking: CheckingAllocator,
     clock: ManualClock,
     held: Vec<Held>,
+    /// The pool's classes of the sizes asked so far.
+    classes: RefCell<BTreeMap<usize, Option<usize>>>,
+    /// The spans of the blocks held, `(start, end, id)` → packed, kept
+    /// disjoint: a new block's neighbours are found in `O(log n)`.
+    spans: BTreeMap<(u64, u64, u64), bool>,
+    /// The backing blocks holding packed blocks held (the segments):
+    /// address → (size, packed blocks held in it).
+    segments: BTreeMap<u64, (usize, usize)>,
+    tally: Tally,
     /// Live backing blocks: address → size, kept from the call log.
     backing: BTreeMap<u64, usize>,
+    /// Σ the sizes of `backing`.
+    backing_bytes: usize,
+    /// The calls read since the last whole-pool check, which compares
+    /// them with the checking allocator's own log from `seen_calls`.
+    unverified: Vec<Call>,
     seen_calls: usize,
+    /// A buffer for the calls of one step (swapped with the backing's).
+    calls: Vec<Call>,
+    next_id: u64,
+    /// Checks run (per step), for [`FULL_CHECK_EVERY`].
+    checks: usize,
     fail_next: u32,
     step: usize,
     summary: PackedSummary,
@@ -512,7 +625,18 @@ impl Harness {
         }
     }
 
+    /// The pool's class for `size`, asked once per size (through a
+    /// shared pool, asking takes its lock and more).
     fn class_size(&self, size: usize) -> Option<usize> {
+        if let Some(&class) = self.classes.borrow().get(&size) {
+            return class;
+        }
+        let class = self.pool_class_size(size);
+        self.classes.borrow_mut().insert(size, class);
+        class
+    }
+
+    fn pool_class_size(&self, size: usize) -> Option<usize> {
         match &*self.subject {
             Subject::Plain(p) => p.pool().class_size(size),
             Subject::Shared(s) => s
@@ -521,16 +645,29 @@ impl Harness {
         }
     }
 
-    /// Brings the map of live backing blocks up to date with the call log.
-    fn sync_backing(&mut self) {
-        let calls = self.checking.calls();
-        for call in &calls[self.seen_calls..] {
-            match *call {
+    /// Brings the map of live backing blocks up to date with the calls
+    /// made since the last time: a block handed out is new, one freed was
+    /// live with that size, and neither holds a block the caller holds (so
+    /// every block held stays inside the live backing block it was found
+    /// in when handed out).
+    fn sync_backing(&mut self, what: &dyn fmt::Debug) {
+        let step = self.step;
+        let mut calls = core::mem::take(&mut self.calls);
+        self.failing.take_calls(&mut calls);
+        for &call in &calls {
+            match call {
                 Call::Allocate { block, size } => {
                     assert!(
                         self.backing.insert(block, size).is_none(),
                         "backing block {block:#x} handed out twice"
                     );
+                    self.backing_bytes += size;
+                    if let Some((a, b)) = self.held_in(block, size) {
+                        panic!(
+                            "backing block {block:#x} ({size} bytes) handed out over the \
+                             block [{a:#x}, {b:#x}) held, after {what:?} at step {step}"
+                        );
+                    }
                 }
                 Call::Deallocate { block, size } => {
                     assert_eq!(
@@ -538,10 +675,29 @@ impl Harness {
                         Some(size),
                         "backing block {block:#x} freed with a wrong size or twice"
                     );
+                    self.backing_bytes -= size;
+                    if let Some((a, b)) = self.held_in(block, size) {
+                        panic!(
+                            "backing block {block:#x} ({size} bytes) freed under the block \
+                             [{a:#x}, {b:#x}) held, after {what:?} at step {step}"
+                        );
+                    }
                 }
             }
+            self.unverified.push(call);
         }
-        self.seen_calls = calls.len();
+        calls.clear();
+        self.calls = calls;
+    }
+
+    /// A span held that meets `[at, at + len)` (a zero-length one inside it
+    /// included), if any: `O(log n)`, the spans being disjoint.
+    fn held_in(&self, at: u64, len: usize) -> Option<(u64, u64)> {
+        let end = at + len as u64;
+        // The spans are disjoint: the last one starting before `end` ends
+        // last of those.
+        let (&(s, e, _), _) = self.spans.range(..(end, 0, 0)).next_back()?;
+        (e > at || s >= at).then_some((s, e))
     }
 
     /// The live backing block holding `[at, at + len)`, if any.
@@ -550,16 +706,24 @@ impl Harness {
         (at + len as u64 <= start + size as u64).then_some((start, size))
     }
 
-    fn extent(&self, h: &Held) -> usize {
-        if h.packed {
-            round_up(h.size, self.packing.granularity.max(1).next_power_of_two())
+    /// Whether an exact block held starts at `at`.
+    fn exact_at(&self, at: u64) -> bool {
+        self.spans
+            .range((at, 0, 0)..(at + 1, 0, 0))
+            .any(|(_, &packed)| !packed)
+    }
+
+    /// The bytes a block held spans, from scratch.
+    fn extent(&self, size: usize, packed: bool, block: u64) -> usize {
+        if packed {
+            round_up(size, self.packing.granularity.max(1).next_power_of_two())
         } else {
             // Its class, or a larger one it was swapped for (see
             // `Packing::large_fit`): the backing block it starts, checked
-            // against the bounds in `check`.
-            let class = self.class_size(self.exact_bytes(h.size));
+            // against the bounds in `check_block`.
+            let class = self.class_size(self.exact_bytes(size));
             self.backing
-                .get(&h.block)
+                .get(&block)
                 .copied()
                 .or(class)
                 .expect("a block held has a class")
@@ -592,13 +756,156 @@ impl Harness {
         }
     }
 
-    fn check(&mut self, what: &dyn fmt::Debug) {
+    /// Checks one block held against the live backing blocks: a packed
+    /// block lies inside one, an exact block is a whole one of its class
+    /// (or of a larger one it may reuse). Returns the backing block and
+    /// the block's bytes beyond its class.
+    fn check_block(
+        &self,
+        block: u64,
+        size: usize,
+        packed: bool,
+        extent: usize,
+        what: &dyn fmt::Debug,
+    ) -> ((u64, usize), usize) {
+        let step = self.step;
+        let Some((start, bsize)) = self.backing_holding(block, extent) else {
+            panic!(
+                "block {block:#x} ({size} bytes, packed: {packed}) lies in no live backing \
+                 block, after {what:?} at step {step}"
+            );
+        };
+        if packed {
+            return ((start, bsize), 0);
+        }
+        assert_eq!(
+            start, block,
+            "exact block {block:#x} is not a whole backing block, after {what:?} at step {step}"
+        );
+        let (least, most) = self.exact_classes(size);
+        assert!(
+            (least..=most).contains(&bsize),
+            "exact block {block:#x} for {size} bytes is a block of {bsize} bytes, not of \
+             {least}..={most}, after {what:?} at step {step}"
+        );
+        ((start, bsize), extent - least)
+    }
+
+    /// Checks the block just handed out and adds it to the picture, in
+    /// `O(log n)`: inside a live backing block (a whole one for an exact
+    /// block), not overlapping its neighbours, not an exact block where a
+    /// segment is nor carved from an exact block held.
+    fn hold(&mut self, block: u64, size: usize, packed: bool, handle: Option<Handle>) {
+        let what = format_args!("allocate({size})");
+        let step = self.step;
+        let extent = self.extent(size, packed, block);
+        let ((start, bsize), oversize) = self.check_block(block, size, packed, extent, &what);
+        if packed {
+            assert!(
+                !self.exact_at(start),
+                "segment {start:#x} is also an exact block held, after {what:?} at step {step}"
+            );
+        } else {
+            assert!(
+                !self.segments.contains_key(&block),
+                "segment {block:#x} is also an exact block held, after {what:?} at step {step}"
+            );
+        }
+        let id = self.next_id;
+        self.next_id += 1;
+        let end = block + extent as u64;
+        let key = (block, end, id);
+        // The spans held are disjoint: the new one overlaps none if it
+        // overlaps neither neighbour.
+        if let Some((&(s, e, _), _)) = self.spans.range(..key).next_back() {
+            assert!(
+                e <= block,
+                "blocks [{s:#x}, {e:#x}) and [{block:#x}, {end:#x}) overlap, after {what:?} at \
+                 step {step}"
+            );
+        }
+        if let Some((&(s, e, _), _)) = self.spans.range(key..).next() {
+            assert!(
+                end <= s,
+                "blocks [{block:#x}, {end:#x}) and [{s:#x}, {e:#x}) overlap, after {what:?} at \
+                 step {step}"
+            );
+        }
+        self.spans.insert(key, packed);
+        let t = &mut self.tally;
+        t.requested += size;
+        if packed {
+            t.packed += 1;
+            t.packed_bytes += extent;
+            let seg = self.segments.entry(start).or_insert_with(|| {
+                t.in_segments += bsize;
+                (bsize, 0)
+            });
+            seg.1 += 1;
+            let sum = &mut self.summary;
+            sum.peak_blocks_per_segment = sum.peak_blocks_per_segment.max(seg.1);
+        } else {
+            t.exact += 1;
+            t.exact_bytes += extent;
+            t.oversize += oversize;
+        }
+        self.held.push(Held {
+            block,
+            size,
+            packed,
+            extent,
+            backing: start,
+            oversize,
+            id,
+            handle,
+        });
+    }
+
+    /// Takes block `i` out of the picture.
+    fn unhold(&mut self, i: usize) -> Held {
+        let h = self.held.remove(i);
+        let key = (h.block, h.block + h.extent as u64, h.id);
+        assert_eq!(self.spans.remove(&key), Some(h.packed), "a span held");
+        let t = &mut self.tally;
+        t.requested -= h.size;
+        if h.packed {
+            t.packed -= 1;
+            t.packed_bytes -= h.extent;
+            let seg = self.segments.get_mut(&h.backing).expect("a segment held");
+            seg.1 -= 1;
+            if seg.1 == 0 {
+                t.in_segments -= seg.0;
+                self.segments.remove(&h.backing);
+            }
+        } else {
+            t.exact -= 1;
+            t.exact_bytes -= h.extent;
+            t.oversize -= h.oversize;
+        }
+        h
+    }
+
+    /// The checks after a step: `O(1)` or `O(log n)` (see the module
+    /// documentation); the whole-pool check too after an eventful step (a
+    /// failure, an injected one included), and once in
+    /// [`FULL_CHECK_EVERY`] checks.
+    fn check(&mut self, what: &dyn fmt::Debug, eventful: bool) {
+        self.sync_backing(what);
+        self.checks += 1;
+        if eventful || self.checks % FULL_CHECK_EVERY == 0 {
+            self.check_whole(what);
+        }
+        self.check_counters(what);
+    }
+
+    /// The counters against themselves, the exact pool's, the backing
+    /// blocks' and the incremental picture of the blocks held: `O(1)`.
+    fn check_counters(&mut self, what: &dyn fmt::Debug) {
         let step = self.step;
         let ctx = || format!("after {what:?} at step {step}");
-        self.sync_backing();
-        self.validate();
         let (user, ps) = self.stats();
         let s = self.pool_stats();
+        let t = self.tally;
 
         // The caller's counters: one per request, a miss its backing call.
         assert_eq!(
@@ -627,7 +934,7 @@ impl Harness {
             ctx()
         );
         assert!(
-            user.bytes_in_use >= self.held.iter().map(|h| h.size).sum::<usize>(),
+            user.bytes_in_use >= t.requested,
             "bytes in use cover the requests held, {}",
             ctx()
         );
@@ -656,26 +963,17 @@ impl Harness {
         assert!(ps.peak_bytes_requested >= ps.bytes_requested, "{}", ctx());
 
         // Every byte the caller holds is accounted.
-        let requested: usize = self.held.iter().map(|h| h.size).sum();
-        assert_eq!(ps.bytes_requested, requested, "bytes requested, {}", ctx());
-        let packed: Vec<&Held> = self.held.iter().filter(|h| h.packed).collect();
-        let packed_bytes: usize = packed.iter().map(|h| self.extent(h)).sum();
         assert_eq!(
-            ps.packed_blocks,
-            packed.len() as u64,
-            "packed blocks, {}",
+            ps.bytes_requested,
+            t.requested,
+            "bytes requested, {}",
             ctx()
         );
-        assert_eq!(ps.packed_bytes, packed_bytes, "packed bytes, {}", ctx());
-        let exact: Vec<&Held> = self.held.iter().filter(|h| !h.packed).collect();
-        let exact_bytes: usize = exact.iter().map(|h| self.extent(h)).sum();
-        let oversize: usize = exact
-            .iter()
-            .map(|h| self.extent(h) - self.exact_classes(h.size).0)
-            .sum();
+        assert_eq!(ps.packed_blocks, t.packed, "packed blocks, {}", ctx());
+        assert_eq!(ps.packed_bytes, t.packed_bytes, "packed bytes, {}", ctx());
         assert_eq!(
             ps.oversize_bytes,
-            oversize,
+            t.oversize,
             "oversize bytes: exact blocks beyond their classes, {}",
             ctx()
         );
@@ -683,7 +981,7 @@ impl Harness {
         // Every segment is in the exact pool once, in use.
         assert_eq!(
             s.blocks_in_use,
-            ps.segments + exact.len() as u64,
+            ps.segments + t.exact,
             "pool blocks in use = segments + exact blocks, {}",
             ctx()
         );
@@ -694,7 +992,7 @@ impl Harness {
             ctx()
         );
         assert_eq!(
-            self.backing.values().sum::<usize>(),
+            self.backing_bytes,
             s.bytes_reserved,
             "backing bytes live = pool bytes reserved, {}",
             ctx()
@@ -708,12 +1006,104 @@ impl Harness {
             );
         }
 
+        // An emptied segment goes back at once: the backing blocks holding
+        // packed blocks are exactly the segments, each the pool's block of
+        // its class size.
+        assert_eq!(
+            self.segments.len() as u64,
+            ps.segments,
+            "backing blocks holding packed blocks = segments held, {}",
+            ctx()
+        );
+        assert!(t.in_segments >= ps.segment_bytes, "{}", ctx());
+        if self.cfg.size_class == SizeClass::Exact {
+            assert_eq!(t.in_segments, ps.segment_bytes, "segment bytes, {}", ctx());
+        }
+        assert_eq!(
+            s.bytes_in_use,
+            t.in_segments + t.exact_bytes,
+            "pool bytes in use = segments + exact blocks, {}",
+            ctx()
+        );
+        let sum = &mut self.summary;
+        sum.peak_segments = sum.peak_segments.max(ps.segments);
+    }
+
+    /// The whole-pool check: the layer's and the exact pool's
+    /// `validate()`, the backing blocks against the checking allocator's
+    /// own log, and the picture of the blocks held (spans, segments, sums)
+    /// rebuilt from scratch, every block checked again against the live
+    /// backing blocks and all of them for overlaps. `O(n log n)`.
+    fn check_whole(&mut self, what: &dyn fmt::Debug) {
+        let step = self.step;
+        let ctx = || format!("after {what:?} at step {step}");
+        self.validate();
+
+        // The calls seen against the checking allocator's log.
+        let calls = self.checking.calls();
+        assert_eq!(
+            calls.get(self.seen_calls..),
+            Some(&self.unverified[..]),
+            "the backing calls seen against the checking allocator's log, {}",
+            ctx()
+        );
+        self.seen_calls = calls.len();
+        self.unverified.clear();
+        assert_eq!(self.checking.live(), self.backing.len(), "{}", ctx());
+        assert_eq!(
+            self.backing.values().sum::<usize>(),
+            self.backing_bytes,
+            "{}",
+            ctx()
+        );
+
+        // Every packed block lies inside a live backing block, which is a
+        // segment; every exact block is a backing block.
+        let mut tally = Tally::default();
+        let mut segments: BTreeMap<u64, (usize, usize)> = BTreeMap::new();
+        let mut spans: Vec<(u64, u64, bool)> = Vec::with_capacity(self.held.len());
+        let mut exact_starts = std::collections::BTreeSet::new();
+        for h in &self.held {
+            let extent = self.extent(h.size, h.packed, h.block);
+            assert_eq!(
+                extent,
+                h.extent,
+                "block {:#x}: its extent changed while held, {}",
+                h.block,
+                ctx()
+            );
+            let ((start, size), oversize) =
+                self.check_block(h.block, h.size, h.packed, extent, what);
+            assert_eq!(
+                (start, oversize),
+                (h.backing, h.oversize),
+                "block {:#x}: its backing block changed while held, {}",
+                h.block,
+                ctx()
+            );
+            spans.push((h.block, h.block + extent as u64, h.packed));
+            tally.requested += h.size;
+            if h.packed {
+                tally.packed += 1;
+                tally.packed_bytes += extent;
+                segments.entry(start).or_insert((size, 0)).1 += 1;
+            } else {
+                tally.exact += 1;
+                tally.exact_bytes += extent;
+                tally.oversize += oversize;
+                exact_starts.insert(h.block);
+            }
+        }
+        for &start in segments.keys() {
+            assert!(
+                !exact_starts.contains(&start),
+                "segment {start:#x} is also an exact block held, {}",
+                ctx()
+            );
+        }
+        tally.in_segments = segments.values().map(|&(size, _)| size).sum();
+
         // No two held blocks overlap.
-        let mut spans: Vec<(u64, u64, bool)> = self
-            .held
-            .iter()
-            .map(|h| (h.block, h.block + self.extent(h) as u64, h.packed))
-            .collect();
         spans.sort_unstable();
         for w in spans.windows(2) {
             assert!(
@@ -727,76 +1117,25 @@ impl Harness {
             );
         }
 
-        // Every packed block lies inside a live backing block, which is a
-        // segment; every exact block is a backing block.
-        let mut segments: BTreeMap<u64, (usize, usize)> = BTreeMap::new();
-        for h in &self.held {
-            let len = self.extent(h);
-            let Some((start, size)) = self.backing_holding(h.block, len) else {
-                panic!(
-                    "block {:#x} ({} bytes, packed: {}) lies in no live backing block, {}",
-                    h.block,
-                    h.size,
-                    h.packed,
-                    ctx()
-                );
-            };
-            if h.packed {
-                segments.entry(start).or_insert((size, 0)).1 += 1;
-            } else {
-                assert_eq!(
-                    start,
-                    h.block,
-                    "exact block {:#x} is not a whole backing block, {}",
-                    h.block,
-                    ctx()
-                );
-                let (least, most) = self.exact_classes(h.size);
-                assert!(
-                    (least..=most).contains(&size),
-                    "exact block {:#x} for {} bytes is a block of {size} bytes, not of \
-                     {least}..={most}, {}",
-                    h.block,
-                    h.size,
-                    ctx()
-                );
-            }
-        }
-        for &start in segments.keys() {
-            assert!(
-                !self.held.iter().any(|h| !h.packed && h.block == start),
-                "segment {start:#x} is also an exact block held, {}",
-                ctx()
-            );
-        }
-        // An emptied segment goes back at once: the backing blocks holding
-        // packed blocks are exactly the segments, each the pool's block of
-        // its class size.
+        // The incremental picture is the one rebuilt.
         assert_eq!(
-            segments.len() as u64,
-            ps.segments,
-            "backing blocks holding packed blocks = segments held, {}",
+            tally,
+            self.tally,
+            "the sums over the blocks held, {}",
             ctx()
         );
-        let in_segments: usize = segments.values().map(|&(size, _)| size).sum();
-        assert!(in_segments >= ps.segment_bytes, "{}", ctx());
-        if self.cfg.size_class == SizeClass::Exact {
-            assert_eq!(in_segments, ps.segment_bytes, "segment bytes, {}", ctx());
-        }
-        assert_eq!(
-            s.bytes_in_use,
-            in_segments + exact_bytes,
-            "pool bytes in use = segments + exact blocks, {}",
-            ctx()
-        );
-        let most = segments.values().map(|&(_, n)| n).max().unwrap_or(0);
-        let sum = &mut self.summary;
-        sum.peak_blocks_per_segment = sum.peak_blocks_per_segment.max(most);
-        sum.peak_segments = sum.peak_segments.max(ps.segments);
+        assert_eq!(segments, self.segments, "the segments held, {}", ctx());
+        let mut kept: Vec<(u64, u64, bool)> = self
+            .spans
+            .iter()
+            .map(|(&(s, e, _), &p)| (s, e, p))
+            .collect();
+        kept.sort_unstable();
+        assert_eq!(spans, kept, "the spans held, {}", ctx());
     }
 
     fn allocate(&mut self, size: usize) {
-        let (before, ps_before) = self.stats();
+        let ps_before = self.stats().1;
         let live_before = self.held.len();
         let injected = self.fail_next > 0;
         let result: Result<(u64, Option<Handle>), PoolError<_>> = match &mut *self.subject {
@@ -811,8 +1150,10 @@ impl Harness {
             Subject::Shared(s) => s.allocate(size).map(|h| (*h, Some(h))),
         };
         let (after, ps) = self.stats();
-        let _ = before;
         let step = self.step;
+        let what = format_args!("allocate({size})");
+        self.sync_backing(&what);
+        let failed = result.is_err();
         match result {
             Ok((block, handle)) => {
                 let packed = ps.carved == ps_before.carved + 1;
@@ -830,12 +1171,7 @@ impl Harness {
                 if let Some(h) = &handle {
                     assert_eq!(h.size(), size);
                 }
-                self.held.push(Held {
-                    block,
-                    size,
-                    packed,
-                    handle,
-                });
+                self.hold(block, size, packed, handle);
             }
             Err(e) => {
                 self.summary.failures += 1;
@@ -871,12 +1207,14 @@ impl Harness {
             }
         }
         // Injected failures are consumed by backing calls; read back what is left.
-        self.fail_next = self.failing.pending();
-        self.check(&format_args!("allocate({size})"));
+        let pending = self.failing.pending();
+        let fault = pending != self.fail_next;
+        self.fail_next = pending;
+        self.check(&what, failed || fault);
     }
 
     fn release(&mut self, i: usize) -> usize {
-        let h = self.held.remove(i);
+        let h = self.unhold(i);
         let size = h.size;
         match (&mut *self.subject, h.handle) {
             (_, Some(handle)) => drop(handle),
@@ -893,7 +1231,10 @@ impl Harness {
             }
             (Subject::Shared(_), None) => unreachable!("a shared run holds handles"),
         }
-        self.check(&format_args!("release(block {:#x}, {size})", h.block));
+        self.check(
+            &format_args!("release(block {:#x}, {size})", h.block),
+            false,
+        );
         size
     }
 
@@ -926,26 +1267,26 @@ impl Harness {
             }
             PackedOp::Advance(t) => {
                 self.clock.advance(TICK * u32::from(t));
-                self.check(&op);
+                self.check(&op, false);
             }
             PackedOp::FailNext(n) => {
                 self.failing.fail_next(n);
                 self.fail_next = n;
-                self.check(&op);
+                self.check(&op, false);
             }
             PackedOp::Collect => {
                 match &mut *self.subject {
                     Subject::Plain(p) => p.collect(),
                     Subject::Shared(s) => s.collect(),
                 };
-                self.check(&op);
+                self.check(&op, false);
             }
             PackedOp::Trim => {
                 match &mut *self.subject {
                     Subject::Plain(p) => p.trim(),
                     Subject::Shared(s) => s.trim(),
                 };
-                self.check(&op);
+                self.check(&op, false);
             }
         }
     }
@@ -965,9 +1306,10 @@ fn build(cfg: &PackedConfig, failing: &Backing, clock: &ManualClock) -> Packed {
 }
 
 /// Runs `input` against a [`PackedPool`] (or a [`SharedPool`] holding
-/// one), checking every step; then gives every block back, lets the
-/// period pass (or trims), checks that nothing is reserved, drops the pool
-/// and checks that every backing block was freed exactly once.
+/// one), checking every step (see the [module documentation](self)); then
+/// checks the whole pool, gives every block back, lets the period pass (or
+/// trims), checks the whole pool again and that nothing is reserved, drops
+/// the pool and checks that every backing block was freed exactly once.
 ///
 /// # Panics
 ///
@@ -978,6 +1320,7 @@ pub fn run_packed(input: &PackedInput) -> PackedSummary {
     let failing = Backing {
         inner: FailingAllocator::new(checking.clone()),
         pending: Arc::new(AtomicU32::new(0)),
+        calls: Arc::new(Mutex::new(Vec::new())),
     };
     failing.inner.set_capacity(cfg.capacity);
     let clock = ManualClock::new();
@@ -995,8 +1338,17 @@ pub fn run_packed(input: &PackedInput) -> PackedSummary {
         checking,
         clock,
         held: Vec::new(),
+        classes: RefCell::new(BTreeMap::new()),
+        spans: BTreeMap::new(),
+        calls: Vec::new(),
+        segments: BTreeMap::new(),
+        tally: Tally::default(),
         backing: BTreeMap::new(),
+        backing_bytes: 0,
+        unverified: Vec::new(),
         seen_calls: 0,
+        next_id: 0,
+        checks: 0,
         fail_next: 0,
         step: 0,
         summary: PackedSummary {
@@ -1005,12 +1357,14 @@ pub fn run_packed(input: &PackedInput) -> PackedSummary {
         },
         cfg,
     };
-    h.check(&"a new pool");
+    h.check(&"a new pool", true);
     let ops = &input.ops[..input.ops.len().min(MAX_PACKED_OPS)];
     for &op in ops {
         h.step += 1;
         h.apply(op);
     }
+    // The whole pool, at the end of the operations.
+    h.check(&"the last operation", true);
 
     // Give everything back, in an order the input chooses.
     h.failing.fail_next(0);
@@ -1037,14 +1391,14 @@ pub fn run_packed(input: &PackedInput) -> PackedSummary {
             Subject::Plain(p) => p.trim(),
             Subject::Shared(s) => s.trim(),
         };
-        h.check(&"final trim");
+        h.check(&"final trim", true);
     } else {
         h.clock.advance(TICK * (h.cfg.ttl as u32 + 1));
         match &mut *h.subject {
             Subject::Plain(p) => p.collect(),
             Subject::Shared(s) => s.collect(),
         };
-        h.check(&"final collect");
+        h.check(&"final collect", true);
     }
     let (s, ps) = h.stats();
     assert_eq!(

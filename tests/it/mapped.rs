@@ -117,7 +117,8 @@ proptest! {
 
     /// `Mapped<ModelPages, ManualClock>` keeps every invariant of the
     /// harness on random workloads, with and without capacities: the
-    /// bookkeeping of both sides valid after every step, blocks disjoint,
+    /// bookkeeping of both sides valid (every 32 steps and at the end; what
+    /// a step touched after every step), blocks disjoint,
     /// aligned, inside a reservation and backed by pages of their own,
     /// every byte accounted, moves only under a capacity, decay on time,
     /// and nothing left in the backend after the drop.

@@ -5,8 +5,10 @@
 //! shared with the `packed_ops` fuzz target and its corpus replay: a
 //! `PackedPool` (or a `SharedPool` holding one) over
 //! `FailingAllocator<CheckingAllocator::with_addresses()>`, whose blocks
-//! are distinct address ranges. After every step: the layer's and the
-//! exact pool's `validate()`; no two held blocks overlap; every packed
+//! are distinct address ranges. After every step what the step touched,
+//! and every 32 steps, after every failure and at the end the whole pool:
+//! the layer's and the exact pool's `validate()`; no two held blocks
+//! overlap; every packed
 //! block lies inside a live backing block counted as a segment, every
 //! exact block is a whole backing block; every byte accounted
 //! (`PackingStats` against the model: bytes requested, packed blocks and
