@@ -642,7 +642,8 @@ impl Model {
     /// Debug builds: a collection first holds the policy's deadline for
     /// the oldest block against `must_evict` while the cached deadline
     /// lies ahead (a `deadline` call, then a `must_evict` call when that
-    /// deadline is still ahead of the clock).
+    /// deadline is still ahead of the clock, and then a `deadline` call
+    /// again, whose answer the store keeps: `must_evict` planned anew).
     fn check_deadline(&mut self) -> Step {
         if !cfg!(debug_assertions) || !self.timed() || self.now_nanos() >= self.not_before {
             return Ok(());
@@ -667,6 +668,14 @@ impl Model {
                     self.ratio = clamp_ratio(bound, bytes);
                     self.allowance_at = self.now;
                 }
+            }
+            // `must_evict` planned again: the store forgets its deadline
+            // and keeps the policy's new one (a second `deadline` call).
+            self.not_before = 0;
+            self.fire(Fault::Deadline)?;
+            let deadline = self.deadline_answer(oldest);
+            if !self.untold {
+                self.not_before = deadline;
             }
         }
         Ok(())

@@ -887,6 +887,20 @@ impl<B, P: EvictionPolicy> Store<B> for TimedStore<B, P> {
                 oldest.released_at
             );
         }
+        // `must_evict` planned again (an `Exponential` sets its watch for
+        // the plan it makes): the deadline kept is the policy's new one, as
+        // after any check, else a later release is held against a watch
+        // for a deadline other than the one the store keeps (a debug build
+        // then skipped the eviction of a due block). Forgotten first, so
+        // that a policy that panics here leaves none.
+        self.not_before = 0;
+        let deadline = self.policy.provisional_deadline(oldest).map_or(0, nanos);
+        if !self.untold {
+            self.not_before = deadline;
+            if deadline != 0 {
+                self.top_class = 0;
+            }
+        }
     }
 
     fn pop_oldest(&mut self, now: u64) -> Option<(B, usize)> {
