@@ -417,6 +417,16 @@ pub fn packed_ops(data: &[u8]) -> Option<PackedSummary> {
     Some(run_packed(&input))
 }
 
+/// `allocate(size)`, as a step's checks name it (a `format_args!` kept in
+/// a variable needs Rust 1.89; the library's minimum is 1.85).
+struct Allocate(usize);
+
+impl fmt::Debug for Allocate {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "allocate({})", self.0)
+    }
+}
+
 /// How many steps' checks run between two whole-pool checks.
 ///
 /// A whole-pool check ([`Harness::check_whole`]) walks every block held,
@@ -796,7 +806,7 @@ impl Harness {
     /// block), not overlapping its neighbours, not an exact block where a
     /// segment is nor carved from an exact block held.
     fn hold(&mut self, block: u64, size: usize, packed: bool, handle: Option<Handle>) {
-        let what = format_args!("allocate({size})");
+        let what = Allocate(size);
         let step = self.step;
         let extent = self.extent(size, packed, block);
         let ((start, bsize), oversize) = self.check_block(block, size, packed, extent, &what);
@@ -1151,7 +1161,7 @@ impl Harness {
         };
         let (after, ps) = self.stats();
         let step = self.step;
-        let what = format_args!("allocate({size})");
+        let what = Allocate(size);
         self.sync_backing(&what);
         let failed = result.is_err();
         match result {
