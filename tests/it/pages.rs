@@ -612,7 +612,7 @@ struct Model {
 /// everything is released and `validate_released` passes.
 #[test]
 fn modelled_backend_against_a_model() {
-    let rounds = if cfg!(miri) { 300 } else { 20_000 };
+    let rounds = if cfg!(miri) { 150 } else { 20_000 };
     for seed in [1u64, 0xDEAD_BEEF, 0x1234_5678_9ABC] {
         let g = 4096;
         let capacity = 48;

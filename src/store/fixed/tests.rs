@@ -157,7 +157,7 @@ fn take_inline_takes_what_take_takes_or_nothing() {
         )
     };
     let (mut inline, mut out_of_line) = (0, 0);
-    let steps = if cfg!(miri) { 300 } else { 20_000 };
+    let steps = if cfg!(miri) { 150 } else { 20_000 };
     for (slots, window) in [(64, 8), (64, 16), (24, 20)] {
         for reuse in [Reuse::Lifo, Reuse::Fifo] {
             let mut a = FixedStore::<u64>::new(slots, window, reuse);
