@@ -1303,6 +1303,10 @@ impl<A: RawAllocator, P: Policy, C: Clock> DecayingPool<A, P, C> {
                     booking.settle().miss_done(size, class);
                     return Ok(block);
                 }
+                // Deferred (a packed `SharedPool` fetches the block outside
+                // its lock, then asks again): up at once, the booking
+                // dropped with its guard, nothing counted.
+                Err(e) if A::is_deferral(&e) => return Err(PoolError::Backing(e)),
                 Err(e) => e,
             };
             attempt += 1;

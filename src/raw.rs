@@ -218,6 +218,26 @@ pub trait RawAllocator {
     fn pages(&self) -> Option<crate::pages::MappedStats> {
         None
     }
+
+    /// Internal, not covered by semver: whether `error` defers the request
+    /// rather than fails it. The allocator made no call and changed
+    /// nothing, and asks its caller to come back once it has what the
+    /// request needs. A [`DecayingPool`](crate::DecayingPool) (and a
+    /// [`PackedPool`](crate::PackedPool) above it) passes such an error up
+    /// at once, as it left the allocator: no retry, nothing freed for it,
+    /// nothing counted. The packing layer of a
+    /// [`SharedPool`](crate::SharedPool) takes its backing blocks this way,
+    /// to make the call outside its lock. `false` (the default) for every
+    /// other allocator.
+    #[doc(hidden)]
+    #[inline]
+    fn is_deferral(error: &Self::Error) -> bool
+    where
+        Self: Sized,
+    {
+        let _ = error;
+        false
+    }
 }
 
 /// The provided [`RawAllocator`] methods for spare memory and pages

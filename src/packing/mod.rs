@@ -478,7 +478,7 @@ impl<A: Packable, P: Policy, C: Clock> PackedPool<A, P, C> {
             Some(slot) => (slot, false),
             None => {
                 let misses = self.pool.miss_count();
-                match self.new_segment(kind, units) {
+                match self.new_segment(kind, units)? {
                     Some(slot) => (slot, self.pool.miss_count() != misses),
                     None => return self.exact(size, size, true),
                 }
@@ -1324,14 +1324,28 @@ impl<A: Packable, P: Policy, C: Clock> PackedPool<A, P, C> {
     }
 
     /// Takes a new segment of `kind` from the pool, big enough for `units`;
-    /// `None` when the pool refuses.
-    fn new_segment(&mut self, kind: usize, units: usize) -> Option<u32> {
+    /// `None` when the pool refuses (the request then takes an exact
+    /// block), an error when the backing allocator deferred the request
+    /// ([`RawAllocator::is_deferral`]: passed up as it is).
+    fn new_segment(
+        &mut self,
+        kind: usize,
+        units: usize,
+    ) -> Result<Option<u32>, PoolError<A::Error>> {
         let bytes = match self.cached_size(units) {
             Some(b) => b,
             None => self.segment_size(kind, units),
         };
-        let seg_units = u32::try_from(bytes >> self.shift).ok()?;
-        let block = self.pool.allocate(bytes).ok()?;
+        let Ok(seg_units) = u32::try_from(bytes >> self.shift) else {
+            return Ok(None);
+        };
+        let block = match self.pool.allocate(bytes) {
+            Ok(block) => block,
+            Err(PoolError::Backing(e)) if A::is_deferral(&e) => {
+                return Err(PoolError::Backing(e));
+            }
+            Err(_) => return Ok(None),
+        };
         let alloc = match self
             .spares
             .iter()
@@ -1373,7 +1387,7 @@ impl<A: Packable, P: Policy, C: Clock> PackedPool<A, P, C> {
         st.segment_bytes += bytes;
         st.free_segment_bytes += bytes;
         st.peak_segment_bytes = st.peak_segment_bytes.max(st.segment_bytes);
-        Some(slot)
+        Ok(Some(slot))
     }
 
     /// Gives an emptied segment back to the pool.

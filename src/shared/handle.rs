@@ -15,7 +15,6 @@ use super::magazine_path::ThreadCaches;
 use super::packed_layer::PackedLayer;
 use super::pooled::Pooled;
 use super::reaper::{self, Reaper};
-#[cfg(panic = "unwind")]
 use super::split;
 use super::thread_cache::MAGAZINE;
 use super::{Frees, recover};
@@ -219,9 +218,10 @@ impl<A: RawAllocator, P: Policy, C: Clock> SharedPool<A, P, C> {
     /// same calls and hands out the same blocks as the `PackedPool` alone;
     /// after a failure the out-of-memory ladder starts again at its first
     /// rung at each try (cached blocks freed oldest first until none is
-    /// left), so [`Stats::backing_failures`] may count more. In a build
-    /// with `panic = "abort"` (the layer finds its way out of a try by
-    /// unwinding) the packing lock is held across backing calls instead.
+    /// left), so [`Stats::backing_failures`] may count more. A try that
+    /// needs a backing block returns to the shared pool with its class (a
+    /// value, not an unwinding), so builds with `panic = "abort"` take the
+    /// same path.
     ///
     /// [`stats`](Self::stats) count the caller's requests
     /// ([`PackedPool::stats`]), [`packing_stats`](Self::packing_stats) the
@@ -261,15 +261,11 @@ impl<A: RawAllocator, P: Policy, C: Clock> SharedPool<A, P, C> {
     {
         let mut pool = pool;
         let requests = pool.take_request_hook();
-        // Backing calls outside the packing lock (`split`), where the build
-        // can unwind; else the layer is the pool itself, over the allocator.
-        #[cfg(panic = "unwind")]
+        // Backing calls outside the packing lock (`split`), in every build.
         let (layer, alloc): (Box<dyn PackedLayer<A, P, C>>, _) = {
             let (layer, alloc) = split::SplitLayer::new(pool);
             (Box::new(layer), Some(alloc))
         };
-        #[cfg(not(panic = "unwind"))]
-        let (layer, alloc): (Box<dyn PackedLayer<A, P, C>>, _) = (Box::new(pool), None);
         SharedPool {
             inner: Arc::new(Inner::new(
                 None,

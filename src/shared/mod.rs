@@ -28,7 +28,6 @@ mod magazine_path;
 mod packed_layer;
 mod pooled;
 mod reaper;
-#[cfg(panic = "unwind")]
 mod split;
 mod thread_cache;
 

@@ -9,7 +9,7 @@ use super::inner::Inner;
 use super::{Frees, recover};
 use crate::clock::Clock;
 use crate::error::PoolError;
-use crate::packing::{Packable, PackedPool, PackingStats};
+use crate::packing::PackingStats;
 use crate::policy::Policy;
 use crate::raw::RawAllocator;
 use crate::stats::{ClassStats, Stats};
@@ -17,6 +17,8 @@ use crate::stats::{ClassStats, Stats};
 // For the documentation's links.
 #[cfg(doc)]
 use super::handle::SharedPool;
+#[cfg(doc)]
+use crate::packing::{Packable, PackedPool};
 
 /// The packing layer of a packed pool, behind its lock.
 pub(super) type Layer<A, P, C> = Mutex<Box<dyn PackedLayer<A, P, C>>>;
@@ -29,10 +31,9 @@ pub(super) type Ready<B, E> = Vec<(usize, Result<B, E>, Option<usize>)>;
 /// A [`PackedPool`] seen from a [`SharedPool`], whose allocator type need
 /// not be [`Packable`]: the calls a packed `SharedPool` forwards to it.
 ///
-/// Two layers implement it: `split::SplitLayer`, whose pool makes no
-/// backing call (the shared pool makes them outside the lock, and gives
-/// back what the pool let go after it), and, where a build cannot unwind
-/// (`panic = "abort"`), the [`PackedPool`] over the caller's allocator.
+/// `split::SplitLayer` implements it: its pool makes no backing call (the
+/// shared pool makes them outside the lock, and gives back what the pool
+/// let go after it).
 pub(super) trait PackedLayer<A: RawAllocator, P: Policy, C: Clock> {
     /// An attempt at an allocation of `size`, with the outcomes of backing
     /// calls made for it in `ready` (those not taken are left there): the
@@ -75,70 +76,6 @@ pub(super) trait PackedLayer<A: RawAllocator, P: Policy, C: Clock> {
     fn finish(self: Box<Self>, alloc: Option<A>);
     #[cfg(feature = "testing")]
     fn validate(&self);
-}
-
-impl<A, P, C> PackedLayer<A, P, C> for PackedPool<A, P, C>
-where
-    A: Packable + 'static,
-    P: Policy + 'static,
-    C: Clock + 'static,
-{
-    fn allocate(
-        &mut self,
-        size: usize,
-        _ready: &mut Ready<A::Block, A::Error>,
-    ) -> Result<Result<A::Block, usize>, PoolError<A::Error>> {
-        PackedPool::allocate(self, size).map(Ok)
-    }
-    unsafe fn release(&mut self, block: A::Block, size: usize) {
-        // SAFETY: the caller upholds `PackedPool::release`'s contract.
-        unsafe { PackedPool::release(self, block, size) }
-    }
-    fn collect(&mut self) -> usize {
-        PackedPool::collect(self)
-    }
-    fn trim(&mut self) -> usize {
-        PackedPool::trim(self)
-    }
-    fn set_limit(&mut self, limit: Option<usize>) -> usize {
-        PackedPool::set_limit(self, limit)
-    }
-    fn limit(&self) -> Option<usize> {
-        self.pool().limit()
-    }
-    fn reset_peaks(&mut self) {
-        PackedPool::reset_peaks(self);
-    }
-    fn class_stats(&self) -> Option<Vec<ClassStats>> {
-        self.pool().class_stats()
-    }
-    fn stats(&self) -> Stats {
-        PackedPool::stats(self)
-    }
-    fn packing_stats(&self) -> PackingStats {
-        PackedPool::packing_stats(self)
-    }
-    fn frees_pending(&self) -> bool {
-        false
-    }
-    fn take_frees(&mut self) -> Frees<A::Block> {
-        Vec::new()
-    }
-    fn with_pool(&mut self, _alloc: &mut Option<A>, f: &mut dyn FnMut(&mut dyn Any)) {
-        f(self);
-    }
-    fn allocate_locked(
-        &mut self,
-        size: usize,
-        _alloc: &mut Option<A>,
-    ) -> Result<A::Block, PoolError<A::Error>> {
-        PackedPool::allocate(self, size)
-    }
-    fn finish(self: Box<Self>, _alloc: Option<A>) {}
-    #[cfg(feature = "testing")]
-    fn validate(&self) {
-        PackedPool::validate(self);
-    }
 }
 
 /// The blocks a packing layer let go, to give back once its lock is

@@ -8,24 +8,22 @@
 //! a [`Split`] instead: an allocator of the same blocks that makes no call.
 //! Its `allocate` hands over a block the shared pool fetched beforehand,
 //! outside the lock, for the class the pool asks for; with none, it notes
-//! the class and unwinds out of the attempt with [`NeedBlock`] (through
-//! `resume_unwind`, which runs no panic hook: nothing is printed). The
-//! shared pool catches that, lets go of the lock, makes the backing call,
-//! and runs the attempt again with the block ready. Its `deallocate` keeps
-//! the blocks the pool lets go, for the shared pool to give back after the
-//! lock. The caller's allocator itself stays outside the layer, behind the
-//! shared pool's allocator lock.
+//! the class and defers the request: it returns [`SplitError::Need`],
+//! which [`RawAllocator::is_deferral`] tells apart from a failure, so the
+//! pools above pass it up as it is (no retry, nothing freed, nothing
+//! counted; the exact pool's booking guard drops the miss's booking). The
+//! shared pool reads the class, lets go of the lock, makes the backing
+//! call, and runs the attempt again with the block ready. Its `deallocate`
+//! keeps the blocks the pool lets go, for the shared pool to give back
+//! after the lock. The caller's allocator itself stays outside the layer,
+//! behind the shared pool's allocator lock.
 //!
-//! Unwinding out of an attempt is what a backing allocator that panics
-//! does, which the pools are built and fuzzed to survive: nothing is taken
-//! or booked before the call (the exact pool's booking guard drops the
-//! miss's booking). A build with `panic = "abort"` cannot unwind, so there
-//! the layer is the [`PackedPool`] over the caller's allocator itself, and
-//! its lock is held across backing calls ([`SharedPool::packed`]).
-//!
-//! [`SharedPool::packed`]: super::SharedPool::packed
+//! The miss is a value all the way up: nothing unwinds, so a build with
+//! `panic = "abort"` takes the same path, and a panic hook or a debugger
+//! sees no panic where none happened.
 
 use core::any::Any;
+use core::fmt;
 use core::marker::PhantomData;
 use core::sync::atomic::{AtomicBool, Ordering};
 use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
@@ -40,9 +38,45 @@ use crate::policy::Policy;
 use crate::raw::RawAllocator;
 use crate::stats::{ClassStats, Stats};
 
-/// The payload an attempt unwinds with when it needs a backing block the
-/// shared pool has not fetched yet (its class is in [`Handoff::need`]).
-pub(super) struct NeedBlock;
+/// What a [`Split`]'s `allocate` returns in place of a block.
+#[derive(Debug)]
+pub(super) enum SplitError<E> {
+    /// The caller's allocator failed, outside the lock.
+    Backing(E),
+    /// A backing block the shared pool has not fetched yet is needed (its
+    /// class is in [`Handoff::need`]): a deferral, not a failure.
+    Need,
+}
+
+impl<E: fmt::Display> fmt::Display for SplitError<E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SplitError::Backing(e) => e.fmt(f),
+            SplitError::Need => f.write_str("a backing block is needed first"),
+        }
+    }
+}
+
+/// The error of the packed pool over a [`Split`], as the shared pool's
+/// callers see it (a [`SplitError::Need`] never gets here: the layer
+/// answers it with the class).
+fn unsplit<E>(e: PoolError<SplitError<E>>) -> Result<PoolError<E>, ()> {
+    Ok(match e {
+        PoolError::ZeroSize => PoolError::ZeroSize,
+        PoolError::TooLarge { requested } => PoolError::TooLarge { requested },
+        PoolError::LimitExceeded {
+            requested,
+            limit,
+            reserved,
+        } => PoolError::LimitExceeded {
+            requested,
+            limit,
+            reserved,
+        },
+        PoolError::Backing(SplitError::Backing(e)) => PoolError::Backing(e),
+        PoolError::Backing(SplitError::Need) => return Err(()),
+    })
+}
 
 /// What a [`Split`] and its shared pool hand each other, under the packing
 /// lock.
@@ -87,21 +121,25 @@ impl<A: RawAllocator> Split<A> {
 
 impl<A: RawAllocator> RawAllocator for Split<A> {
     type Block = A::Block;
-    type Error = A::Error;
+    type Error = SplitError<A::Error>;
 
-    /// The outcome fetched for `size` (a class), else unwinds with
-    /// [`NeedBlock`] after noting the class.
-    fn allocate(&mut self, size: usize) -> Result<A::Block, A::Error> {
+    /// The outcome fetched for `size` (a class), else
+    /// [`SplitError::Need`] after noting the class.
+    fn allocate(&mut self, size: usize) -> Result<A::Block, Self::Error> {
         let h = recover(self.handoff.get_mut());
         if let Some(i) = h.ready.iter().position(|(class, ..)| *class == size) {
             let (_, outcome, available) = h.ready.swap_remove(i);
             if outcome.is_err() {
                 self.available = available;
             }
-            return outcome;
+            return outcome.map_err(SplitError::Backing);
         }
         h.need = Some(size);
-        resume_unwind(Box::new(NeedBlock))
+        Err(SplitError::Need)
+    }
+
+    fn is_deferral(error: &Self::Error) -> bool {
+        matches!(error, SplitError::Need)
     }
 
     /// Keeps the block for the shared pool to give back after the lock.
@@ -222,28 +260,25 @@ where
         if given {
             recover(self.split().handoff.lock()).ready.append(ready);
         }
+        // Guards the user's code the attempt runs (clock, policy): should
+        // it panic, the outcomes handed over go back to the caller, who
+        // gives their blocks back, before the panic goes on.
         let attempt = catch_unwind(AssertUnwindSafe(|| self.pool_mut().allocate(size)));
+        let mut h = recover(self.split().handoff.lock());
+        // The outcomes not taken stay the caller's (a block fetched for a
+        // class the attempt did not need in the end), to offer again or
+        // give back.
+        ready.append(&mut h.ready);
+        let need = h.need.take();
+        drop(h);
         match attempt {
-            Ok(r) => {
-                if given {
-                    // The outcomes not taken stay the caller's (a block
-                    // fetched for a class the attempt did not need in the
-                    // end), to offer again or give back.
-                    let mut h = recover(self.split().handoff.lock());
-                    ready.append(&mut h.ready);
-                }
-                r.map(Ok)
-            }
-            Err(payload) => {
-                let mut h = recover(self.split().handoff.lock());
-                ready.append(&mut h.ready);
-                let need = h.need.take();
-                drop(h);
-                match need {
-                    Some(class) if payload.is::<NeedBlock>() => Ok(Err(class)),
-                    _ => resume_unwind(payload),
-                }
-            }
+            Ok(Ok(block)) => Ok(Ok(block)),
+            Ok(Err(e)) => match (unsplit(e), need) {
+                (Ok(e), _) => Err(e),
+                (Err(()), Some(class)) => Ok(Err(class)),
+                (Err(()), None) => unreachable!("a deferred request names its class"),
+            },
+            Err(panic) => resume_unwind(panic),
         }
     }
 
