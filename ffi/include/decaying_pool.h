@@ -20,13 +20,19 @@
  * legacy default stream.
  *
  * THREADS. Every function may be called from any thread at any time,
- * concurrently. No lock of the library is held across a backing call
+ * concurrently, a thread-local (C++ thread_local) or pthread-key
+ * destructor included: a block held by one may be freed there, after the
+ * library's own per-thread message slot is gone (a message is then lost,
+ * the call still does its work). No lock of the library is held across a backing call
  * (cuMemAlloc / cuMemFree, or the host allocator): a hit on one thread
  * never waits for another thread's miss in the library's own locks.
  *
  * ERRORS. A failed call returns NULL (allocations), -1 (dp_configure) or 0
  * (dp_stats_json) and leaves a message for dp_last_error() on the calling
- * thread; the void functions only leave the message. Misuse the caller
+ * thread, prefixed by the name of the function called ("dp_cupy_malloc: "
+ * for CuPy's). A request refused for lack of memory (the device's limit,
+ * the device or the host) says "out of memory", the device's limit and
+ * the bytes its pools reserve; the void functions only leave the message. Misuse the caller
  * cannot see (a free of a pointer never handed out, a double free, a free
  * with the wrong size) also goes to standard error (the first 32 messages
  * of the process). No call aborts the process: every entry point catches
@@ -62,8 +68,11 @@
  *                       large_rounding, capacity, granularity and their long
  *                       names small_threshold, medium_threshold) take a unit
  *                       (B, KiB, MiB, GiB, TiB; K, M, G, T); the others
- *                       (growth, multiple, cap, slack, large_fit) are plain
- *                       numbers.
+ *                       (growth, multiple, cap, slack, large_fit) are whole
+ *                       numbers. The granularity is a power of two of at
+ *                       least 256B: every pointer the library hands out is
+ *                       aligned to 256 bytes, as cudaMalloc's are. A key
+ *                       given twice is refused.
  *   limit=SIZE|none     bytes each device's pools may reserve together
  *                       (a size with a unit, e.g. 8GiB; default none).
  *   reaper=TIME|off     the period of each pool's reaper thread, which

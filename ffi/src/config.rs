@@ -11,6 +11,13 @@ use dp::{Exponential, FixedCapacity, FixedTime, Packing};
 /// The keys `dp_configure` knows, for the message on an unknown one.
 const KEYS: &str = "backend, policy, packing, packing.KEY, limit, reaper, gc_threshold, record";
 
+/// The alignment of every pointer the library hands out, in bytes:
+/// `cudaMalloc` guarantees 256, and RMM's resources require it. Exact
+/// blocks come from the backend at 256 bytes or more (`cuMemAlloc`; 512 on
+/// the host backend), and packed blocks sit at multiples of the packing
+/// granularity inside them, so a granularity below this is refused.
+pub(crate) const MIN_ALIGN: usize = 256;
+
 /// The packing keys whose values are sizes (and so take a unit), as the
 /// command-line tool's `--packing` reads them.
 const PACKING_SIZE_KEYS: [&str; 10] = [
@@ -132,11 +139,21 @@ impl Config {
         // pairs, combined at the end.
         let mut packing_off = false;
         let mut packing_pairs: Vec<(String, String)> = Vec::new();
+        let mut seen: Vec<&str> = Vec::new();
         for part in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
             let Some((key, value)) = part.split_once('=') else {
                 return Err(format!("`{part}`: expected key=value (keys: {KEYS})"));
             };
             let (key, value) = (key.trim(), value.trim());
+            // A key given twice is refused, not settled by its last value
+            // (`backend=host,backend=cuda` would otherwise ask for the
+            // device silently).
+            if !key.starts_with("packing.") {
+                if seen.contains(&key) {
+                    return Err(format!("{key}: given twice"));
+                }
+                seen.push(key);
+            }
             match key {
                 "backend" => {
                     c.backend = match value {
@@ -197,13 +214,26 @@ impl Config {
                 },
             }
         }
+        for (i, (k, _)) in packing_pairs.iter().enumerate() {
+            if packing_pairs[..i].iter().any(|(earlier, _)| earlier == k) {
+                return Err(format!("packing.{k}: given twice"));
+            }
+        }
         c.packing = if packing_off {
             if let Some((k, _)) = packing_pairs.first() {
                 return Err(format!("packing.{k}: packing is off"));
             }
             None
         } else {
-            Some(parse_packing(&packing_pairs)?)
+            let packing = parse_packing(&packing_pairs)?;
+            if packing.granularity < MIN_ALIGN {
+                return Err(format!(
+                    "packing.granularity: {} bytes is below {MIN_ALIGN} (every pointer the \
+                     library hands out is aligned to {MIN_ALIGN} bytes, as cudaMalloc's are)",
+                    packing.granularity
+                ));
+            }
+            Some(packing)
         };
         Ok(c)
     }
@@ -215,7 +245,7 @@ fn parse_packing(pairs: &[(String, String)]) -> Result<Packing, String> {
     for (k, v) in pairs {
         if PACKING_SIZE_KEYS.contains(&k.as_str()) {
             let bytes = parse_size(&format!("packing.{k}"), v).map_err(|e| e.to_string())?;
-            parts.push(format!("{k}={bytes}"));
+            parts.push(format!("{k}={bytes}B"));
         } else {
             parts.push(format!("{k}={v}"));
         }
@@ -352,6 +382,18 @@ mod tests {
             ("gc_threshold=0", "gc_threshold"),
             ("record=", "record"),
             ("backend", "backend"),
+            ("backend=host,backend=cuda", "backend: given twice"),
+            (
+                "limit=1GiB, policy=keep-all, limit=2GiB",
+                "limit: given twice",
+            ),
+            ("packing=on,packing=off", "packing: given twice"),
+            (
+                "packing=medium:1MiB,packing.medium=2MiB",
+                "packing.medium: given twice",
+            ),
+            ("packing.granularity=64B", "packing.granularity"),
+            ("packing.granularity=1B", "below 256"),
         ] {
             let e = Config::parse(text).unwrap_err();
             assert!(e.contains(key), "{text}: {e}");

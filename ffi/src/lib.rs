@@ -47,15 +47,18 @@ thread_local! {
     static LAST_ERROR: RefCell<Option<CString>> = const { RefCell::new(None) };
 }
 
-/// Sets this thread's message.
+/// Sets this thread's message. A call from a thread-local or pthread-key
+/// destructor may come after this thread's slot is gone: the message is
+/// then dropped (`try_with`), the call goes on.
 fn set_error(message: &str) {
     let c = CString::new(message.replace('\0', " ")).unwrap_or_default();
-    LAST_ERROR.with(|e| *e.borrow_mut() = Some(c));
+    let _ = LAST_ERROR.try_with(|e| *e.borrow_mut() = Some(c));
 }
 
-/// Clears this thread's message (at the start of each call).
+/// Clears this thread's message (at the start of each call); nothing once
+/// the slot is gone, as [`set_error`].
 fn clear_error() {
-    LAST_ERROR.with(|e| *e.borrow_mut() = None);
+    let _ = LAST_ERROR.try_with(|e| *e.borrow_mut() = None);
 }
 
 /// Sets the message and writes it to standard error (the first
@@ -74,15 +77,22 @@ pub(crate) fn report(message: &str) {
 }
 
 /// Runs the body of entry point `name`: clears the message, and turns an
-/// error or a panic into `fail` with a message.
+/// error or a panic into `fail` with a message. Everything that could
+/// panic runs inside a `catch_unwind` (the message slot, the report to
+/// standard error): no panic leaves an `extern "C"` function, from any
+/// thread at any point of its life (a thread-local destructor included).
 fn guard<R>(name: &str, fail: R, body: impl FnOnce() -> Result<R, String>) -> R {
-    clear_error();
-    match catch_unwind(AssertUnwindSafe(body)) {
-        Ok(Ok(r)) => r,
-        Ok(Err(message)) => {
-            set_error(&format!("{name}: {message}"));
-            fail
-        }
+    let outcome = catch_unwind(AssertUnwindSafe(|| {
+        clear_error();
+        body()
+    }));
+    let message = match outcome {
+        Ok(Ok(r)) => return r,
+        Ok(Err(message)) => Ok(message),
+        Err(panic) => Err(panic),
+    };
+    let _ = catch_unwind(AssertUnwindSafe(|| match message {
+        Ok(message) => set_error(&format!("{name}: {message}")),
         Err(panic) => {
             let what = panic
                 .downcast_ref::<&str>()
@@ -90,9 +100,9 @@ fn guard<R>(name: &str, fail: R, body: impl FnOnce() -> Result<R, String>) -> R 
                 .or_else(|| panic.downcast_ref::<String>().cloned())
                 .unwrap_or_else(|| "a panic".into());
             report(&format!("{name}: internal error: {what}"));
-            fail
         }
-    }
+    }));
+    fail
 }
 
 /// The current state, made from `$DECAYING_POOL` (or the defaults) at the
@@ -172,7 +182,12 @@ fn block_ptr(addr: usize) -> *mut c_void {
 /// message of [`dp_last_error`].
 #[unsafe(no_mangle)]
 pub extern "C" fn dp_malloc(size: usize, device: c_int, stream: *mut c_void) -> *mut c_void {
-    guard("dp_malloc", core::ptr::null_mut(), || {
+    malloc("dp_malloc", size, device, stream)
+}
+
+/// The body of `dp_malloc` and `dp_cupy_malloc`, its messages under `name`.
+fn malloc(name: &str, size: usize, device: c_int, stream: *mut c_void) -> *mut c_void {
+    guard(name, core::ptr::null_mut(), || {
         if size == 0 {
             return Ok(core::ptr::null_mut());
         }
@@ -315,7 +330,7 @@ pub extern "C" fn dp_record_stream(ptr: *mut c_void, stream: *mut c_void) {
 #[unsafe(no_mangle)]
 pub extern "C" fn dp_cupy_malloc(param: *mut c_void, size: usize, device: c_int) -> *mut c_void {
     let _ = param;
-    dp_malloc(size, device, core::ptr::null_mut())
+    malloc("dp_cupy_malloc", size, device, core::ptr::null_mut())
 }
 
 /// CuPy's `CFunctionAllocator` free: frees `ptr` (its size from the
@@ -436,11 +451,13 @@ pub unsafe extern "C" fn dp_stats_json(device: c_int, buf: *mut c_char, len: usi
 #[unsafe(no_mangle)]
 pub extern "C" fn dp_last_error() -> *const c_char {
     catch_unwind(|| {
-        LAST_ERROR.with(|e| {
-            e.borrow()
-                .as_ref()
-                .map_or(core::ptr::null(), |c| c.as_ptr())
-        })
+        LAST_ERROR
+            .try_with(|e| {
+                e.borrow()
+                    .as_ref()
+                    .map_or(core::ptr::null(), |c| c.as_ptr())
+            })
+            .unwrap_or(core::ptr::null())
     })
     .unwrap_or(core::ptr::null())
 }

@@ -462,7 +462,28 @@ impl Library {
             }
         };
         let pooled = first.map_err(|e: PoolError<BackendError>| {
-            format!("{size} bytes on device {device}, stream {stream:#x}: {e}")
+            let what = format!("{size} bytes on device {device}, stream {stream:#x}");
+            // What the limit, the device or the host refused says "out of
+            // memory", with the limit and the bytes reserved (what PyTorch's
+            // users and its memory-fraction tests look for).
+            let out_of_memory = match &e {
+                PoolError::ZeroSize => false,
+                PoolError::TooLarge { .. } | PoolError::LimitExceeded { .. } => true,
+                PoolError::Backing(BackendError::Limit { .. } | BackendError::Host(_)) => true,
+                PoolError::Backing(BackendError::Cuda(c)) => c.is_out_of_memory(),
+            };
+            if out_of_memory {
+                let limit = sp
+                    .device
+                    .limit()
+                    .map_or_else(|| "no limit".to_owned(), |l| format!("limit {l} bytes"));
+                format!(
+                    "out of memory: {what} ({limit}, {} bytes reserved): {e}",
+                    sp.device.reserved()
+                )
+            } else {
+                format!("{what}: {e}")
+            }
         })?;
         let (block, size) = pooled.into_raw();
         let entry = Entry {

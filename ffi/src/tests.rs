@@ -569,3 +569,169 @@ fn cuda_record_stream_holds_blocks_back() {
     dp_free(q, limit / 2, 0, h1);
     dp_empty_cache();
 }
+
+/// Runs the test `name` of this file again in a child process, with
+/// `DP_CHILD` set, and checks that it exited cleanly: for what would end
+/// the test process (an abort) if it went wrong.
+fn in_child(name: &str) {
+    if std::env::var_os("DP_CHILD").is_some() {
+        return;
+    }
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            &format!("tests::{name}"),
+            "--test-threads=1",
+            "--nocapture",
+        ])
+        .env("DP_CHILD", "1")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && text.contains("1 passed"),
+        "{}\n{text}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn a_free_from_a_thread_exit_destructor_does_not_abort() {
+    use core::cell::Cell;
+    use core::sync::atomic::{AtomicUsize, Ordering};
+
+    if std::env::var_os("DP_CHILD").is_none() {
+        return in_child("a_free_from_a_thread_exit_destructor_does_not_abort");
+    }
+    static FREED: AtomicUsize = AtomicUsize::new(0);
+
+    /// A thread-local that frees its block when the thread exits.
+    struct FreeOnExit(Cell<usize>);
+    impl Drop for FreeOnExit {
+        fn drop(&mut self) {
+            let p = self.0.get();
+            if p != 0 {
+                dp_free(
+                    core::ptr::with_exposed_provenance_mut(p),
+                    4096,
+                    0,
+                    stream(0),
+                );
+                FREED.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+    thread_local! {
+        static HOLDER: FreeOnExit = const { FreeOnExit(Cell::new(0)) };
+    }
+    /// A pthread key's destructor: runs after every thread-local of the
+    /// thread is gone, the library's message slot included.
+    ///
+    /// # Safety
+    ///
+    /// `p` is a block of 4096 bytes from `dp_malloc` not freed yet (the
+    /// thread library passes the key's value once, at the thread's exit).
+    unsafe extern "C" fn free_key(p: *mut c_void) {
+        dp_free(p, 4096, 0, stream(0));
+        FREED.fetch_add(1, Ordering::Relaxed);
+    }
+
+    let _g = fresh("backend=host,reaper=off");
+    let mut key: libc::pthread_key_t = 0;
+    // SAFETY: `key` is writable; `free_key` has the destructor's type.
+    let made = unsafe { libc::pthread_key_create(&mut key, Some(free_key)) };
+    assert_eq!(made, 0);
+    std::thread::spawn(move || {
+        // The holder's destructor is registered first, so it runs after
+        // the library's message slot (made by the call below) is gone.
+        HOLDER.with(|h| h.0.set(0));
+        let p = dp_malloc(4096, 0, stream(0));
+        assert!(!p.is_null(), "{:?}", last_error());
+        HOLDER.with(|h| h.0.set(p.expose_provenance()));
+        let q = dp_malloc(4096, 0, stream(0));
+        assert!(!q.is_null(), "{:?}", last_error());
+        // SAFETY: `key` was made above; `q` stays live until its destructor.
+        assert_eq!(unsafe { libc::pthread_setspecific(key, q) }, 0);
+    })
+    .join()
+    .unwrap();
+    assert_eq!(FREED.load(Ordering::Relaxed), 2);
+    let s = stats(0);
+    assert_eq!(num(&s, &["stats", "bytes_in_use"]), 0, "{s}");
+    assert_eq!(num(&s, &["stats", "blocks_in_use"]), 0, "{s}");
+    println!("both blocks freed at thread exit");
+}
+
+#[test]
+fn every_pointer_is_aligned_to_256_bytes() {
+    for config in [
+        "backend=host,reaper=off",
+        "backend=host,reaper=off,packing=off",
+        "backend=host,reaper=off,packing.granularity=256B",
+        "backend=host,reaper=off,packing=small:1MiB;granularity:256B,policy=keep-all",
+    ] {
+        let _g = fresh(config);
+        let mut held = Vec::new();
+        for size in [
+            1,
+            3,
+            100,
+            255,
+            257,
+            1000,
+            4097,
+            70_000,
+            1 << 20,
+            (3 << 20) + 5,
+        ] {
+            for _ in 0..3 {
+                let p = dp_malloc(size, 0, stream(0));
+                assert!(!p.is_null(), "{config}: {size}: {:?}", last_error());
+                assert_eq!(p.addr() % config::MIN_ALIGN, 0, "{config}: {size} at {p:p}");
+                held.push((p, size));
+            }
+        }
+        for (p, size) in held {
+            dp_free(p, size, 0, stream(0));
+            assert_eq!(last_error(), None);
+        }
+    }
+    // Smaller granularities are refused, with a message.
+    let _g = fresh("backend=host,reaper=off");
+    for config in ["packing.granularity=1B", "packing.granularity=64B"] {
+        assert_eq!(configure_str(&format!("backend=host,{config}")), -1);
+        let e = last_error().unwrap();
+        assert!(e.starts_with("dp_configure: packing.granularity"), "{e}");
+    }
+}
+
+#[test]
+fn messages_name_their_entry_point_and_say_out_of_memory() {
+    let _g = fresh("backend=host,reaper=off,limit=1MiB");
+    // CuPy's entry points name themselves.
+    assert!(dp_cupy_malloc(core::ptr::null_mut(), 64, -1).is_null());
+    let e = last_error().unwrap();
+    assert!(e.starts_with("dp_cupy_malloc: "), "{e}");
+    // Over the limit: out of memory, the limit and the bytes reserved.
+    let held = dp_malloc(600 << 10, 0, stream(0));
+    assert!(!held.is_null(), "{:?}", last_error());
+    for (size, name) in [(2 << 20, "dp_malloc"), (700 << 10, "dp_malloc")] {
+        assert!(dp_malloc(size, 0, stream(0)).is_null());
+        let e = last_error().unwrap();
+        assert!(
+            e.starts_with(&format!("{name}: out of memory: ")) && e.contains("limit 1048576 bytes"),
+            "{e}"
+        );
+        let reserved = num(&stats(0), &["reserved"]);
+        assert!(e.contains(&format!("{reserved} bytes reserved")), "{e}");
+    }
+    assert!(dp_cupy_malloc(core::ptr::null_mut(), 2 << 20, 0).is_null());
+    let e = last_error().unwrap();
+    assert!(e.starts_with("dp_cupy_malloc: out of memory: "), "{e}");
+    dp_free(held, 600 << 10, 0, stream(0));
+    // A key given twice.
+    assert_eq!(configure_str("backend=host,backend=cuda"), -1);
+    let e = last_error().unwrap();
+    assert!(e.contains("backend: given twice"), "{e}");
+}
