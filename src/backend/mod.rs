@@ -4,7 +4,7 @@
 //! - [`MmapAllocator`] (unix): anonymous private mappings, page-aligned,
 //!   unmapped (really returned to the OS) on deallocate.
 
-mod host;
+pub(crate) mod host;
 mod system;
 pub use system::{AllocError, SystemAllocator};
 

@@ -1389,9 +1389,12 @@ impl Harness {
         if size == 0 {
             return Some(Ok(MappedError::ZeroSize));
         }
+        // Above the capacity the allocator was told (or its backend's), as
+        // above `isize::MAX`: refused before any call.
+        let capacity = RawAllocator::capacity(&*self.mapped);
         let Some(n) = size
             .checked_next_multiple_of(self.align)
-            .filter(|&n| n <= isize::MAX as usize)
+            .filter(|&n| n <= isize::MAX as usize && capacity.is_none_or(|c| n <= c))
         else {
             return Some(Ok(MappedError::TooLarge { requested: size }));
         };

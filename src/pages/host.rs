@@ -463,6 +463,13 @@ impl PageBackend for HostPages {
     type Page = HostPage;
     type Error = HostPageError;
 
+    /// The machine's memory as [`SystemAllocator`](crate::SystemAllocator)
+    /// sees it (RAM and swap under the kernel's overcommit rules, the
+    /// process's address-space limit, the address space).
+    fn capacity(&self) -> Option<usize> {
+        Some(crate::backend::host::capacity())
+    }
+
     fn granularity(&self) -> usize {
         self.granularity
     }

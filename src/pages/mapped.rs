@@ -386,6 +386,7 @@ impl<B: PageBackend, C: Clock> Mapped<B, C> {
     /// ```
     pub fn with_clock(backend: B, clock: C) -> Self {
         let page = backend.granularity();
+        let capacity = backend.capacity();
         let now = clock.now_nanos();
         Mapped {
             backend,
@@ -397,7 +398,7 @@ impl<B: PageBackend, C: Clock> Mapped<B, C> {
             page,
             align: DEFAULT_ALIGN.min(largest_power_of_two_dividing(page)),
             reservation: default_reservation(page),
-            capacity: None,
+            capacity,
             arenas: Vec::new(),
             by_base: BTreeMap::new(),
             free: BTreeMap::new(),
@@ -898,9 +899,11 @@ impl<B: PageBackend, C: Clock> RawAllocator for Mapped<B, C> {
         if size == 0 {
             return Err(MappedError::ZeroSize);
         }
+        // Above the capacity (the backend's, or the one given) no page
+        // could ever be made for it: refused before anything is reserved.
         let n = size
             .checked_next_multiple_of(self.align)
-            .filter(|&n| n <= isize::MAX as usize)
+            .filter(|&n| n <= isize::MAX as usize && self.capacity.is_none_or(|c| n <= c))
             .ok_or(MappedError::TooLarge { requested: size })?;
         self.settle_idle();
         let (arena, start, need) = match self.place(n) {

@@ -141,6 +141,17 @@ pub trait PageBackend {
     /// for CUDA's recommended granularity).
     fn granularity(&self) -> usize;
 
+    /// The most bytes of pages the backend could ever hold at once, when
+    /// known: the device's memory, the machine's for host pages, a model's
+    /// capacity. [`Mapped`] takes it as its
+    /// [`capacity`](crate::RawAllocator::capacity) (unless told another
+    /// with [`with_capacity`](crate::pages::Mapped::with_capacity)), so a
+    /// request above it is refused at once as too large, before any
+    /// address space is reserved. `None` (the default): unknown.
+    fn capacity(&self) -> Option<usize> {
+        None
+    }
+
     /// Reserves `bytes` of address space, none of it mapped. The address is
     /// aligned to the granularity.
     ///

@@ -439,6 +439,11 @@ impl PageBackend for ModelPages {
     type Page = ModelPage;
     type Error = PageError;
 
+    /// The capacity given with [`with_capacity`](Self::with_capacity).
+    fn capacity(&self) -> Option<usize> {
+        self.capacity
+    }
+
     fn granularity(&self) -> usize {
         self.granularity
     }

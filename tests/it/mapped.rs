@@ -1042,6 +1042,42 @@ mod host {
         probes(len).all(|i| bytes[i] == pattern(seed, i))
     }
 
+    /// A request above the machine's memory is refused at once as too
+    /// large, by the allocator alone and by a pool over it, before any
+    /// address space is reserved (64 TiB was once accepted, and dropping
+    /// the allocator then walked its 32 million slots for minutes).
+    #[test]
+    #[cfg_attr(miri, ignore)] // mmap: FFI
+    fn more_than_the_machine_is_too_large_at_once() {
+        let backend = HostPages::new().unwrap();
+        let capacity = backend.capacity().unwrap();
+        let mut m = Mapped::new(backend);
+        assert_eq!(m.capacity(), Some(capacity));
+        for size in [64usize << 40, capacity + 1] {
+            let e = m.allocate(size);
+            assert!(
+                matches!(e, Err(MappedError::TooLarge { requested }) if requested == size),
+                "{e:?}"
+            );
+        }
+        let s = m.stats();
+        assert_eq!((s.reserves, s.pages_created, s.blocks), (0, 0, 0), "{s:?}");
+        let mut pool = DecayingPool::new(m, FixedCapacity::new(4));
+        assert!(matches!(
+            pool.allocate(64 << 40),
+            Err(decaying_pool::PoolError::TooLarge { .. })
+        ));
+        // Still usable, and a block it hands out is memory.
+        let b = pool.allocate(4096).unwrap();
+        // SAFETY: `b` came from `allocate(4096)`: 4096 writable bytes,
+        // given back once below.
+        unsafe {
+            core::ptr::write_bytes(b as *mut u8, 7, 4096);
+            pool.release(b, 4096);
+        }
+        assert_eq!(pool.allocator().stats().reserves, 1);
+    }
+
     /// Blocks of many sizes written with their own patterns read back
     /// intact while others come and go and, under a capacity of 24 pages,
     /// spare pages move from one place to another.
