@@ -419,7 +419,7 @@ fn parse_packing(s: &str) -> Result<PackingArg, String> {
                 match part.split_once('=') {
                     Some((k, v)) if PACKING_SIZE_KEYS.contains(&k.trim()) => {
                         let bytes = parse_size(&format!("--packing {}", k.trim()), v)?;
-                        parts.push(format!("{}={bytes}", k.trim()));
+                        parts.push(format!("{}={bytes}B", k.trim()));
                     }
                     _ => parts.push(part.to_string()),
                 }

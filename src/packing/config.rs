@@ -357,6 +357,8 @@ fn parse_size(v: &str) -> Option<usize> {
         'k' => (&digits[..digits.len() - 1], KIB),
         'm' => (&digits[..digits.len() - 1], MIB),
         'g' => (&digits[..digits.len() - 1], 1 << 30),
+        // A bare number: no unit, refused (is `4096` bytes or KiB?).
+        _ if digits.len() == lower.len() => return None,
         _ => (digits, 1),
     };
     let x: f64 = num.trim().parse().ok()?;
@@ -365,6 +367,12 @@ fn parse_size(v: &str) -> Option<usize> {
     }
     let bytes = x * unit as f64;
     (bytes < usize::MAX as f64).then_some(bytes as usize)
+}
+
+/// A count (`growth`, `segment_multiple`, ...): a whole number, without a
+/// unit, at least `min`.
+fn parse_count(v: &str, min: usize) -> Option<usize> {
+    v.trim().parse::<usize>().ok().filter(|&n| n >= min)
 }
 
 impl FromStr for Packing {
@@ -376,8 +384,23 @@ impl FromStr for Packing {
     /// `segment_multiple`
     /// (`multiple`), `cap_fraction` (`cap`), `slack_fraction` (`slack`),
     /// `large_rounding`, `large_fit`,
-    /// `capacity`, `granularity`. Sizes take `K`, `M`, `G` suffixes; `off`
-    /// alone turns packing off.
+    /// `capacity`, `granularity`. Sizes need a unit (`B`, `K`/`KiB`,
+    /// `M`/`MiB`, `G`/`GiB`: a bare number is refused); the counts
+    /// (`growth`, `segment_multiple`, `cap_fraction`, `slack_fraction`,
+    /// `large_fit`) are whole numbers, at least 1 (`large_fit` at least 0).
+    /// The granularity is a power of two, and the small threshold at most
+    /// the medium one. `off` alone turns packing off.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use decaying_pool::Packing;
+    /// let p: Packing = "small=512KiB,growth=4,granularity=1K".parse().unwrap();
+    /// assert_eq!((p.small_threshold, p.growth, p.granularity), (512 << 10, 4, 1024));
+    /// for bad in ["small=4096", "growth=0", "granularity=768B", "small=2M,medium=1M"] {
+    ///     assert!(bad.parse::<Packing>().is_err(), "{bad}");
+    /// }
+    /// ```
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         let mut p = Packing::default();
         for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
@@ -388,24 +411,47 @@ impl FromStr for Packing {
             let (k, v) = part
                 .split_once('=')
                 .ok_or_else(|| ParsePackingError(format!("`{part}`: expected key=value")))?;
-            let size =
-                || parse_size(v).ok_or_else(|| ParsePackingError(format!("`{part}`: not a size")));
+            let size = || {
+                parse_size(v).ok_or_else(|| {
+                    ParsePackingError(format!(
+                        "`{part}`: not a size (a number and a unit: B, KiB, MiB or GiB)"
+                    ))
+                })
+            };
+            let count = |min: usize| {
+                parse_count(v, min).ok_or_else(|| {
+                    ParsePackingError(format!("`{part}`: not a whole number of at least {min}"))
+                })
+            };
             match k.trim() {
                 "small_threshold" | "small" => p.small_threshold = size()?,
                 "medium_threshold" | "medium" => p.medium_threshold = size()?,
                 "small_segment" => p.small_segment = size()?,
                 "medium_segment" => p.medium_segment = size()?,
                 "max_segment" => p.max_segment = size()?,
-                "growth" => p.growth = size()?,
-                "segment_multiple" | "multiple" => p.segment_multiple = size()?,
-                "cap_fraction" | "cap" => p.cap_fraction = size()?,
+                "growth" => p.growth = count(1)?,
+                "segment_multiple" | "multiple" => p.segment_multiple = count(1)?,
+                "cap_fraction" | "cap" => p.cap_fraction = count(1)?,
                 "capacity" => p.capacity = Some(size()?),
-                "granularity" => p.granularity = size()?,
+                "granularity" => {
+                    p.granularity = size()?;
+                    if !p.granularity.is_power_of_two() {
+                        return Err(ParsePackingError(format!(
+                            "`{part}`: the granularity is a power of two"
+                        )));
+                    }
+                }
                 "large_rounding" => p.large_rounding = size()?,
-                "large_fit" => p.large_fit = size()?,
-                "slack_fraction" | "slack" => p.slack_fraction = size()?,
+                "large_fit" => p.large_fit = count(0)?,
+                "slack_fraction" | "slack" => p.slack_fraction = count(1)?,
                 other => return Err(ParsePackingError(format!("unknown packing key `{other}`"))),
             }
+        }
+        if p.small_threshold > p.medium_threshold {
+            return Err(ParsePackingError(format!(
+                "the small threshold ({} bytes) is above the medium one ({} bytes)",
+                p.small_threshold, p.medium_threshold
+            )));
         }
         Ok(p)
     }

@@ -716,7 +716,7 @@ fn releasing_a_carved_block_with_the_wrong_size_is_refused() {
 
 #[test]
 fn packings_parse_from_key_value_lists() {
-    let p: Packing = "medium=128M, max_segment=512MiB,growth=4,cap=16,capacity=8G,small=4096"
+    let p: Packing = "medium=128M, max_segment=512MiB,growth=4,cap=16,capacity=8G,small=4096B"
         .parse()
         .unwrap();
     assert_eq!(
@@ -738,6 +738,16 @@ fn packings_parse_from_key_value_lists() {
         "medium=1X",
         "colour=red",
         "growth=nan",
+        // What the docs forbid: a bare number for a size, a count of 0 or
+        // with a unit, a granularity not a power of two, small above medium.
+        "small=4096",
+        "capacity=8",
+        "growth=0",
+        "growth=4K",
+        "cap=0",
+        "granularity=768B",
+        "granularity=0B",
+        "small=2M,medium=1M",
     ] {
         assert!(bad.parse::<Packing>().is_err(), "{bad}");
     }
