@@ -218,7 +218,7 @@ def test_cupy_enable_installs_the_c_functions(monkeypatch) -> None:
 
     # CFunctionAllocator keeps a NULL as pointer 0; enable()'s allocator
     # raises CuPy's OutOfMemoryError with the library's message instead.
-    with pytest.raises(cupy.cuda.memory.OutOfMemoryError, match="dp_malloc"):
+    with pytest.raises(cupy.cuda.memory.OutOfMemoryError, match="dp_cupy_malloc: out of memory"):
         malloc(2**63)
     assert malloc(0).ptr == 0  # size 0 is no error (CuPy never calls malloc)
 
