@@ -264,13 +264,18 @@ where
         // it panic, the outcomes handed over go back to the caller, who
         // gives their blocks back, before the panic goes on.
         let attempt = catch_unwind(AssertUnwindSafe(|| self.pool_mut().allocate(size)));
-        let mut h = recover(self.split().handoff.lock());
-        // The outcomes not taken stay the caller's (a block fetched for a
-        // class the attempt did not need in the end), to offer again or
-        // give back.
-        ready.append(&mut h.ready);
-        let need = h.need.take();
-        drop(h);
+        // A hit with nothing handed over leaves the handoff as it was: the
+        // hit path takes no lock of it.
+        let need = if given || !matches!(attempt, Ok(Ok(_))) {
+            let mut h = recover(self.split().handoff.lock());
+            // The outcomes not taken stay the caller's (a block fetched
+            // for a class the attempt did not need in the end), to offer
+            // again or give back.
+            ready.append(&mut h.ready);
+            h.need.take()
+        } else {
+            None
+        };
         match attempt {
             Ok(Ok(block)) => Ok(Ok(block)),
             Ok(Err(e)) => match (unsplit(e), need) {
