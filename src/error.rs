@@ -8,6 +8,9 @@ use core::fmt;
 /// pool freed on the way went back through the backing allocator and is
 /// counted in [`Stats`](crate::Stats).
 ///
+/// `#[non_exhaustive]`: a later version may add a reason, so a `match`
+/// outside the crate ends with a wildcard arm.
+///
 /// # Examples
 ///
 /// ```
@@ -25,6 +28,7 @@ use core::fmt;
 /// # }
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum PoolError<E> {
     /// A request for zero bytes.
     ZeroSize,

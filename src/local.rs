@@ -229,37 +229,60 @@ impl<A: RawAllocator, P: Policy, C: Clock> LocalBlock<A, P, C> {
     }
 }
 
-/// A backing allocator whose blocks are host memory: a `NonNull<u8>` valid
-/// for reads and writes of the size it was allocated with, aligned to at
-/// least 1, and owned by whoever holds the block. [`LocalBlock`] and
-/// [`Pooled`](crate::Pooled) offer safe byte views over such blocks.
+/// A backing allocator whose blocks are host memory: each block names
+/// ([`host_ptr`](HostMemory::host_ptr)) the first of as many bytes as it
+/// was allocated with, valid for reads and writes, and owned by whoever
+/// holds the block. [`LocalBlock`] and [`Pooled`](crate::Pooled) offer
+/// safe byte views over such blocks.
 ///
-/// The host allocators implement it, and so do the pools over them,
-/// plain ([`DecayingPool`]) and packed ([`PackedPool`](crate::PackedPool)).
+/// The host allocators implement it, the pools over them, plain
+/// ([`DecayingPool`]) and packed ([`PackedPool`](crate::PackedPool)), and
+/// [`Mapped`](crate::pages::Mapped) over [`HostPages`](crate::pages::HostPages)
+/// (whose blocks are addresses inside its reservation).
 ///
 /// # Safety
 ///
-/// Every block `allocate(size)` returns must point to `size` bytes of
-/// memory that stay valid for reads and writes, and are not accessed by
-/// anyone else, until the block is given back to `deallocate`.
-pub unsafe trait HostMemory: RawAllocator<Block = NonNull<u8>> {}
+/// For every block `allocate(size)` returns, `host_ptr(&block)` must point
+/// to `size` bytes of memory that stay valid for reads and writes, and are
+/// not accessed by anyone else in the process, until the block is given
+/// back to `deallocate`.
+pub unsafe trait HostMemory: RawAllocator {
+    /// The block's first byte.
+    fn host_ptr(block: &Self::Block) -> NonNull<u8>;
+}
 
 // SAFETY: `SystemAllocator` hands out `std::alloc` memory of the size asked for.
-unsafe impl HostMemory for crate::backend::SystemAllocator {}
+unsafe impl HostMemory for crate::backend::SystemAllocator {
+    #[inline]
+    fn host_ptr(block: &NonNull<u8>) -> NonNull<u8> {
+        *block
+    }
+}
 // SAFETY: `MmapAllocator` hands out private anonymous read-write mappings of
 // at least the size asked for.
 #[cfg(unix)]
-unsafe impl HostMemory for crate::backend::MmapAllocator {}
+unsafe impl HostMemory for crate::backend::MmapAllocator {
+    #[inline]
+    fn host_ptr(block: &NonNull<u8>) -> NonNull<u8> {
+        *block
+    }
+}
 // SAFETY: a pool hands out its backing allocator's blocks, allocated with
 // the request's class size (at least the size asked for), to one user at a
 // time.
-unsafe impl<A: HostMemory, P: Policy, C: Clock> HostMemory for DecayingPool<A, P, C> {}
+unsafe impl<A: HostMemory, P: Policy, C: Clock> HostMemory for DecayingPool<A, P, C> {
+    #[inline]
+    fn host_ptr(block: &A::Block) -> NonNull<u8> {
+        A::host_ptr(block)
+    }
+}
 // SAFETY: a packed pool hands out either an exact block of its
 // `DecayingPool<A>` (`HostMemory` above), allocated with at least the size
 // asked for (the request rounded up, or a larger cached class), or a block
 // carved from a segment: the segment is a block of that same pool, so
 // `seg.bytes` of host memory, and the carved block is its address plus an
-// offset, spanning whole units of at least `size` bytes that lie inside
+// offset (`Packable::carve`, whose `host_ptr` is the segment's plus that
+// offset), spanning whole units of at least `size` bytes that lie inside
 // the segment and overlap no other live carved block (the segment's free
 // ranges hand each unit to one block at a time). Either way the memory is
 // the caller's alone until it is released.
@@ -269,6 +292,10 @@ where
     P: Policy,
     C: Clock,
 {
+    #[inline]
+    fn host_ptr(block: &A::Block) -> NonNull<u8> {
+        A::host_ptr(block)
+    }
 }
 
 impl<A: HostMemory, P: Policy, C: Clock> LocalBlock<A, P, C> {
@@ -287,7 +314,7 @@ impl<A: HostMemory, P: Policy, C: Clock> LocalBlock<A, P, C> {
     pub fn as_uninit(&self) -> &[MaybeUninit<u8>] {
         // SAFETY: `HostMemory`: the block points to `size` bytes valid for
         // reads and owned by this guard; `MaybeUninit` admits any content.
-        unsafe { core::slice::from_raw_parts(self.block.as_ptr().cast(), self.size) }
+        unsafe { core::slice::from_raw_parts(A::host_ptr(&self.block).as_ptr().cast(), self.size) }
     }
 
     /// The block's bytes, possibly uninitialised, for writing.
@@ -304,7 +331,9 @@ impl<A: HostMemory, P: Policy, C: Clock> LocalBlock<A, P, C> {
     /// ```
     pub fn as_uninit_mut(&mut self) -> &mut [MaybeUninit<u8>] {
         // SAFETY: as in `as_uninit`, and `&mut self` makes the view unique.
-        unsafe { core::slice::from_raw_parts_mut(self.block.as_ptr().cast(), self.size) }
+        unsafe {
+            core::slice::from_raw_parts_mut(A::host_ptr(&self.block).as_ptr().cast(), self.size)
+        }
     }
 
     /// Sets every byte of the block to `byte` and returns it as an
@@ -322,7 +351,7 @@ impl<A: HostMemory, P: Policy, C: Clock> LocalBlock<A, P, C> {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn fill(&mut self, byte: u8) -> &mut [u8] {
-        let ptr = self.block.as_ptr();
+        let ptr = A::host_ptr(&self.block).as_ptr();
         // SAFETY: as in `as_uninit_mut`; every byte is written before the
         // slice is formed, so it is initialised.
         unsafe {

@@ -14,6 +14,10 @@ use core::fmt;
 /// With the **`serde`** feature, `Stats` is `Serialize` and `Deserialize`;
 /// a field missing from an older snapshot reads as zero.
 ///
+/// `Stats` is `#[non_exhaustive]`: later versions add counters. Read its
+/// fields; to build one (a test's expected value), start from
+/// `Stats::default()` and set the fields you need.
+///
 /// # Examples
 ///
 /// ```
@@ -38,6 +42,7 @@ use core::fmt;
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[cfg_attr(feature = "serde", serde(default))]
+#[non_exhaustive]
 pub struct Stats {
     /// Successful `allocate` calls served from the cache.
     pub hits: u64,
@@ -123,7 +128,9 @@ impl Stats {
     /// # Examples
     ///
     /// ```
-    /// let s = decaying_pool::Stats { hits: 3, misses: 1, ..Default::default() };
+    /// let mut s = decaying_pool::Stats::default();
+    /// s.hits = 3;
+    /// s.misses = 1;
     /// assert_eq!(s.hit_rate(), 0.75);
     /// ```
     pub fn hit_rate(&self) -> f64 {
@@ -141,7 +148,9 @@ impl Stats {
     /// # Examples
     ///
     /// ```
-    /// let s = decaying_pool::Stats { bytes_from_pool: 3, bytes_from_backing: 1, ..Default::default() };
+    /// let mut s = decaying_pool::Stats::default();
+    /// s.bytes_from_pool = 3;
+    /// s.bytes_from_backing = 1;
     /// assert_eq!(s.bytes_served(), 4);
     /// ```
     pub fn bytes_served(&self) -> usize {
@@ -154,7 +163,9 @@ impl Stats {
     /// # Examples
     ///
     /// ```
-    /// let s = decaying_pool::Stats { bytes_from_backing: 4096, bytes_requested: 3000, ..Default::default() };
+    /// let mut s = decaying_pool::Stats::default();
+    /// s.bytes_from_backing = 4096;
+    /// s.bytes_requested = 3000;
     /// assert_eq!(s.rounding_waste(), 1096);
     /// ```
     pub fn rounding_waste(&self) -> usize {

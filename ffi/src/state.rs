@@ -471,6 +471,8 @@ impl Library {
                 PoolError::TooLarge { .. } | PoolError::LimitExceeded { .. } => true,
                 PoolError::Backing(BackendError::Limit { .. } | BackendError::Host(_)) => true,
                 PoolError::Backing(BackendError::Cuda(c)) => c.is_out_of_memory(),
+                // A reason a later version of the crate adds.
+                _ => false,
             };
             if out_of_memory {
                 let limit = sp

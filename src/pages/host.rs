@@ -48,7 +48,7 @@ use super::{PageBackend, PageCounts, PageError, check_size, next_owner};
 /// ```
 /// use decaying_pool::pages::{HostPages, PageBackend};
 ///
-/// let mut b = HostPages::with_granularity(64 << 10)?;
+/// let mut b = HostPages::new(64 << 10)?;
 /// let mut range = b.reserve(1 << 20)?;
 /// assert_eq!(range.as_ptr() as usize % (64 << 10), 0);
 /// let mut pages = Vec::new();
@@ -86,7 +86,7 @@ pub struct HostPages {
 ///
 /// ```
 /// use decaying_pool::pages::{HostPages, PageBackend};
-/// let mut b = HostPages::new()?;
+/// let mut b = HostPages::with_os_pages()?;
 /// let mut pages = Vec::new();
 /// b.create_pages(2, &mut pages)?;
 /// assert_eq!(pages[1].file_offset(), pages[0].file_offset() + b.granularity() as u64);
@@ -115,7 +115,7 @@ impl HostPage {
 ///
 /// ```
 /// use decaying_pool::pages::{HostPages, PageBackend};
-/// let mut b = HostPages::new()?;
+/// let mut b = HostPages::with_os_pages()?;
 /// let r = b.reserve(4 * b.granularity())?;
 /// assert_eq!((r.len(), r.mapped_pages()), (4 * b.granularity(), 0));
 /// // SAFETY: nothing uses the range.
@@ -160,7 +160,7 @@ impl HostRange {
     ///
     /// ```
     /// use decaying_pool::pages::{HostPages, PageBackend};
-    /// let mut b = HostPages::new()?;
+    /// let mut b = HostPages::with_os_pages()?;
     /// let g = b.granularity();
     /// let mut r = b.reserve(4 * g)?;
     /// let mut pages = Vec::new();
@@ -181,7 +181,7 @@ impl HostRange {
 ///
 /// ```
 /// use decaying_pool::pages::{HostPageError, HostPages, PageBackend, PageError};
-/// let mut b = HostPages::new()?;
+/// let mut b = HostPages::with_os_pages()?;
 /// let err = b.reserve(1).unwrap_err();
 /// assert!(matches!(err, HostPageError::Invalid(PageError::NotAligned { value: 1, .. })));
 /// # Ok::<(), HostPageError>(())
@@ -280,16 +280,17 @@ impl HostPages {
     ///
     /// ```
     /// use decaying_pool::pages::{HostPages, PageBackend};
-    /// assert!(HostPages::new()?.granularity().is_power_of_two());
+    /// assert!(HostPages::with_os_pages()?.granularity().is_power_of_two());
     /// # Ok::<(), decaying_pool::pages::HostPageError>(())
     /// ```
-    pub fn new() -> Result<Self, HostPageError> {
-        Self::with_granularity(os_page())
+    pub fn with_os_pages() -> Result<Self, HostPageError> {
+        Self::new(os_page())
     }
 
     /// A backend of pages of `granularity` bytes, a multiple of the OS page
     /// size (2 MiB, CUDA's, lets transparent huge pages back them where the
-    /// system allows).
+    /// system allows). As [`ModelPages::new`](super::ModelPages::new) takes
+    /// its granularity, so does this.
     ///
     /// # Errors
     ///
@@ -300,12 +301,12 @@ impl HostPages {
     ///
     /// ```
     /// use decaying_pool::pages::{HostPageError, HostPages, PageBackend, PageError};
-    /// assert_eq!(HostPages::with_granularity(2 << 20)?.granularity(), 2 << 20);
-    /// assert!(matches!(HostPages::with_granularity(0), Err(HostPageError::Invalid(PageError::ZeroSize))));
-    /// assert!(HostPages::with_granularity(1000).is_err());
+    /// assert_eq!(HostPages::new(2 << 20)?.granularity(), 2 << 20);
+    /// assert!(matches!(HostPages::new(0), Err(HostPageError::Invalid(PageError::ZeroSize))));
+    /// assert!(HostPages::new(1000).is_err());
     /// # Ok::<(), HostPageError>(())
     /// ```
-    pub fn with_granularity(granularity: usize) -> Result<Self, HostPageError> {
+    pub fn new(granularity: usize) -> Result<Self, HostPageError> {
         if granularity == 0 {
             return Err(PageError::ZeroSize.into());
         }
@@ -340,7 +341,7 @@ impl HostPages {
     ///
     /// ```
     /// use decaying_pool::pages::{HostPages, PageBackend};
-    /// let mut b = HostPages::new()?;
+    /// let mut b = HostPages::with_os_pages()?;
     /// let p = b.create_page()?;
     /// // SAFETY: `p` is not mapped.
     /// unsafe { b.release_page(p)? };
@@ -362,7 +363,7 @@ impl HostPages {
     ///
     /// ```
     /// use decaying_pool::pages::HostPages;
-    /// assert_eq!(HostPages::new()?.file_bytes()?, 0);
+    /// assert_eq!(HostPages::with_os_pages()?.file_bytes()?, 0);
     /// # Ok::<(), decaying_pool::pages::HostPageError>(())
     /// ```
     pub fn file_bytes(&self) -> Result<u64, HostPageError> {
@@ -384,7 +385,7 @@ impl HostPages {
     ///
     /// ```
     /// use decaying_pool::pages::{HostPages, PageBackend};
-    /// let mut b = HostPages::new()?;
+    /// let mut b = HostPages::with_os_pages()?;
     /// let p = b.create_page()?;
     /// assert!(b.file_len() >= b.granularity() as u64);
     /// # unsafe { b.release_page(p)? };
@@ -455,6 +456,39 @@ impl HostPages {
             owner: self.owner,
             granularity: self.granularity,
         }
+    }
+}
+
+/// Blocks of [`Mapped`](super::Mapped) over host pages are host memory:
+/// [`LocalBlock`](crate::LocalBlock) and [`Pooled`](crate::Pooled) give
+/// their safe byte views (`as_uninit`, `as_uninit_mut`, `fill`).
+///
+/// ```
+/// use decaying_pool::pages::{HostPages, Mapped};
+/// use decaying_pool::{DecayingPool, FixedCapacity, LocalPool, Packing, SharedPool};
+/// let pool = LocalPool::new(DecayingPool::new(Mapped::new(HostPages::new(2 << 20)?), FixedCapacity::new(8)));
+/// let mut block = pool.allocate(100)?;
+/// assert_eq!(block.fill(7)[99], 7);
+/// // Packed, between threads:
+/// let packed = DecayingPool::builder(Mapped::new(HostPages::new(2 << 20)?)).packing(Packing::mapped()).build();
+/// let shared = SharedPool::packed(packed);
+/// assert_eq!(shared.allocate(3 << 20)?.fill(1).len(), 3 << 20);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+// SAFETY: `Mapped` hands out addresses inside a reservation of this
+// backend (`range_address` above is `base as usize`, a cast that exposes
+// the mapping's provenance, which `with_exposed_provenance_mut` takes
+// back), and a live block of `size` bytes lies on pages it mapped read and
+// write for the block's life, in no other live block (the mapped layer's
+// contract, checked by its model in the `mapped` fuzz target); the
+// reservation is not at address zero, where `mmap` places nothing.
+unsafe impl<C: crate::Clock> crate::HostMemory for super::Mapped<HostPages, C> {
+    #[inline]
+    fn host_ptr(block: &usize) -> NonNull<u8> {
+        let p = core::ptr::with_exposed_provenance_mut::<u8>(*block);
+        // SAFETY: a block's address is inside a reservation, never zero
+        // (see the `impl`).
+        unsafe { NonNull::new_unchecked(p) }
     }
 }
 

@@ -103,7 +103,7 @@ pub use model::{ModelPage, ModelPages, ModelRange};
 /// # #[cfg(target_os = "linux")] {
 /// use decaying_pool::pages::{HostPages, PageBackend};
 ///
-/// let mut b = HostPages::new()?;
+/// let mut b = HostPages::with_os_pages()?;
 /// let g = b.granularity();
 /// let (mut first, mut second) = (b.reserve(4 * g)?, b.reserve(4 * g)?);
 /// let mut pages = Vec::new();

@@ -1,10 +1,6 @@
 //! Any policy, chosen at run time: [`AnyPolicy`] and [`BoxedPolicy`].
 
-use super::{EvictionPolicy, FixedCapacity};
-
-// For the documentation's links.
-#[cfg(doc)]
-use super::{Exponential, FixedTime};
+use super::{EvictionPolicy, Exponential, FixedCapacity, FixedTime};
 
 /// A timed policy chosen at run time.
 pub type BoxedPolicy = Box<dyn EvictionPolicy + Send>;
@@ -30,7 +26,7 @@ pub type BoxedPolicy = Box<dyn EvictionPolicy + Send>;
 /// fn pool_for(flag: &str) -> DecayingPool<CheckingAllocator, AnyPolicy> {
 ///     let policy = match flag {
 ///         "fixed" => AnyPolicy::from(FixedCapacity::new(64)),
-///         _ => AnyPolicy::timed(FixedTime::new(Duration::from_secs(2))),
+///         _ => AnyPolicy::from(FixedTime::new(Duration::from_secs(2))),
 ///     };
 ///     DecayingPool::new(CheckingAllocator::new(), policy)
 /// }
@@ -68,6 +64,39 @@ impl AnyPolicy {
 impl From<FixedCapacity> for AnyPolicy {
     fn from(policy: FixedCapacity) -> Self {
         AnyPolicy::Fixed(policy)
+    }
+}
+
+/// A [`FixedTime`] policy, boxed: `AnyPolicy::from(FixedTime::new(ttl))`
+/// is `AnyPolicy::timed(FixedTime::new(ttl))`.
+///
+/// # Examples
+///
+/// ```
+/// use core::time::Duration;
+/// use decaying_pool::{policy::AnyPolicy, FixedTime};
+/// let p = AnyPolicy::from(FixedTime::new(Duration::from_secs(2)));
+/// assert!(matches!(p, AnyPolicy::Timed(_)));
+/// ```
+impl From<FixedTime> for AnyPolicy {
+    fn from(policy: FixedTime) -> Self {
+        AnyPolicy::timed(policy)
+    }
+}
+
+/// An [`Exponential`] policy, boxed, as [`AnyPolicy::timed`] boxes it.
+///
+/// # Examples
+///
+/// ```
+/// use core::time::Duration;
+/// use decaying_pool::{policy::AnyPolicy, Exponential};
+/// let p: AnyPolicy = Exponential::new(Duration::from_secs(3)).into();
+/// assert!(matches!(p, AnyPolicy::Timed(_)));
+/// ```
+impl From<Exponential> for AnyPolicy {
+    fn from(policy: Exponential) -> Self {
+        AnyPolicy::timed(policy)
     }
 }
 

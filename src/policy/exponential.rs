@@ -305,15 +305,6 @@ impl Exponential {
         self.half_life
     }
 
-    /// The half-life: the old name of [`half_life`](Self::half_life).
-    #[deprecated(
-        since = "0.1.0",
-        note = "renamed to `half_life` (no `get_` prefix on getters)"
-    )]
-    pub const fn get_half_life(&self) -> Duration {
-        self.half_life
-    }
-
     /// The ratio `L / bytes` at `now`.
     #[inline]
     fn ratio_at(&mut self, now: Duration) -> f64 {

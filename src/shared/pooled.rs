@@ -231,7 +231,7 @@ impl<A: HostMemory, P: Policy, C: Clock> Pooled<A, P, C> {
         // SAFETY: the block is `size` bytes valid for reads, owned by this
         // handle (see the `impl`); `&self` allows no writer through it
         // meanwhile, and `MaybeUninit` admits any content.
-        unsafe { core::slice::from_raw_parts(self.block.as_ptr().cast(), self.size) }
+        unsafe { core::slice::from_raw_parts(A::host_ptr(&self.block).as_ptr().cast(), self.size) }
     }
 
     /// The block's bytes, possibly uninitialised, for writing.
@@ -251,7 +251,9 @@ impl<A: HostMemory, P: Policy, C: Clock> Pooled<A, P, C> {
     pub fn as_uninit_mut(&mut self) -> &mut [MaybeUninit<u8>] {
         // SAFETY: as in `as_uninit`, for writes too, and `&mut self` makes
         // the view unique.
-        unsafe { core::slice::from_raw_parts_mut(self.block.as_ptr().cast(), self.size) }
+        unsafe {
+            core::slice::from_raw_parts_mut(A::host_ptr(&self.block).as_ptr().cast(), self.size)
+        }
     }
 
     /// Sets every byte of the block to `byte` and returns it as an
@@ -271,7 +273,7 @@ impl<A: HostMemory, P: Policy, C: Clock> Pooled<A, P, C> {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn fill(&mut self, byte: u8) -> &mut [u8] {
-        let ptr = self.block.as_ptr();
+        let ptr = A::host_ptr(&self.block).as_ptr();
         // SAFETY: as in `as_uninit_mut`; every byte is written before the
         // slice is formed, so it is initialised.
         unsafe {

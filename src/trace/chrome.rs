@@ -27,7 +27,9 @@ use super::{Sample, StatsTimeline, json_escape};
 /// use decaying_pool::Stats;
 ///
 /// let mut rec = StatsTimeline::new("keep-all");
-/// let s = Stats { bytes_in_use: 4096, bytes_reserved: 4096, ..Default::default() };
+/// let mut s = Stats::default();
+/// s.bytes_in_use = 4096;
+/// s.bytes_reserved = 4096;
 /// rec.record(Duration::from_micros(5), &s);
 /// let mut out = Vec::new();
 /// write_chrome_trace(&mut out, &[rec])?;

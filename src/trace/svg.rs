@@ -89,8 +89,8 @@ const BANDS: usize = 5;
 ///
 /// let mut rec = StatsTimeline::new("keep-all");
 /// for (ms, in_use, cached) in [(0, 0, 0), (1, 4096, 0), (2, 0, 4096)] {
-///     let s = Stats { bytes_in_use: in_use, bytes_cached: cached,
-///                     bytes_reserved: in_use + cached, ..Default::default() };
+///     let mut s = Stats::default();
+///     (s.bytes_in_use, s.bytes_cached, s.bytes_reserved) = (in_use, cached, in_use + cached);
 ///     rec.record(Duration::from_millis(ms), &s);
 /// }
 /// let mut out = Vec::new();

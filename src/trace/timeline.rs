@@ -57,7 +57,10 @@ impl Sample {
     /// ```
     /// use core::time::Duration;
     /// use decaying_pool::{trace::Sample, Stats};
-    /// let stats = Stats { bytes_in_use: 4096, bytes_reserved: 4096, bytes_spare: 512, ..Default::default() };
+    /// let mut stats = Stats::default();
+    /// stats.bytes_in_use = 4096;
+    /// stats.bytes_reserved = 4096;
+    /// stats.bytes_spare = 512;
     /// let s = Sample::from_stats(Duration::from_millis(3), &stats);
     /// assert_eq!((s.bytes_in_use, s.bytes_reserved, s.bytes_spare), (4096, 4096, 512));
     /// assert_eq!((s.bytes_live, s.bytes_free_in_segments), (0, 0));
@@ -224,7 +227,9 @@ impl StatsTimeline {
     /// use decaying_pool::Stats;
     /// let mut r = StatsTimeline::with_resolution("p", Duration::from_millis(1));
     /// for us in 0..10u64 {
-    ///     let s = Stats { bytes_in_use: us as usize, bytes_reserved: us as usize, ..Default::default() };
+    ///     let mut s = Stats::default();
+    ///     s.bytes_in_use = us as usize;
+    ///     s.bytes_reserved = us as usize;
     ///     r.record(Duration::from_micros(us * 300), &s);
     /// }
     /// // one per interval [0,1), [1,2), [2,3) ms: the peak (here also the last state)
@@ -284,7 +289,10 @@ impl StatsTimeline {
     /// use decaying_pool::trace::{InstantKind, Sample, StatsTimeline};
     /// use decaying_pool::Stats;
     /// let mut r = StatsTimeline::new("p");
-    /// let stats = Stats { bytes_in_use: 4096, bytes_reserved: 4096, evictions: 1, ..Default::default() };
+    /// let mut stats = Stats::default();
+    /// stats.bytes_in_use = 4096;
+    /// stats.bytes_reserved = 4096;
+    /// stats.evictions = 1;
     /// let t = Duration::from_millis(1);
     /// r.record_with(&stats, Sample { bytes_live: 3000, ..Sample::from_stats(t, &stats) });
     /// assert_eq!(r.samples()[0].bytes_live, 3000);

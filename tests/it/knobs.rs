@@ -497,10 +497,9 @@ fn stats_class_stats_events_and_reports_round_trip_through_serde_json() {
     let old: Stats = serde_json::from_str(r#"{"hits": 3, "misses": 1}"#).unwrap();
     assert_eq!(
         old,
-        Stats {
+        stats! {
             hits: 3,
             misses: 1,
-            ..Default::default()
         }
     );
 
@@ -712,13 +711,12 @@ fn a_run_time_fixed_capacity_never_reads_the_clock_and_a_timed_one_does() {
 
 #[test]
 fn any_stats_display_without_panicking() {
-    let s = Stats {
+    let s = stats! {
         hits: u64::MAX,
         misses: u64::MAX,
         bytes_from_pool: usize::MAX,
         bytes_from_backing: usize::MAX,
         bytes_reserved: usize::MAX,
-        ..Default::default()
     };
     let text = s.to_string();
     assert!(text.contains("allocations: 18446744073709551615"), "{text}");

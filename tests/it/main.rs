@@ -35,6 +35,16 @@
 
 #![cfg(all(feature = "testing", feature = "fuzzing", feature = "trace"))]
 
+/// A `Stats` with the fields named and zero elsewhere (`Stats` is
+/// `#[non_exhaustive]`: outside the crate it is built from its default).
+macro_rules! stats {
+    ($($field:ident: $value:expr),* $(,)?) => {{
+        let mut s = decaying_pool::Stats::default();
+        $(s.$field = $value;)*
+        s
+    }};
+}
+
 mod adoption_safety;
 mod backends;
 #[cfg(feature = "cuda")]

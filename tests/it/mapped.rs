@@ -1049,7 +1049,7 @@ mod host {
     #[test]
     #[cfg_attr(miri, ignore)] // mmap: FFI
     fn more_than_the_machine_is_too_large_at_once() {
-        let backend = HostPages::new().unwrap();
+        let backend = HostPages::with_os_pages().unwrap();
         let capacity = backend.capacity().unwrap();
         let mut m = Mapped::new(backend);
         assert_eq!(m.capacity(), Some(capacity));
@@ -1078,13 +1078,57 @@ mod host {
         assert_eq!(pool.allocator().stats().reserves, 1);
     }
 
+    /// The safe byte views of blocks on host pages: through a `LocalPool`
+    /// of a pool over `Mapped<HostPages>` and through a packed
+    /// `SharedPool` of one, each block's bytes are its own (a block filled after
+    /// another leaves it intact, also across pages), and a hit's view is
+    /// the block the miss wrote.
+    #[test]
+    #[cfg_attr(miri, ignore)] // mmap: FFI
+    fn byte_views_of_blocks_on_host_pages() {
+        use decaying_pool::{LocalPool, SharedPool};
+        let g = HostPages::with_os_pages().unwrap().granularity();
+        let sizes = [100, 5000, g + 1, 3 * g];
+        let pages = || Mapped::new(HostPages::new(g).unwrap());
+        let local = LocalPool::new(DecayingPool::new(pages(), FixedCapacity::new(8)));
+        let mut blocks: Vec<_> = sizes.iter().map(|&n| local.allocate(n).unwrap()).collect();
+        for (i, b) in blocks.iter_mut().enumerate() {
+            assert_eq!(b.fill(i as u8 + 1).len(), sizes[i]);
+        }
+        for (i, b) in blocks.iter().enumerate() {
+            // SAFETY: `fill` initialised every byte.
+            let bytes = b.as_uninit().iter().map(|x| unsafe { x.assume_init() });
+            assert!(bytes.into_iter().all(|x| x == i as u8 + 1), "block {i}");
+        }
+        let address = *blocks[1];
+        drop(blocks);
+        let mut again = local.allocate(5000).unwrap();
+        assert_eq!(*again, address, "a hit");
+        again.as_uninit_mut()[4999] = core::mem::MaybeUninit::new(9);
+        // SAFETY: byte 4999 was just written.
+        assert_eq!(unsafe { again.as_uninit()[4999].assume_init() }, 9);
+        drop(again);
+
+        let shared = SharedPool::packed(
+            DecayingPool::builder(pages())
+                .packing(Packing::mapped())
+                .build(),
+        );
+        let mut a = shared.allocate(g + 1).unwrap();
+        let mut b = shared.allocate(g + 1).unwrap();
+        a.fill(0xaa);
+        b.fill(0xbb);
+        assert!(a.fill(0xaa).iter().all(|&x| x == 0xaa));
+        assert!(b.fill(0xbb).iter().all(|&x| x == 0xbb));
+    }
+
     /// Blocks of many sizes written with their own patterns read back
     /// intact while others come and go and, under a capacity of 24 pages,
     /// spare pages move from one place to another.
     #[test]
     #[cfg_attr(miri, ignore)] // mmap: FFI
     fn blocks_keep_their_bytes_while_pages_move() {
-        let backend = HostPages::new().unwrap();
+        let backend = HostPages::with_os_pages().unwrap();
         let g = backend.granularity();
         let mut m = Mapped::with_clock(backend, ManualClock::new())
             .with_reservation(64 * g)
@@ -1154,7 +1198,7 @@ mod host {
     #[test]
     #[cfg_attr(miri, ignore)] // mmap: FFI
     fn a_moved_page_shows_its_bytes_at_the_new_place() {
-        let backend = HostPages::new().unwrap();
+        let backend = HostPages::with_os_pages().unwrap();
         let g = backend.granularity();
         let mut m = Mapped::with_clock(backend, ManualClock::new())
             .with_reservation(8 * g)
@@ -1191,7 +1235,7 @@ mod host {
     #[test]
     #[cfg_attr(miri, ignore)] // mmap: FFI
     fn a_pool_over_host_pages_reuses_them() {
-        let backend = HostPages::new().unwrap();
+        let backend = HostPages::with_os_pages().unwrap();
         let g = backend.granularity();
         let mapped = Mapped::with_clock(backend, ManualClock::new()).with_reservation(64 * MIB);
         let mut pool = DecayingPool::new(mapped, FixedCapacity::new(0));
@@ -1211,7 +1255,7 @@ mod host {
         assert_eq!(pool.trim(), s.page_bytes);
         assert_eq!(pool.allocator().backend().file_bytes().unwrap(), 0);
 
-        let backend = HostPages::new().unwrap();
+        let backend = HostPages::with_os_pages().unwrap();
         let mapped = Mapped::with_clock(backend, ManualClock::new()).with_reservation(64 * MIB);
         let mut packed = DecayingPool::builder(mapped)
             .policy(FixedCapacity::new(0))
@@ -1234,7 +1278,7 @@ mod host {
         assert_eq!(packed.stats().blocks_in_use, 0);
     }
 
-    /// `Mapped::new(HostPages::new()?)` as documented, with its default
+    /// `Mapped::new(HostPages::with_os_pages()?)` as documented, with its default
     /// reservation (64 GiB of address space) and the OS page (4 KiB): the
     /// first allocation must not cost the process memory in proportion to
     /// the address space reserved (it did, 800 MiB for a block of 100
@@ -1247,7 +1291,7 @@ mod host {
             let pages: usize = status.split_whitespace().nth(1).unwrap().parse().unwrap();
             pages * 4096
         }
-        let mut m = Mapped::new(HostPages::new().unwrap());
+        let mut m = Mapped::new(HostPages::with_os_pages().unwrap());
         let before = resident();
         let a = m.allocate(100).unwrap();
         let grown = resident().saturating_sub(before);

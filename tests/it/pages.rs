@@ -71,7 +71,7 @@ mod host {
     #[test]
     #[cfg_attr(miri, ignore)] // mmap and memfd: FFI
     fn pages_move_between_ranges_with_their_bytes() {
-        let mut b = HostPages::new().unwrap();
+        let mut b = HostPages::with_os_pages().unwrap();
         let g = b.granularity();
         let (mut a, mut c) = (b.reserve(8 * g).unwrap(), b.reserve(8 * g).unwrap());
         assert_eq!(a.as_ptr() as usize % g, 0);
@@ -141,7 +141,7 @@ mod host {
     #[cfg_attr(miri, ignore)] // mmap and memfd: FFI
     fn released_pages_give_their_memory_back() {
         let g = 64 << 10;
-        let mut b = HostPages::with_granularity(g).unwrap();
+        let mut b = HostPages::new(g).unwrap();
         let mut r = b.reserve(16 * g).unwrap();
         let mut pages = Vec::new();
         b.create_pages(16, &mut pages).unwrap();
@@ -192,12 +192,12 @@ mod host {
     #[test]
     #[cfg_attr(miri, ignore)] // mmap and memfd: FFI
     fn bad_calls_are_refused_and_change_nothing() {
-        assert_eq!(invalid(HostPages::with_granularity(0)), PageError::ZeroSize);
+        assert_eq!(invalid(HostPages::new(0)), PageError::ZeroSize);
         assert!(matches!(
-            invalid(HostPages::with_granularity(1000)),
+            invalid(HostPages::new(1000)),
             PageError::NotAligned { value: 1000, .. }
         ));
-        let mut b = HostPages::new().unwrap();
+        let mut b = HostPages::with_os_pages().unwrap();
         let g = b.granularity();
         assert_eq!(invalid(b.reserve(0)), PageError::ZeroSize);
         assert_eq!(
@@ -276,7 +276,7 @@ mod host {
         let refused = unsafe { b.release_page(mapped) };
         assert_eq!(invalid(refused), PageError::PageMapped);
         // Foreign handles.
-        let mut other = HostPages::new().unwrap();
+        let mut other = HostPages::with_os_pages().unwrap();
         let mut theirs = other.reserve(g).unwrap();
         assert_eq!(
             invalid(other.map(&mut theirs, 0, &spare)),
@@ -322,7 +322,7 @@ mod host {
     fn the_mapping_count_stays_bounded_under_churn() {
         const SLOTS: usize = 2048;
         const ROUNDS: usize = 6000;
-        let mut b = HostPages::new().unwrap();
+        let mut b = HostPages::with_os_pages().unwrap();
         let g = b.granularity();
         let mut r = b.reserve(SLOTS * g).unwrap();
         let (before, inside) = mappings(&r);

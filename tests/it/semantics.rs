@@ -101,7 +101,7 @@ fn stats_are_exact_after_a_mixed_sequence() {
     assert_eq!((b1, b2), (1, 2));
     assert_eq!(
         pool.stats(),
-        Stats {
+        stats! {
             misses: 2,
             backing_allocs: 2,
             blocks_in_use: 2,
@@ -111,7 +111,6 @@ fn stats_are_exact_after_a_mixed_sequence() {
             peak_bytes_in_use: 300,
             bytes_from_backing: 300,
             bytes_requested: 300,
-            ..Stats::default()
         }
     );
 
@@ -119,7 +118,7 @@ fn stats_are_exact_after_a_mixed_sequence() {
     put(&mut pool, b1, 100);
     assert_eq!(
         pool.stats(),
-        Stats {
+        stats! {
             misses: 2,
             backing_allocs: 2,
             blocks_in_use: 1,
@@ -131,7 +130,6 @@ fn stats_are_exact_after_a_mixed_sequence() {
             peak_bytes_in_use: 300,
             bytes_from_backing: 300,
             bytes_requested: 300,
-            ..Stats::default()
         }
     );
 
@@ -144,7 +142,7 @@ fn stats_are_exact_after_a_mixed_sequence() {
     assert_eq!(b5, 4);
     assert_eq!(
         pool.stats(),
-        Stats {
+        stats! {
             hits: 1,
             misses: 4,
             backing_allocs: 4,
@@ -156,7 +154,6 @@ fn stats_are_exact_after_a_mixed_sequence() {
             bytes_from_pool: 100,
             bytes_from_backing: 450,
             bytes_requested: 550,
-            ..Stats::default()
         }
     );
 
@@ -169,7 +166,7 @@ fn stats_are_exact_after_a_mixed_sequence() {
     put(&mut pool, b5, 50);
     assert_eq!(
         pool.stats(),
-        Stats {
+        stats! {
             hits: 2,
             misses: 4,
             backing_allocs: 4,
@@ -181,7 +178,6 @@ fn stats_are_exact_after_a_mixed_sequence() {
             bytes_from_pool: 300,
             bytes_from_backing: 450,
             bytes_requested: 750,
-            ..Stats::default()
         }
     );
     check_consistent(&pool, &alloc);
@@ -189,7 +185,7 @@ fn stats_are_exact_after_a_mixed_sequence() {
     assert_eq!(pool.trim(), 450);
     assert_eq!(
         pool.stats(),
-        Stats {
+        stats! {
             hits: 2,
             misses: 4,
             trimmed: 4,
@@ -200,7 +196,6 @@ fn stats_are_exact_after_a_mixed_sequence() {
             bytes_from_pool: 300,
             bytes_from_backing: 450,
             bytes_requested: 750,
-            ..Stats::default()
         }
     );
     assert_eq!(

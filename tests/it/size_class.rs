@@ -490,7 +490,7 @@ fn stats_count_class_sizes_not_request_sizes() {
     put(&mut pool, y, 100);
     assert_eq!(
         pool.stats(),
-        Stats {
+        stats! {
             hits: 1,
             misses: 2,
             backing_allocs: 2,
@@ -504,7 +504,6 @@ fn stats_count_class_sizes_not_request_sizes() {
             bytes_from_pool: 1024,
             bytes_from_backing: 1152,
             bytes_requested: 1700, // 1000 + 100 + 600
-            ..Stats::default()
         }
     );
     put(&mut pool, z, 600);
