@@ -40,9 +40,9 @@ use crate::policy::{FixedTime, Reuse};
 use crate::pool::DecayingPool;
 use crate::shared::{Pooled, SharedPool};
 
+use super::held::Held;
 use super::input::{Common, Config, Kind, MAX_OPS, SharedOp, pick, ticks};
 use super::model::model_round;
-use super::shared::Held;
 use super::{Clock, DropOrder, FULL_CHECK_EVERY, Injecting, Parts, Summary, new_parts};
 
 type Shared = SharedPool<Injecting, FixedTime, Clock>;
@@ -58,7 +58,7 @@ type Block = Pooled<Injecting, FixedTime, Clock>;
 const THREAD_STACK: usize = 256 << 10;
 
 /// A live block of the run.
-type Holder = super::shared::Holder<FixedTime>;
+type Holder = super::held::Holder<FixedTime>;
 
 /// What the successful allocations add up to.
 #[derive(Clone, Copy, Debug, Default)]

@@ -130,6 +130,7 @@
 //! ```
 
 mod cached;
+mod held;
 mod input;
 pub mod mapped;
 mod model;
