@@ -216,7 +216,11 @@ void dp_pinned_free(void *ptr);
  * streams) it is refused (-1, configuration unchanged); otherwise the old
  * pools give their idle memory back and the new configuration starts with
  * no pools (dp_set_memory_fraction limits are forgotten; dp_init's count
- * stays). Call it before other threads use the library.
+ * stays). A dp_malloc running on another thread meanwhile may still return
+ * a block of the old configuration: it stays valid, dp_free and
+ * dp_record_stream take it as any other, and its memory goes back once it
+ * is freed (the old configuration's figures no longer appear in
+ * dp_stats_json). Best called before other threads use the library.
  */
 int dp_configure(const char *config);
 

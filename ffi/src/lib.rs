@@ -20,7 +20,7 @@ use std::cell::RefCell;
 use std::ffi::{CStr, CString};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Once, PoisonError};
+use std::sync::{Arc, Mutex, Once, PoisonError};
 
 mod backend;
 mod config;
@@ -138,6 +138,40 @@ fn current() -> Option<Arc<Library>> {
         .map(Arc::clone)
 }
 
+/// The states that `dp_configure` replaced while a `dp_malloc` may still be
+/// inside one of them: a `dp_malloc` that took the state before the
+/// replacement registers its block there, after `dp_configure` found no
+/// live block. Its `dp_free` (and `dp_record_stream`) finds it here, and
+/// the block goes back to its own pool, which then gives its cache back.
+/// A state leaves the list once nothing else holds it (no call in
+/// flight), no block of it is live and none is held back.
+static RETIRED: Mutex<Vec<Arc<Library>>> = Mutex::new(Vec::new());
+
+/// Runs `f` on the current state, then on each retired one, until it finds
+/// something (the registry entry of a pointer): what it found, and whether
+/// in a retired state; `None` if no state handed the pointer out.
+fn with_entry<R>(mut f: impl FnMut(&Library) -> Option<R>) -> Option<(R, bool)> {
+    if let Some(found) = current().and_then(|lib| f(&lib)) {
+        return Some((found, false));
+    }
+    let retired = state::lock(&RETIRED);
+    retired
+        .iter()
+        .find_map(|lib| f(lib))
+        .map(|found| (found, true))
+}
+
+/// Takes the states that left the list (see [`RETIRED`]) out of it, to be
+/// dropped by the caller once the lock is released; each is emptied first.
+fn prune_retired() -> Vec<Arc<Library>> {
+    let mut retired = state::lock(&RETIRED);
+    let (done, kept): (Vec<_>, Vec<_>) = retired.drain(..).partition(|lib| {
+        Arc::strong_count(lib) == 1 && lib.registry.live() == 0 && lib.pending() == 0
+    });
+    *retired = kept;
+    done
+}
+
 /// Flushes the `record=` trace at process exit (`atexit`), once registered.
 fn register_exit_flush(lib: &Library) {
     static ONCE: Once = Once::new();
@@ -204,8 +238,8 @@ fn free(name: &str, ptr: *mut c_void, size: Option<usize>) {
             return Ok(());
         }
         let addr = ptr.addr();
-        let entry = current().and_then(|lib| lib.registry.remove(addr));
-        let Some(entry) = entry else {
+        let found = with_entry(|lib| lib.registry.remove(addr));
+        let Some((entry, retired)) = found else {
             report(&format!(
                 "{name}: {ptr:p} was not handed out by this library, or was freed \
                  already; ignored"
@@ -233,6 +267,14 @@ fn free(name: &str, ptr: *mut c_void, size: Option<usize>) {
             unsafe { sp.release_after(addr, entry.size, &entry.streams) };
         }
         sp.poll_pending(false);
+        if retired {
+            // A block of a replaced state: its cache goes back too, and the
+            // state, if this was its last block.
+            sp.pool.trim();
+            for lib in prune_retired() {
+                lib.empty_cache();
+            }
+        }
         Ok(())
     })
 }
@@ -311,7 +353,7 @@ pub extern "C" fn dp_set_memory_fraction(fraction: f64, device: c_int) {
 pub extern "C" fn dp_record_stream(ptr: *mut c_void, stream: *mut c_void) {
     guard("dp_record_stream", (), || {
         let stream = stream_key(stream);
-        let found = current().and_then(|lib| {
+        let found = with_entry(|lib| {
             lib.registry.with(ptr.addr(), |e| {
                 if e.pool.stream != stream && !e.streams.contains(&stream) {
                     e.streams.push(stream);
@@ -319,7 +361,7 @@ pub extern "C" fn dp_record_stream(ptr: *mut c_void, stream: *mut c_void) {
             })
         });
         match found {
-            Some(()) => Ok(()),
+            Some(((), _)) => Ok(()),
             None => Err(format!("{ptr:p} was not handed out by this library")),
         }
     });
@@ -403,11 +445,21 @@ fn configure(text: &str) -> Result<(), String> {
         }
         let lib = Arc::new(Library::new(config)?);
         register_exit_flush(&lib);
-        slot.replace(lib)
+        let old = slot.replace(lib);
+        // The old state stays findable while a `dp_malloc` may still be
+        // inside it: retired before the lock is released, so that a
+        // `dp_free` that no longer finds it current finds it there.
+        if let Some(old) = &old {
+            state::lock(&RETIRED).push(Arc::clone(old));
+        }
+        old
     };
     // The old pools give their memory back outside the lock.
     if let Some(old) = old {
         old.empty_cache();
+    }
+    for lib in prune_retired() {
+        lib.empty_cache();
     }
     Ok(())
 }

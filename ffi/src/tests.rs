@@ -22,6 +22,7 @@ static SERIAL: Mutex<()> = Mutex::new(());
 fn fresh(config: &str) -> MutexGuard<'static, ()> {
     let guard = SERIAL.lock().unwrap_or_else(PoisonError::into_inner);
     *LIBRARY.write().unwrap_or_else(PoisonError::into_inner) = None;
+    crate::state::lock(&crate::RETIRED).clear();
     DEVICE_COUNT.store(-1, std::sync::atomic::Ordering::Relaxed);
     assert_eq!(configure_str(config), 0, "{:?}", last_error());
     guard
@@ -734,4 +735,71 @@ fn messages_name_their_entry_point_and_say_out_of_memory() {
     assert_eq!(configure_str("backend=host,backend=cuda"), -1);
     let e = last_error().unwrap();
     assert!(e.contains("backend: given twice"), "{e}");
+}
+
+/// Threads allocate and free while another thread configures again and
+/// again: a `dp_malloc` that took the state a `dp_configure` then replaced
+/// registers its block in the replaced state, and its `dp_free` still
+/// finds it there (no "not handed out" message, no block lost); once every
+/// block is back, no replaced state is left, and the current one holds no
+/// block.
+#[test]
+fn configure_while_threads_allocate_loses_no_block() {
+    let _g = fresh("backend=host,reaper=off");
+    let done = std::sync::atomic::AtomicBool::new(false);
+    let (mut configured, mut refused) = (0, 0);
+    std::thread::scope(|s| {
+        let workers: Vec<_> = (0..3usize)
+            .map(|t| {
+                let done = &done;
+                s.spawn(move || {
+                    let mut rng = Rng(0x51ED + t as u64);
+                    let mut trips = 0u64;
+                    while !done.load(std::sync::atomic::Ordering::Relaxed) || trips < 100 {
+                        let size = 1 + (rng.next() % (512 << 10)) as usize;
+                        let p = dp_malloc(size, 0, stream(t));
+                        assert!(!p.is_null(), "{:?}", last_error());
+                        // SAFETY: `size` writable host bytes, ours until freed.
+                        unsafe { p.cast::<u8>().write_bytes(t as u8, size) };
+                        dp_free(p, size, 0, stream(t));
+                        assert_eq!(last_error(), None, "thread {t}, trip {trips}");
+                        trips += 1;
+                    }
+                    trips
+                })
+            })
+            .collect();
+        for i in 0..300 {
+            let config = if i % 2 == 0 {
+                "backend=host,reaper=off,packing=off"
+            } else {
+                "backend=host,reaper=off"
+            };
+            if configure_str(config) == 0 {
+                configured += 1;
+            } else {
+                let e = last_error().unwrap();
+                assert!(e.contains("blocks are allocated"), "{e}");
+                refused += 1;
+            }
+            std::thread::yield_now();
+        }
+        done.store(true, std::sync::atomic::Ordering::Relaxed);
+        for w in workers {
+            assert!(w.join().unwrap() >= 100);
+        }
+    });
+    assert!(configured > 0, "{configured} configured, {refused} refused");
+    assert_eq!(
+        configure_str("backend=host,reaper=off"),
+        0,
+        "{:?}",
+        last_error()
+    );
+    assert!(
+        crate::state::lock(&crate::RETIRED).is_empty(),
+        "a replaced state is still held"
+    );
+    let s = stats(0);
+    assert_eq!(num(&s, &["stats", "blocks_in_use"]), 0, "{s}");
 }
