@@ -43,6 +43,18 @@ use super::{PageBackend, PageCounts, PageError, check_size, next_owner};
 /// Dropping the backend leaves the ranges not released mapped (the kernel
 /// keeps the file while they are): release them first.
 ///
+/// # After `fork`
+///
+/// The file is shared with a child process, so a backend belongs to the
+/// process that made it. In a child, every call that would change the file
+/// or the mappings over it (`create_page`, `create_pages`,
+/// `release_page`, `map`, `reserve`) fails with [`HostPageError::Forked`]:
+/// the child's pool cannot punch holes under the parent's live blocks, nor
+/// take slots the parent will hand out. Mapped pages are not inherited
+/// (`MADV_DONTFORK`): a child that touches a block mapped before the fork
+/// faults instead of writing into the parent's memory. A child that needs
+/// host pages makes its own backend.
+///
 /// # Examples
 ///
 /// ```
@@ -70,6 +82,8 @@ use super::{PageBackend, PageCounts, PageError, check_size, next_owner};
 #[derive(Debug)]
 pub struct HostPages {
     owner: u64,
+    /// The fork generation of the process that made it ([`forks`]).
+    generation: u64,
     fd: OwnedFd,
     granularity: usize,
     counts: PageCounts,
@@ -191,6 +205,9 @@ impl HostRange {
 pub enum HostPageError {
     /// The call was refused before reaching the OS.
     Invalid(PageError),
+    /// A call in a child process on a backend its parent made (see
+    /// [`HostPages`], "After `fork`").
+    Forked,
     /// The OS refused.
     Os {
         /// The system call (`mmap`, `fallocate`, ...).
@@ -219,6 +236,10 @@ impl fmt::Display for HostPageError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             HostPageError::Invalid(e) => e.fmt(f),
+            HostPageError::Forked => f.write_str(
+                "host pages made before a fork belong to the parent process: \
+                 a child makes its own backend",
+            ),
             HostPageError::Os { call, source } => write!(f, "{call} failed: {source}"),
         }
     }
@@ -228,6 +249,7 @@ impl std::error::Error for HostPageError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
             HostPageError::Invalid(e) => Some(e),
+            HostPageError::Forked => None,
             HostPageError::Os { source, .. } => Some(source),
         }
     }
@@ -238,6 +260,27 @@ fn os_page() -> usize {
     // SAFETY: sysconf has no preconditions.
     let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
     if p > 0 { p as usize } else { 4096 }
+}
+
+/// The number of `fork`s this process descends from since the first
+/// backend was made: a child's count is its parent's plus one (a
+/// `pthread_atfork` handler, registered once, counts in the child).
+fn forks() -> u64 {
+    use std::sync::Once;
+    use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+    static FORKS: AtomicU64 = AtomicU64::new(0);
+    static REGISTER: Once = Once::new();
+    extern "C" fn in_child() {
+        FORKS.fetch_add(1, Relaxed);
+    }
+    REGISTER.call_once(|| {
+        // SAFETY: `in_child` is a plain function that only touches an
+        // atomic, which is async-signal-safe, as a fork handler must be. A
+        // failure to register (no memory) leaves fork undetected, as it was
+        // before: the mappings still are not inherited (`MADV_DONTFORK`).
+        let _ = unsafe { libc::pthread_atfork(None, None, Some(in_child)) };
+    });
+    FORKS.load(Relaxed)
 }
 
 /// `bytes` as a file offset.
@@ -327,6 +370,7 @@ impl HostPages {
         let fd = unsafe { OwnedFd::from_raw_fd(fd) };
         Ok(HostPages {
             owner: next_owner(),
+            generation: forks(),
             fd,
             granularity,
             counts: PageCounts::default(),
@@ -393,6 +437,16 @@ impl HostPages {
     /// ```
     pub fn file_len(&self) -> u64 {
         self.free.len() as u64 * self.granularity as u64
+    }
+
+    /// `Err(Forked)` in a child process of the one that made the backend.
+    #[inline]
+    fn same_process(&self) -> Result<(), HostPageError> {
+        if forks() == self.generation {
+            Ok(())
+        } else {
+            Err(HostPageError::Forked)
+        }
     }
 
     fn own_range(&self, range: &HostRange) -> Result<(), PageError> {
@@ -509,6 +563,7 @@ impl PageBackend for HostPages {
     }
 
     fn reserve(&mut self, bytes: usize) -> Result<HostRange, HostPageError> {
+        self.same_process()?;
         let count = check_size(bytes, self.granularity)?;
         let g = self.granularity;
         // Room to align the start to the granularity (`check_size` left it).
@@ -573,6 +628,7 @@ impl PageBackend for HostPages {
     }
 
     fn create_page(&mut self) -> Result<HostPage, HostPageError> {
+        self.same_process()?;
         let slot = self.take_run(1)?;
         self.counts.created += 1;
         Ok(self.page(slot))
@@ -581,6 +637,7 @@ impl PageBackend for HostPages {
     /// Takes `count` consecutive slots of the file: the first free run long
     /// enough, else the free end of the file, grown.
     fn create_pages(&mut self, count: usize, out: &mut Vec<HostPage>) -> Result<(), HostPageError> {
+        self.same_process()?;
         if count == 0 {
             return Ok(());
         }
@@ -591,6 +648,9 @@ impl PageBackend for HostPages {
     }
 
     unsafe fn release_page(&mut self, page: HostPage) -> Result<(), HostPageError> {
+        // In a child, a hole punched in the shared file would zero the
+        // parent's blocks: the page is kept (the child's copy leaks).
+        self.same_process()?;
         let s = self.slot(&page)?;
         if self.mapped.contains(s) {
             // The caller broke the contract: keep the slot, never reuse it.
@@ -616,6 +676,7 @@ impl PageBackend for HostPages {
         offset: usize,
         pages: &[HostPage],
     ) -> Result<(), HostPageError> {
+        self.same_process()?;
         self.own_range(range)?;
         let first = range.slots.run(offset, pages.len())?;
         range.slots.check_unmapped(first, pages.len())?;
@@ -657,6 +718,11 @@ impl PageBackend for HostPages {
                 }
                 return Err(err);
             }
+            // Not inherited by a child process (see "After `fork`"); a
+            // mapping fresh over a `MAP_FIXED` range takes the flag anew.
+            // SAFETY: `p` is the mapping just made, `n * g` bytes; the
+            // advice changes no content.
+            unsafe { libc::madvise(p, n * g, libc::MADV_DONTFORK) };
             k += n;
         }
         for p in pages {

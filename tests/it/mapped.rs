@@ -1078,6 +1078,111 @@ mod host {
         assert_eq!(pool.allocator().stats().reserves, 1);
     }
 
+    /// After `fork`, the child of a process with a pool over host pages
+    /// cannot change the parent's blocks: its page calls fail with
+    /// `Forked` (a new page, a drop that would punch holes in the shared
+    /// file), the parent's pages are not mapped in it (`MADV_DONTFORK`),
+    /// and after the child dropped its copy of the pool the parent's live
+    /// block still holds its bytes and its next blocks read as the parent
+    /// left them. Run in a child test process (one thread forks).
+    #[test]
+    #[cfg_attr(miri, ignore)] // mmap, fork: FFI
+    fn a_forked_child_leaves_the_parents_pages_alone() {
+        const CHILD: &str = "DECAYING_POOL_FORK_CHILD";
+        if std::env::var_os(CHILD).is_none() {
+            let out = std::process::Command::new(std::env::current_exe().unwrap())
+                .args([
+                    "--exact",
+                    "mapped::host::a_forked_child_leaves_the_parents_pages_alone",
+                    "--test-threads=1",
+                    "--nocapture",
+                ])
+                .env(CHILD, "1")
+                .output()
+                .unwrap();
+            let stdout = String::from_utf8_lossy(&out.stdout);
+            assert!(
+                out.status.success(),
+                "the child test: {:?}\n{stdout}\n{}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr)
+            );
+            assert!(
+                stdout.contains("1 passed"),
+                "the child ran no test: {stdout}"
+            );
+            return;
+        }
+        let g = HostPages::with_os_pages().unwrap().granularity();
+        let mut m = Mapped::new(HostPages::new(g).unwrap());
+        let live = m.allocate(3 * g).unwrap();
+        let spare = m.allocate(2 * g).unwrap();
+        // SAFETY: both blocks are their sizes of writable host memory,
+        // ours until deallocated.
+        unsafe {
+            core::ptr::write_bytes(live as *mut u8, 0xaa, 3 * g);
+            core::ptr::write_bytes(spare as *mut u8, 0x55, 2 * g);
+            m.deallocate(spare, 2 * g); // its pages spare, still mapped
+        }
+        let created = m.stats().pages_created;
+        // SAFETY: fork in a process whose other threads (the harness's
+        // main thread, waiting; the clock's ticker, parked) hold no lock
+        // the child takes; the child ends with `_exit`.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0, "fork failed");
+        if pid == 0 {
+            // The child: every check is a bit of its exit code.
+            let mut code = 0;
+            let mut vec = [0u8; 1];
+            // SAFETY: `mincore` only reads the page tables of the range.
+            if unsafe { libc::mincore(live as *mut _, g, vec.as_mut_ptr()) } == 0 {
+                code |= 1; // the parent's pages are mapped here
+            }
+            match m.allocate(16 * g) {
+                Err(e) if e.to_string().contains("fork") => {}
+                _ => code |= 2,
+            }
+            match HostPages::with_os_pages().map(|mut p| p.create_page()) {
+                Ok(Ok(_)) => {}
+                _ => code |= 4, // a backend of its own works
+            }
+            // Dropping its copy: the spare pages are not released (their
+            // holes would read 0 in the parent).
+            drop(m);
+            // SAFETY: ends the child at once, running nothing of the parent's.
+            unsafe { libc::_exit(code) };
+        }
+        let mut status = 0;
+        // SAFETY: waits for the child just forked.
+        assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+        assert!(
+            libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+            "the forked child: status {status:#x} (exit bits: 1 the parent's pages mapped, \
+             2 a new page made, 4 its own backend refused)"
+        );
+        // SAFETY: `live` is ours, `3 * g` bytes, written above.
+        let bytes = unsafe { core::slice::from_raw_parts(live as *const u8, 3 * g) };
+        assert!(
+            bytes.iter().all(|&b| b == 0xaa),
+            "the parent's live block changed"
+        );
+        let again = m.allocate(2 * g).unwrap();
+        assert_eq!(m.stats().pages_created, created, "the spare pages serve it");
+        // SAFETY: `again` is `2 * g` bytes of ours, on the spare pages,
+        // which keep what the parent wrote: the child's drop punched no
+        // hole in them (they would read 0) and wrote nothing.
+        let bytes = unsafe { core::slice::from_raw_parts(again as *const u8, 2 * g) };
+        assert!(
+            bytes.iter().all(|&b| b == 0x55),
+            "the parent's next block changed"
+        );
+        // SAFETY: both blocks came from `m` with these sizes.
+        unsafe {
+            m.deallocate(again, 2 * g);
+            m.deallocate(live, 3 * g);
+        }
+    }
+
     /// The safe byte views of blocks on host pages: through a `LocalPool`
     /// of a pool over `Mapped<HostPages>` and through a packed
     /// `SharedPool` of one, each block's bytes are its own (a block filled after
