@@ -105,6 +105,22 @@ fn tensor_bytes(numel: usize) -> usize {
     numel * 4
 }
 
+/// Warm-up: a few "layers", each with weights, activations and a scratch
+/// buffer whose size does not round well.
+fn warm_up(
+    pool: &SharedPool<SystemAllocator, AnyPolicy, ManualClock>,
+    clock: &ManualClock,
+) -> Result<(), PoolError<decaying_pool::backend::AllocError>> {
+    for step in 0..20 {
+        let weights = pool.allocate(tensor_bytes(256 * 256))?;
+        let activations = pool.allocate(tensor_bytes(64 * 1000))?;
+        let scratch = pool.allocate(tensor_bytes(3000 + step % 3 * 100))?;
+        drop((weights, activations, scratch));
+        clock.advance(Duration::from_millis(50));
+    }
+    Ok(())
+}
+
 fn knobs(name: &str) -> Result<(), Box<dyn std::error::Error>> {
     let clock = ManualClock::new();
     let freed = Arc::new(Mutex::new(Vec::<(usize, Reason)>::new()));
@@ -124,15 +140,7 @@ fn knobs(name: &str) -> Result<(), Box<dyn std::error::Error>> {
             .build(),
     );
 
-    // Warm-up: a few "layers", each with weights, activations and a scratch
-    // buffer whose size does not round well.
-    for step in 0..20 {
-        let weights = pool.allocate(tensor_bytes(256 * 256))?;
-        let activations = pool.allocate(tensor_bytes(64 * 1000))?;
-        let scratch = pool.allocate(tensor_bytes(3000 + step % 3 * 100))?;
-        drop((weights, activations, scratch));
-        clock.advance(Duration::from_millis(50));
-    }
+    warm_up(&pool, &clock)?;
     println!("policy {name}: after warm-up\n{}\n", pool.stats());
 
     println!("by size class (first seen first):");
@@ -203,4 +211,44 @@ fn main() {
         .nth(1)
         .unwrap_or_else(|| "fixed_time".into());
     knobs(&policy).expect("the knobs section runs");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The summary `docs/pool.md` shows is what this example prints after
+    /// its warm-up (the guide's block, checked against the output).
+    #[test]
+    fn the_pool_guide_shows_the_warm_up_summary() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/pool.md");
+        let Ok(guide) = std::fs::read_to_string(path) else {
+            eprintln!("skipped: {path} is absent (not in a checkout)");
+            return;
+        };
+        let clock = ManualClock::new();
+        let pool = SharedPool::new(
+            DecayingPool::builder(SystemAllocator::new())
+                .policy(policy_from_config("fixed_time"))
+                .clock(clock.clone())
+                .size_class(SizeClass::PowerOfTwo)
+                .class_stats(true)
+                .build(),
+        );
+        warm_up(&pool, &clock).unwrap();
+        let shown: Vec<String> = pool
+            .stats()
+            .to_string()
+            .lines()
+            .map(|l| l.trim_end().to_owned())
+            .collect();
+        let lines: Vec<&str> = guide.lines().map(str::trim_end).collect();
+        assert!(
+            lines
+                .windows(shown.len() + 1)
+                .any(|w| w[0] == "```text" && w[1..] == shown[..]),
+            "docs/pool.md does not show the warm-up summary:\n{}",
+            shown.join("\n")
+        );
+    }
 }

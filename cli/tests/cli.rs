@@ -585,6 +585,159 @@ fn every_readme_replay_path_exists_in_the_repository() {
     assert!(checked >= 8, "only {checked} replay paths found");
 }
 
+/// Every file the README and the guides name in backquotes (a path with a
+/// directory and a source or data extension) is a file of the
+/// repository: the path itself, or the end of one (`group/sse2.rs` where
+/// the text is about `src/store/fixed/`).
+#[test]
+fn the_guides_name_files_that_exist() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let Ok(guides) = std::fs::read_dir(root.join("docs")) else {
+        eprintln!("skipped: docs/ is absent (not in a checkout)");
+        return;
+    };
+    let mut files = Vec::new();
+    let mut dirs = vec![root.clone()];
+    while let Some(dir) = dirs.pop() {
+        for e in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+            let path = e.path();
+            let name = e.file_name();
+            if name == "target" || name == ".git" || name == "corpus" {
+                continue;
+            }
+            if path.is_dir() {
+                dirs.push(path);
+            } else if let Ok(rel) = path.strip_prefix(&root) {
+                files.push(rel.to_string_lossy().replace('\\', "/"));
+            }
+        }
+    }
+    let mut docs = vec!["README.md".to_owned()];
+    docs.extend(
+        guides
+            .filter_map(|e| e.ok()?.file_name().into_string().ok())
+            .filter(|n| n.ends_with(".md"))
+            .map(|n| format!("docs/{n}")),
+    );
+    let extensions = [".rs", ".py", ".sh", ".csv", ".md", ".toml", ".h", ".patch"];
+    let (mut checked, mut missing) = (0, Vec::new());
+    for doc in &docs {
+        let text = std::fs::read_to_string(root.join(doc)).expect("a guide reads");
+        for (n, line) in text.lines().enumerate() {
+            for quoted in line.split('`').skip(1).step_by(2) {
+                let named = quoted.trim();
+                let is_path = named.contains('/')
+                    && !named.contains(char::is_whitespace)
+                    && !named.starts_with("../")
+                    && !named.starts_with('/')
+                    && extensions.iter().any(|x| named.ends_with(x));
+                if !is_path {
+                    continue;
+                }
+                checked += 1;
+                let found = files
+                    .iter()
+                    .any(|f| f == named || f.ends_with(&format!("/{named}")));
+                if !found {
+                    missing.push(format!("{doc}:{}: `{named}`", n + 1));
+                }
+            }
+        }
+    }
+    assert!(missing.is_empty(), "named but absent: {missing:#?}");
+    assert!(checked >= 20, "only {checked} file names found");
+}
+
+/// Every replay output that the README and the guides show (a ```text
+/// block opening with `== `, the tool's first line) is what the replay
+/// command before it in the same document prints, line for line: a
+/// change to the tool or the pool that changes the figures fails here
+/// until the documents show the new ones.
+#[test]
+fn the_guides_show_what_their_replay_commands_print() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let Ok(guides) = std::fs::read_dir(root.join("docs")) else {
+        eprintln!("skipped: docs/ is absent (not in a checkout)");
+        return;
+    };
+    let mut docs = vec!["README.md".to_owned()];
+    let mut guides: Vec<String> = guides
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|n| n.ends_with(".md"))
+        .map(|n| format!("docs/{n}"))
+        .collect();
+    guides.sort();
+    docs.extend(guides);
+    let mut checked = 0;
+    for doc in &docs {
+        let Ok(text) = std::fs::read_to_string(root.join(doc)) else {
+            eprintln!("skipped: {doc} is absent (not in a checkout)");
+            return;
+        };
+        let lines: Vec<&str> = text.lines().map(str::trim_end).collect();
+        let mut command: Option<Vec<String>> = None;
+        let mut i = 0;
+        while i < lines.len() {
+            let line = lines[i];
+            if let Some(at) = line.find("-p decaying-pool-cli -- replay ") {
+                let args = &line[at + "-p decaying-pool-cli -- ".len()..];
+                let args = args.split('#').next().unwrap_or_default();
+                command = Some(args.split_whitespace().map(str::to_owned).collect());
+            }
+            let shows_a_replay =
+                line == "```text" && lines.get(i + 1).is_some_and(|l| l.starts_with("== "));
+            if !shows_a_replay {
+                i += 1;
+                continue;
+            }
+            let end = i
+                + 1
+                + lines[i + 1..]
+                    .iter()
+                    .position(|l| l.starts_with("```"))
+                    .unwrap_or_else(|| {
+                        panic!("{doc}: a ```text block at line {} is not closed", i + 1)
+                    });
+            let shown = &lines[i + 1..end];
+            let args = command
+                .as_ref()
+                .unwrap_or_else(|| panic!("{doc}: no replay command before line {}", i + 1));
+            let o = Command::new(env!("CARGO_BIN_EXE_decaying-pool"))
+                .args(args)
+                .current_dir(&root)
+                .output()
+                .expect("the binary runs");
+            assert!(o.status.success(), "{doc}: {args:?}: {}", stderr(&o));
+            let out = stdout(&o);
+            let printed: Vec<&str> = out.lines().map(str::trim_end).collect();
+            let printed = &printed[..printed.len() - usize::from(printed.last() == Some(&""))];
+            if printed != shown {
+                let first = printed
+                    .iter()
+                    .zip(shown)
+                    .position(|(a, b)| a != b)
+                    .unwrap_or(printed.len().min(shown.len()));
+                panic!(
+                    "{doc}, line {}: the block shows what `{}` no longer prints; \
+                     first difference at its line {}:\n  shown:   {:?}\n  printed: {:?}\n\
+                     the whole output:\n{out}",
+                    i + 1,
+                    args.join(" "),
+                    first + 1,
+                    shown.get(first),
+                    printed.get(first),
+                );
+            }
+            checked += 1;
+            i = end + 1;
+        }
+    }
+    assert!(
+        checked >= 3,
+        "only {checked} replay outputs found in {docs:?}"
+    );
+}
+
 /// `--costs h200` and `--costs h100` charge the measured curves,
 /// `published` (the default) the published ones; the counts do not depend
 /// on the costs.
