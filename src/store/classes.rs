@@ -265,7 +265,7 @@ mod tests {
             sizes.extend((base..).filter(|&s| tag(s) == t).take(6));
         }
         let mut next = crate::test_rng::rng(0x9e37_79b9_7f4a_7c15);
-        let steps = if cfg!(miri) { 2_000 } else { 20_000 };
+        let steps = if cfg!(miri) { 1_000 } else { 20_000 };
         let mut classes: Classes<C> = Classes::new();
         let mut model: HashMap<usize, u32> = HashMap::new();
         let (mut size, mut before) = (sizes[0], sizes[1]);

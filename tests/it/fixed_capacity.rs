@@ -376,8 +376,8 @@ fn sizes_sharing_a_tag_keep_their_own_blocks() {
     // Fewer sizes under Miri, and the table validated every eighth step
     // there (and at the end of each phase): still about a dozen sizes
     // whose tag matches a cached block of another size in their window.
-    let n = if cfg!(miri) { 200 } else { 1000 };
-    let every = if cfg!(miri) { 8 } else { 1 };
+    let n = if cfg!(miri) { 160 } else { 1000 };
+    let every = if cfg!(miri) { 16 } else { 1 };
     let sizes: Vec<usize> = (1..=n).map(|k| 48 * k).collect();
     let blocks: Vec<u64> = sizes.iter().map(|&s| pool.allocate(s).unwrap()).collect();
     for (i, (&b, &s)) in blocks.iter().zip(&sizes).enumerate() {

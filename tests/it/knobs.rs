@@ -621,7 +621,7 @@ proptest::proptest! {
     /// while above the limit, and every block goes back once.
     #[test]
     fn limits_set_at_run_time_keep_every_invariant(
-        steps in proptest::collection::vec(step(), 1..120),
+        steps in proptest::collection::vec(step(), 1..if cfg!(miri) { 50 } else { 120 }),
         fifo in proptest::prelude::any::<bool>(),
     ) {
         let clock = ManualClock::new();

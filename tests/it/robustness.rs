@@ -710,9 +710,13 @@ fn pooled_byte_views_are_each_blocks_own() {
             for t in 0..2u8 {
                 s.spawn(move || {
                     // Fewer, smaller blocks under Miri, which checks each byte.
-                    let (rounds, large) = if cfg!(miri) { (2, 5000) } else { (20, 70_000) };
+                    let (rounds, medium, large) = if cfg!(miri) {
+                        (2, 700, 1500)
+                    } else {
+                        (20, 3000, 70_000)
+                    };
                     for round in 0..rounds {
-                        let sizes = [24 + round, 3000, large];
+                        let sizes = [24 + round, medium, large];
                         let mut held: Vec<Pooled<SystemAllocator, P, C>> =
                             sizes.iter().map(|&n| pool.allocate(n).unwrap()).collect();
                         for (i, block) in held.iter_mut().enumerate() {

@@ -334,8 +334,10 @@ fn many_reuses_of_one_block_do_not_disturb_decay_of_another() {
     let hot = get(&mut pool, 2);
     put(&mut pool, old, 1); // at 0
     put(&mut pool, hot, 2);
-    // Thousands of stale entries for `hot` pile up behind `old`'s entry.
-    for step in 1..=999u64 {
+    // Thousands of stale entries for `hot` pile up behind `old`'s entry
+    // (hundreds under Miri, past the ring's first growths).
+    let steps = if cfg!(miri) { 299 } else { 999u64 };
+    for step in 1..=steps {
         clock.set(Duration::from_micros(step * 1000));
         let h = get(&mut pool, 2);
         assert_eq!(h, hot);
@@ -354,7 +356,7 @@ fn many_reuses_of_one_block_do_not_disturb_decay_of_another() {
     let s = pool.stats();
     assert_eq!(
         (s.hits, s.misses, s.evictions, s.blocks_cached),
-        (1000, 2, 2, 0)
+        (steps + 1, 2, 2, 0)
     );
     check_consistent(&pool, &alloc);
 }

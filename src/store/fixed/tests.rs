@@ -157,7 +157,7 @@ fn take_inline_takes_what_take_takes_or_nothing() {
         )
     };
     let (mut inline, mut out_of_line) = (0, 0);
-    let steps = if cfg!(miri) { 150 } else { 20_000 };
+    let (steps, least) = if cfg!(miri) { (100, 40) } else { (20_000, 100) };
     for (slots, window) in [(64, 8), (64, 16), (24, 20)] {
         for reuse in [Reuse::Lifo, Reuse::Fifo] {
             let mut a = FixedStore::<u64>::new(slots, window, reuse);
@@ -187,7 +187,7 @@ fn take_inline_takes_what_take_takes_or_nothing() {
         }
     }
     assert!(
-        inline > 100 && out_of_line > 100,
+        inline > least && out_of_line > least,
         "{inline} / {out_of_line}"
     );
 }
@@ -239,7 +239,7 @@ fn the_hint_is_the_slot_the_hit_emptied_under(reuse: Reuse) {
     let mut x = 7u64;
     let mut held: Vec<(u64, usize)> = Vec::new();
     // Fewer steps under Miri (safe code; the run is for its unsafe neighbours).
-    for step in 0..if cfg!(miri) { 60 } else { 5000u64 } {
+    for step in 0..if cfg!(miri) { 40 } else { 5000u64 } {
         crate::store::lcg(&mut x);
         let class = 1 + (x >> 33) as usize % 12;
         if (x >> 20) & 1 == 0 {
@@ -335,7 +335,7 @@ fn batches_choose_with_masks_and_take_the_same_blocks() {
     // Rounds, of which the first `batches` of every `cycle` are
     // batches; a spell of round trips outlasts `MASKED_HITS`.
     let (rounds, cycle, batches, tables): (u64, u64, u64, &[usize]) = if cfg!(miri) {
-        (60, 60, 30, &[24])
+        (40, 40, 20, &[24])
     } else {
         (4000, 2000, 300, &[16, 24, 64, 4096])
     };
@@ -424,7 +424,7 @@ fn every_hit_takes_its_class_s_newest_or_oldest_block() {
     // whatever path found it (mark, chain, stamps). Blocks are numbered
     // in release order. Fewer steps and tables under Miri.
     let (steps, windows, tables): (u64, &[usize], &[usize]) = if cfg!(miri) {
-        (120, &[17], &[24])
+        (80, &[17], &[24])
     } else {
         (3000, &[1, 3, 8, 13, 16, 17, 24, 40], &[16, 24, 64])
     };
