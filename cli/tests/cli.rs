@@ -500,20 +500,15 @@ fn costs_host_charges_the_measured_mmap_figures() {
     );
 }
 
-/// Every `replay <path>` of the README's and the guides' command lines
-/// names a file of the repository, so that the commands run in a fresh
-/// clone.
-#[test]
-fn every_readme_replay_path_exists_in_the_repository() {
+/// The repository's root and its documents: the README, then every guide
+/// of `docs/` in name order, then `extra`; `None` outside a checkout (the
+/// packaged tool crate has no repository around it).
+fn documents(extra: &[&str]) -> Option<(std::path::PathBuf, Vec<String>)> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let mut checked = 0;
     let Ok(guides) = std::fs::read_dir(root.join("docs")) else {
-        // The packaged tool crate has no repository around it.
         eprintln!("skipped: docs/ is absent (not in a checkout)");
-        return;
+        return None;
     };
-    // The front page, the benches' notes and every guide of `docs/`.
-    let mut docs = vec!["README.md".to_owned(), "benches/README.md".to_owned()];
     let mut guides: Vec<String> = guides
         .filter_map(|e| e.ok()?.file_name().into_string().ok())
         .filter(|n| n.ends_with(".md"))
@@ -521,7 +516,22 @@ fn every_readme_replay_path_exists_in_the_repository() {
         .collect();
     guides.sort();
     assert!(guides.len() >= 4, "docs/ holds {guides:?}");
+    let mut docs = vec!["README.md".to_owned()];
     docs.extend(guides);
+    docs.extend(extra.iter().map(|d| (*d).to_owned()));
+    Some((root, docs))
+}
+
+/// Every `replay <path>` of the README's and the guides' command lines
+/// names a file of the repository, so that the commands run in a fresh
+/// clone.
+#[test]
+fn every_readme_replay_path_exists_in_the_repository() {
+    let mut checked = 0;
+    // The front page, every guide of `docs/` and the benches' notes.
+    let Some((root, docs)) = documents(&["benches/README.md"]) else {
+        return;
+    };
     for doc in &docs {
         let Ok(text) = std::fs::read_to_string(root.join(doc)) else {
             eprintln!("skipped: {doc} is absent (not in a checkout)");
@@ -591,9 +601,7 @@ fn every_readme_replay_path_exists_in_the_repository() {
 /// the text is about `src/store/fixed/`).
 #[test]
 fn the_guides_name_files_that_exist() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let Ok(guides) = std::fs::read_dir(root.join("docs")) else {
-        eprintln!("skipped: docs/ is absent (not in a checkout)");
+    let Some((root, docs)) = documents(&[]) else {
         return;
     };
     let mut files = Vec::new();
@@ -612,13 +620,6 @@ fn the_guides_name_files_that_exist() {
             }
         }
     }
-    let mut docs = vec!["README.md".to_owned()];
-    docs.extend(
-        guides
-            .filter_map(|e| e.ok()?.file_name().into_string().ok())
-            .filter(|n| n.ends_with(".md"))
-            .map(|n| format!("docs/{n}")),
-    );
     let extensions = [".rs", ".py", ".sh", ".csv", ".md", ".toml", ".h", ".patch"];
     let (mut checked, mut missing) = (0, Vec::new());
     for doc in &docs {
@@ -655,19 +656,9 @@ fn the_guides_name_files_that_exist() {
 /// until the documents show the new ones.
 #[test]
 fn the_guides_show_what_their_replay_commands_print() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let Ok(guides) = std::fs::read_dir(root.join("docs")) else {
-        eprintln!("skipped: docs/ is absent (not in a checkout)");
+    let Some((root, docs)) = documents(&[]) else {
         return;
     };
-    let mut docs = vec!["README.md".to_owned()];
-    let mut guides: Vec<String> = guides
-        .filter_map(|e| e.ok()?.file_name().into_string().ok())
-        .filter(|n| n.ends_with(".md"))
-        .map(|n| format!("docs/{n}"))
-        .collect();
-    guides.sort();
-    docs.extend(guides);
     let mut checked = 0;
     for doc in &docs {
         let Ok(text) = std::fs::read_to_string(root.join(doc)) else {

@@ -161,8 +161,8 @@ fn with_entry<R>(mut f: impl FnMut(&Library) -> Option<R>) -> Option<(R, bool)> 
         .map(|found| (found, true))
 }
 
-/// Takes the states that left the list (see [`RETIRED`]) out of it, to be
-/// dropped by the caller once the lock is released; each is emptied first.
+/// Takes the states that left the list (see [`RETIRED`]) out of it, for
+/// the caller to empty and drop once the lock is released.
 fn prune_retired() -> Vec<Arc<Library>> {
     let mut retired = state::lock(&RETIRED);
     let (done, kept): (Vec<_>, Vec<_>) = retired.drain(..).partition(|lib| {

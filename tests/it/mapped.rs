@@ -1088,29 +1088,10 @@ mod host {
     #[test]
     #[cfg_attr(miri, ignore)] // mmap, fork: FFI
     fn a_forked_child_leaves_the_parents_pages_alone() {
-        const CHILD: &str = "DECAYING_POOL_FORK_CHILD";
-        if std::env::var_os(CHILD).is_none() {
-            let out = std::process::Command::new(std::env::current_exe().unwrap())
-                .args([
-                    "--exact",
-                    "mapped::host::a_forked_child_leaves_the_parents_pages_alone",
-                    "--test-threads=1",
-                    "--nocapture",
-                ])
-                .env(CHILD, "1")
-                .output()
-                .unwrap();
-            let stdout = String::from_utf8_lossy(&out.stdout);
-            assert!(
-                out.status.success(),
-                "the child test: {:?}\n{stdout}\n{}",
-                out.status,
-                String::from_utf8_lossy(&out.stderr)
-            );
-            assert!(
-                stdout.contains("1 passed"),
-                "the child ran no test: {stdout}"
-            );
+        if !crate::support::in_child_test(
+            "DECAYING_POOL_FORK_CHILD",
+            "mapped::host::a_forked_child_leaves_the_parents_pages_alone",
+        ) {
             return;
         }
         let g = HostPages::with_os_pages().unwrap().granularity();
@@ -1491,33 +1472,13 @@ fn blocks_are_aligned_on_any_page() {
 #[test]
 #[cfg(not(miri))] // spawns a process
 fn a_huge_request_fails_instead_of_aborting() {
-    const CHILD: &str = "DECAYING_POOL_MAPPED_HUGE_CHILD";
-    if std::env::var_os(CHILD).is_some() {
+    if crate::support::in_child_test(
+        "DECAYING_POOL_MAPPED_HUGE_CHILD",
+        "mapped::a_huge_request_fails_instead_of_aborting",
+    ) {
         let mut m = Mapped::new(ModelPages::new(2 * MIB).unwrap());
         assert!(m.allocate(1 << 62).is_err());
-        return;
     }
-    let out = std::process::Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "mapped::a_huge_request_fails_instead_of_aborting",
-            "--include-ignored",
-            "--nocapture",
-        ])
-        .env(CHILD, "1")
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "the child: {:?}\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(
-        stdout.contains("1 passed"),
-        "the child ran no test: {stdout}"
-    );
 }
 
 // --- the pool over the mapped allocator ------------------------------------------

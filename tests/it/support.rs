@@ -231,3 +231,37 @@ pub(crate) fn write_corpus<'a>(
         }
     }
 }
+
+/// Runs the test `name` again in a process of its own (that test alone,
+/// on one thread), with the environment variable `var` set, and asserts
+/// that it passed. Returns `true` in that child process, where the caller
+/// goes on with the test's body, `false` in the parent once the child
+/// passed: for a test that may abort, or that forks.
+pub(crate) fn in_child_test(var: &str, name: &str) -> bool {
+    if std::env::var_os(var).is_some() {
+        return true;
+    }
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            name,
+            "--include-ignored",
+            "--test-threads=1",
+            "--nocapture",
+        ])
+        .env(var, "1")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "the child test {name}: {:?}\n{stdout}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains("1 passed"),
+        "the child ran no test: {stdout}"
+    );
+    false
+}
